@@ -1,0 +1,382 @@
+"""Builders that compose fabrics from nodes, NICs, rails and spines.
+
+The builders encode the vertex and link naming every other part of pathweave
+relies on:
+
+============  ====================  ==========================================
+vertex        name                  links (each direction a separate link)
+============  ====================  ==========================================
+GPU           ``n{node}.gpu{i}``    NVLink to peers (mesh) or to the NVSwitch
+NVSwitch      ``n{node}.nvswitch``  one up and one down link per GPU
+PCIe host     ``n{node}.host``      one PCIe link each way per GPU
+NIC           ``n{node}.nic{j}``    PCIe to its GPU(s), network to its rail
+rail switch   ``rail{j}``           network to NIC ``j`` of every node
+spine         ``spine{k}``          network to every rail switch
+============  ====================  ==========================================
+
+Defaults (documented figures, overridable everywhere):
+
+* NVLink 4 (H100): 25 GB/s per link per direction; 18 links per GPU, so an
+  NVSwitch port carries 450 GB/s per direction.
+* NDR400 InfiniBand: 400 Gb/s = 50 GB/s line rate per direction.
+* PCIe Gen5 x16 between a GPU and its NIC: 32 GT/s x 16 lanes x 128/130
+  encoding / 8 = 63.0 GB/s per direction.
+* Latencies: 1 us per NVLink or PCIe hop, 1 us per network hop (NIC to
+  switch, switch to NIC), 1 us per spine hop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from pathweave.errors import FabricError
+from pathweave.fabric._core import Fabric, LinkKind, VertexKind
+
+NVLINK4_LINK_Bps = 25e9
+NVSWITCH_H100_GPU_Bps = 18 * NVLINK4_LINK_Bps  # 450 GB/s
+NDR400_Bps = 400e9 / 8  # 50 GB/s
+PCIE_GEN5_X16_Bps = 32e9 * 16 * (128 / 130) / 8  # 63.0 GB/s
+DEFAULT_LATENCY_S = 1e-6
+
+NodeKind = Literal["nvlink-mesh", "nvswitch", "pcie"]
+
+
+class FabricBuilder:
+    """Accumulates vertices and links, then builds a validated :class:`Fabric`.
+
+    Examples
+    --------
+    >>> from pathweave.fabric.builders import FabricBuilder
+    >>> from pathweave.fabric import VertexKind, LinkKind
+    >>> b = FabricBuilder("two-gpus")
+    >>> a = b.vertex("n0.gpu0", VertexKind.GPU, node=0)
+    >>> c = b.vertex("n0.gpu1", VertexKind.GPU, node=0)
+    >>> b.duplex("n0.gpu0", "n0.gpu1", 100e9, LinkKind.NVLINK)
+    >>> fab = b.build()
+    >>> fab.num_ranks, fab.num_links
+    (2, 2)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._names: list[str] = []
+        self._kind: list[int] = []
+        self._node: list[int] = []
+        self._index: dict[str, int] = {}
+        self._links: dict[tuple[int, int], tuple[int, float, float]] = {}
+
+    def vertex(self, name: str, kind: VertexKind, node: int = -1) -> int:
+        """Add a vertex and return its id; a duplicate name is an error."""
+        if name in self._index:
+            raise FabricError(f"duplicate vertex name {name!r}")
+        self._index[name] = len(self._names)
+        self._names.append(name)
+        self._kind.append(int(kind))
+        self._node.append(int(node))
+        return self._index[name]
+
+    def has_vertex(self, name: str) -> bool:
+        return name in self._index
+
+    def _vid(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise FabricError(f"unknown vertex {name!r}") from None
+
+    def link(
+        self,
+        src: str,
+        dst: str,
+        capacity_Bps: float,
+        kind: LinkKind,
+        latency_s: float = DEFAULT_LATENCY_S,
+    ) -> None:
+        """Add the directed link ``src -> dst``; a duplicate is an error."""
+        key = (self._vid(src), self._vid(dst))
+        if key in self._links:
+            raise FabricError(f"duplicate link {src} -> {dst}")
+        self._links[key] = (int(kind), float(capacity_Bps), float(latency_s))
+
+    def duplex(
+        self,
+        a: str,
+        b: str,
+        capacity_Bps: float,
+        kind: LinkKind,
+        latency_s: float = DEFAULT_LATENCY_S,
+    ) -> None:
+        """Add both directions of a full-duplex cable with the same capacity."""
+        self.link(a, b, capacity_Bps, kind, latency_s)
+        self.link(b, a, capacity_Bps, kind, latency_s)
+
+    def build(self, meta: Mapping[str, Any] | None = None) -> Fabric:
+        keys = list(self._links)
+        vals = [self._links[k] for k in keys]
+        return Fabric(
+            name=self.name,
+            vertex_names=self._names,
+            vertex_kind=self._kind,
+            vertex_node=self._node,
+            link_src=np.array([k[0] for k in keys], dtype=np.int32),
+            link_dst=np.array([k[1] for k in keys], dtype=np.int32),
+            link_kind=np.array([v[0] for v in vals], dtype=np.int8),
+            capacity_Bps=np.array([v[1] for v in vals], dtype=np.float64),
+            latency_s=np.array([v[2] for v in vals], dtype=np.float64),
+            meta=meta,
+        )
+
+
+def gpu_name(node: int, local: int) -> str:
+    return f"n{node}.gpu{local}"
+
+
+def nic_name(node: int, j: int) -> str:
+    return f"n{node}.nic{j}"
+
+
+def add_gpus(b: FabricBuilder, node: int, gpus: int) -> None:
+    for i in range(gpus):
+        b.vertex(gpu_name(node, i), VertexKind.GPU, node)
+
+
+def add_nvlink_mesh(
+    b: FabricBuilder,
+    node: int,
+    gpus: int,
+    pair_Bps: float | np.ndarray,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> None:
+    """Full-mesh NVLink between the GPUs of ``node``.
+
+    ``pair_Bps`` is the capacity of each GPU pair per direction, a scalar or
+    a ``gpus x gpus`` matrix (zero where two GPUs have no NVLink).
+    """
+    cap = np.broadcast_to(np.asarray(pair_Bps, dtype=float), (gpus, gpus))
+    for i in range(gpus):
+        for j in range(gpus):
+            if i != j and cap[i, j] > 0:
+                b.link(gpu_name(node, i), gpu_name(node, j), cap[i, j], LinkKind.NVLINK, latency_s)
+
+
+def add_nvswitch(
+    b: FabricBuilder,
+    node: int,
+    gpus: int,
+    gpu_Bps: float | Sequence[float],
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> None:
+    """One NVSwitch vertex per node with an up and a down link per GPU.
+
+    The NVSwitch planes of a real baseboard are merged into one vertex: every
+    GPU spreads its links evenly over the planes, so the merge preserves each
+    GPU's injection and ejection capacity, which is what limits traffic.
+    """
+    sw = f"n{node}.nvswitch"
+    b.vertex(sw, VertexKind.NVSWITCH, node)
+    caps = np.broadcast_to(np.asarray(gpu_Bps, dtype=float), (gpus,))
+    for i in range(gpus):
+        b.duplex(gpu_name(node, i), sw, caps[i], LinkKind.NVLINK, latency_s)
+
+
+def add_pcie_host(
+    b: FabricBuilder,
+    node: int,
+    gpus: int,
+    gpu_Bps: float = PCIE_GEN5_X16_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> None:
+    """GPUs without NVLink: GPU-GPU traffic crosses the PCIe host ``n{node}.host``."""
+    host = f"n{node}.host"
+    b.vertex(host, VertexKind.HOST, node)
+    for i in range(gpus):
+        b.duplex(gpu_name(node, i), host, gpu_Bps, LinkKind.PCIE, latency_s)
+
+
+def add_nics(
+    b: FabricBuilder,
+    node: int,
+    attach: Sequence[Sequence[int]],
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+    names: Sequence[str] | None = None,
+) -> list[str]:
+    """NICs of ``node``; ``attach[j]`` lists the local GPUs NIC ``j`` serves.
+
+    Each NIC joins each of its GPUs with a PCIe link per direction (GPUDirect
+    RDMA). Returns the NIC names.
+    """
+    out = []
+    for j, gpus in enumerate(attach):
+        name = names[j] if names is not None else nic_name(node, j)
+        b.vertex(name, VertexKind.NIC, node)
+        if len(gpus) == 0:
+            raise FabricError(f"NIC {name} is attached to no GPU")
+        for g in gpus:
+            b.duplex(gpu_name(node, g), name, pcie_Bps, LinkKind.PCIE, latency_s)
+        out.append(name)
+    return out
+
+
+def add_rails(
+    b: FabricBuilder,
+    nics_by_node: Sequence[Sequence[str]],
+    nic_Bps: float | Sequence[float] = NDR400_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> list[str]:
+    """Rail switches: rail ``j`` joins NIC ``j`` of every node (rail-only fabric)."""
+    rails = max(len(n) for n in nics_by_node)
+    caps = np.broadcast_to(np.asarray(nic_Bps, dtype=float), (rails,))
+    names = [f"rail{j}" for j in range(rails)]
+    for j in range(rails):
+        b.vertex(names[j], VertexKind.RAIL)
+    for nics in nics_by_node:
+        for j, nic in enumerate(nics):
+            b.duplex(nic, names[j], caps[j], LinkKind.NETWORK, latency_s)
+    return names
+
+
+def add_spines(
+    b: FabricBuilder,
+    rails: Sequence[str],
+    spines: int,
+    spine_Bps: float,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> list[str]:
+    """A spine layer: every spine joins every rail switch (rail-optimised fabric)."""
+    names = [f"spine{k}" for k in range(spines)]
+    for s in names:
+        b.vertex(s, VertexKind.SPINE)
+        for r in rails:
+            b.duplex(r, s, spine_Bps, LinkKind.NETWORK, latency_s)
+    return names
+
+
+def nic_attachment(gpus_per_node: int, nics_per_node: int) -> list[list[int]]:
+    """Which local GPUs each NIC serves, spreading NICs evenly over GPUs.
+
+    With as many NICs as GPUs, NIC ``j`` serves GPU ``j``. With fewer NICs,
+    consecutive GPUs share one (``G / R`` GPUs per NIC, as on PCIe switches
+    that hold two GPUs and one NIC). With more, GPU ``j mod G`` gets several.
+
+    >>> nic_attachment(4, 4)
+    [[0], [1], [2], [3]]
+    >>> nic_attachment(8, 4)
+    [[0, 1], [2, 3], [4, 5], [6, 7]]
+    >>> nic_attachment(2, 4)
+    [[0], [1], [0], [1]]
+    """
+    g, r = gpus_per_node, nics_per_node
+    if r <= 0:
+        return []
+    if r <= g:
+        if g % r:
+            raise FabricError(f"rails={r} must divide gpus_per_node={g} (or be a multiple of it)")
+        per = g // r
+        return [list(range(j * per, (j + 1) * per)) for j in range(r)]
+    if r % g:
+        raise FabricError(f"rails={r} must be a multiple of gpus_per_node={g} (or divide it)")
+    return [[j % g] for j in range(r)]
+
+
+def cluster(
+    nodes: int,
+    gpus_per_node: int = 8,
+    node_kind: NodeKind = "nvswitch",
+    *,
+    nvlink_Bps: float | None = None,
+    rails: int | None = None,
+    nic_Bps: float = NDR400_Bps,
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    spines: int = 0,
+    spine_Bps: float | None = None,
+    nvlink_latency_s: float = DEFAULT_LATENCY_S,
+    pcie_latency_s: float = DEFAULT_LATENCY_S,
+    net_latency_s: float = DEFAULT_LATENCY_S,
+    name: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Fabric:
+    """A cluster of identical nodes joined by rail switches (and spines).
+
+    Parameters
+    ----------
+    nodes, gpus_per_node
+        Size of the cluster; ranks are ``node * gpus_per_node + local``.
+    node_kind
+        ``"nvlink-mesh"`` (every GPU pair joined by NVLink of ``nvlink_Bps``
+        per direction, default 120 GB/s as measured on the NIMBLE testbed),
+        ``"nvswitch"`` (each GPU joins one NVSwitch with ``nvlink_Bps`` up and
+        down, default 450 GB/s) or ``"pcie"`` (no NVLink).
+    rails
+        NICs per node, each on its own rail switch; default one per GPU.
+        ``0`` gives isolated nodes (allowed only with ``nodes == 1``).
+    nic_Bps, pcie_Bps
+        NIC line rate and GPU-NIC PCIe capacity, per direction.
+    spines, spine_Bps
+        Spine switches above the rails (rail-optimised fabric); each spine
+        joins every rail switch with ``spine_Bps`` per direction (default
+        ``nic_Bps * nodes / spines``, a non-blocking spine layer).
+
+    Examples
+    --------
+    >>> from pathweave.fabric import cluster
+    >>> fab = cluster(nodes=128, gpus_per_node=8)
+    >>> fab.num_ranks, len(fab.rails), fab.nvlink_kind
+    (1024, 8, 'nvswitch')
+    >>> cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2).num_vertices
+    24
+    """
+    if nodes < 1:
+        raise FabricError(f"nodes must be >= 1, got {nodes}")
+    if gpus_per_node < 1:
+        raise FabricError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    if node_kind not in ("nvlink-mesh", "nvswitch", "pcie"):
+        raise FabricError(
+            f"node_kind must be 'nvlink-mesh', 'nvswitch' or 'pcie', got {node_kind!r}"
+        )
+    rails = gpus_per_node if rails is None else int(rails)
+    if rails < 0:
+        raise FabricError(f"rails must be >= 0, got {rails}")
+    if rails == 0 and nodes > 1:
+        raise FabricError(f"rails=0 leaves {nodes} nodes unconnected")
+    if spines < 0:
+        raise FabricError(f"spines must be >= 0, got {spines}")
+    for label, v in (("nic_Bps", nic_Bps), ("pcie_Bps", pcie_Bps)):
+        if not v > 0:
+            raise FabricError(f"{label} must be positive, got {v!r}")
+    if nvlink_Bps is None:
+        nvlink_Bps = NVSWITCH_H100_GPU_Bps if node_kind == "nvswitch" else 120e9
+    attach = nic_attachment(gpus_per_node, rails)
+    b = FabricBuilder(name or f"cluster-{nodes}x{gpus_per_node}-{node_kind}")
+    nics_by_node = []
+    for n in range(nodes):
+        add_gpus(b, n, gpus_per_node)
+        if gpus_per_node > 1:
+            if node_kind == "nvlink-mesh":
+                add_nvlink_mesh(b, n, gpus_per_node, nvlink_Bps, nvlink_latency_s)
+            elif node_kind == "nvswitch":
+                add_nvswitch(b, n, gpus_per_node, nvlink_Bps, nvlink_latency_s)
+            else:
+                add_pcie_host(b, n, gpus_per_node, pcie_Bps, pcie_latency_s)
+        nics_by_node.append(add_nics(b, n, attach, pcie_Bps, pcie_latency_s))
+    if rails:
+        rail_names = add_rails(b, nics_by_node, nic_Bps, net_latency_s)
+        if spines:
+            sb = spine_Bps if spine_Bps is not None else nic_Bps * nodes / spines
+            add_spines(b, rail_names, spines, sb, net_latency_s)
+    info = {
+        "builder": "cluster",
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "node_kind": node_kind,
+        "nvlink_Bps": float(nvlink_Bps),
+        "rails": rails,
+        "nic_Bps": float(nic_Bps),
+        "pcie_Bps": float(pcie_Bps),
+        "spines": spines,
+    }
+    info.update(meta or {})
+    return b.build(meta=info)

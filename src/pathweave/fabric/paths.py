@@ -1,0 +1,516 @@
+"""Path rules: a small set of candidate paths per ordered rank pair.
+
+Rules (NIMBLE Sec. IV-B, h-score blog):
+
+``direct``
+    The GPU-to-GPU route inside a node: one NVLink on a mesh, up and down
+    through the NVSwitch, or through the PCIe host.
+``relay``
+    One intermediate GPU ``i`` inside the node: ``s -> i -> d``. Only where
+    both hops are direct GPU-GPU links (an NVLink mesh): on an NVSwitch or
+    PCIe node the relay path contains the direct path's links and can never
+    be better (NIMBLE Sec. VII).
+``rail``
+    Via rail ``x``: forward inside the source node to a GPU with a NIC on rail
+    ``x`` (no forward if ``s`` has one), cross rail ``x`` to the destination
+    node, forward inside it to ``d``. ``x`` = the source's own rail is the
+    h-score blog's *rd* path; ``x`` = the destination's rail is its *dr*
+    path (NCCL's PXN); both own rail ``x`` is the rail-matched path; any
+    other ``x`` is the remote-rail *drd* path.
+``spine``
+    On rail-optimised fabrics, for ranks on different rails: the source's
+    NIC, its rail switch, spine ``k``, the destination's rail switch, its NIC.
+    One path per spine.
+
+The compiled :class:`PathSet` stores every candidate path as a row of link
+ids (padded with -1), grouped by pair ``p = src * num_ranks + dst``:
+paths of pair ``p`` are rows ``pair_ptr[p]:pair_ptr[p + 1]``. Order inside a
+pair is fixed (direct, relays by relay rank, rails by rail index, spines by
+spine index) so every process derives the same ids.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from pathweave.errors import FabricError
+from pathweave.fabric._core import Fabric, LinkKind, VertexKind
+
+
+class PathKind(IntEnum):
+    DIRECT = 0
+    RELAY = 1
+    RAIL = 2
+    SPINE = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+ALL_KINDS = ("direct", "relay", "rail", "spine")
+
+
+@dataclass(frozen=True, eq=False)
+class PathSet:
+    """Candidate paths of every ordered rank pair, as flat arrays.
+
+    Attributes
+    ----------
+    num_ranks : int
+    pair_ptr : int64[num_ranks**2 + 1]
+        Paths of pair ``s * num_ranks + d`` are ``pair_ptr[p]:pair_ptr[p+1]``.
+    links : int32[num_paths, width]
+        Link ids of each path in hop order, padded with -1.
+    length : int32[num_paths]
+        Number of links of each path.
+    kind : int8[num_paths]
+        :class:`PathKind` code.
+    via : int32[num_paths]
+        Relay rank (relay), rail index (rail), spine index (spine), -1 (direct).
+    src, dst : int32[num_paths]
+        Ranks at the two ends.
+    """
+
+    fabric: Fabric
+    num_ranks: int
+    pair_ptr: np.ndarray
+    links: np.ndarray
+    length: np.ndarray
+    kind: np.ndarray
+    via: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    kinds: tuple[str, ...]
+    max_hops: int | None
+    rank_rails: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_paths(self) -> int:
+        return int(self.links.shape[0])
+
+    def pair_paths(self, src: int, dst: int) -> range:
+        """Path ids of the ordered pair ``(src, dst)``."""
+        p = int(src) * self.num_ranks + int(dst)
+        return range(int(self.pair_ptr[p]), int(self.pair_ptr[p + 1]))
+
+    def path_links(self, pid: int) -> np.ndarray:
+        return self.links[pid, : self.length[pid]]
+
+    def path_vertices(self, pid: int) -> list[str]:
+        """Vertex names along path ``pid``, source GPU first."""
+        fab = self.fabric
+        lk = self.path_links(pid)
+        names = [fab.vertex_name(fab.link_src[lk[0]])]
+        names.extend(fab.vertex_name(fab.link_dst[e]) for e in lk)
+        return names
+
+    def rail_role(self, pid: int) -> str:
+        """For rail paths: ``matched``, ``rd``, ``dr`` or ``drd``; else the kind."""
+        k = PathKind(int(self.kind[pid]))
+        if k != PathKind.RAIL:
+            return k.label
+        x = int(self.via[pid])
+        own_s = x in self.rank_rails[int(self.src[pid])]
+        own_d = x in self.rank_rails[int(self.dst[pid])]
+        if own_s and own_d:
+            return "matched"
+        if own_s:
+            return "rd"
+        if own_d:
+            return "dr"
+        return "drd"
+
+    def describe(self, pid: int) -> str:
+        """A one-line description, e.g. ``rail(dr, rail1): n0.gpu0 -> ... -> n1.gpu1``."""
+        k = PathKind(int(self.kind[pid]))
+        tag = k.label
+        if k == PathKind.RELAY:
+            tag = f"relay(via rank {int(self.via[pid])})"
+        elif k == PathKind.RAIL:
+            tag = f"rail({self.rail_role(pid)}, {self.fabric.rails[int(self.via[pid])]})"
+        elif k == PathKind.SPINE:
+            tag = f"spine(spine{int(self.via[pid])})"
+        return f"{tag}: " + " -> ".join(self.path_vertices(pid))
+
+
+# --------------------------------------------------------------------- helpers
+def _intra_routes(fab: Fabric) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Direct intra-node route between every GPU pair of each node.
+
+    Breadth-first search from each GPU over its node's NVSwitch and host
+    vertices (never through another GPU or a NIC): fewest hops, then the
+    largest bottleneck capacity, then the lowest link ids.
+
+    Returns ``(links[R, G, W], length[R, G], direct_nvlink[R, G])`` where
+    ``length`` is -1 where no route exists and 0 on the diagonal.
+    """
+    g = fab.gpus_per_node
+    nr = fab.num_ranks
+    out_links = fab.out_links
+    kind = fab.vertex_kind
+    node = fab.vertex_node
+    vr = fab.vertex_rank
+    routes: dict[tuple[int, int], list[int]] = {}
+    width = 1
+    transit = (int(VertexKind.NVSWITCH), int(VertexKind.HOST))
+    for r in range(nr):
+        s = int(fab.rank_vertex[r])
+        n = int(node[s])
+        # best[v] = (hops, -bottleneck, links) for the best route found so far
+        best: dict[int, tuple[int, float, list[int]]] = {s: (0, -np.inf, [])}
+        queue = deque([s])
+        while queue:
+            u = queue.popleft()
+            hops, negb, path = best[u]
+            if u != s and int(kind[u]) == VertexKind.GPU:
+                continue  # GPUs are endpoints here; relays are a separate rule
+            for e in out_links[u].tolist():
+                v = int(fab.link_dst[e])
+                if int(node[v]) != n or int(fab.link_kind[e]) == LinkKind.NETWORK:
+                    continue
+                kv = int(kind[v])
+                if kv != VertexKind.GPU and kv not in transit:
+                    continue
+                cand = (hops + 1, max(negb, -float(fab.capacity_Bps[e])), [*path, e])
+                old = best.get(v)
+                if old is None:
+                    best[v] = cand
+                    queue.append(v)
+                elif (cand[0], cand[1], cand[2]) < (old[0], old[1], old[2]):
+                    best[v] = cand
+        for v, (_, _, path) in best.items():
+            if v != s and int(kind[v]) == VertexKind.GPU:
+                routes[(r, int(vr[v]))] = path
+                width = max(width, len(path))
+    links = np.full((nr, g, width), -1, dtype=np.int32)
+    length = np.full((nr, g), -1, dtype=np.int32)
+    direct = np.zeros((nr, g), dtype=bool)
+    for r in range(nr):
+        length[r, r % g] = 0
+    for (a, b), path in routes.items():
+        links[a, b % g, : len(path)] = path
+        length[a, b % g] = len(path)
+        direct[a, b % g] = len(path) == 1
+    return links, length, direct
+
+
+def _nic_table(fab: Fabric) -> tuple[list[int], list[list[tuple[int, int, int]]]]:
+    """Rail index per NIC and, per rank, its ``(rail, up_link, rail_up_link)`` list.
+
+    Returns ``(nic_rail, rank_nics)``: ``nic_rail[k]`` for each NIC vertex in
+    id order and, per rank, the NICs it attaches to as tuples
+    ``(rail, gpu->nic link, nic->rail link)``.
+    """
+    rails = {int(v): i for i, v in enumerate(fab.vertices_of_kind(VertexKind.RAIL))}
+    nic_rail: dict[int, int] = {}
+    for nic in fab.vertices_of_kind(VertexKind.NIC).tolist():
+        rs = [
+            rails[int(fab.link_dst[e])]
+            for e in fab.out_links[nic].tolist()
+            if int(fab.link_dst[e]) in rails
+        ]
+        if len(rs) > 1:
+            raise FabricError(
+                f"NIC {fab.vertex_name(nic)} connects to {len(rs)} rail switches; "
+                "a NIC belongs to one rail"
+            )
+        if rs:
+            nic_rail[nic] = rs[0]
+    rank_nics: list[list[tuple[int, int, int]]] = [[] for _ in range(fab.num_ranks)]
+    for r in range(fab.num_ranks):
+        gv = int(fab.rank_vertex[r])
+        for e in fab.out_links[gv].tolist():
+            v = int(fab.link_dst[e])
+            if v in nic_rail:
+                x = nic_rail[v]
+                rail_v = int(fab.vertices_of_kind(VertexKind.RAIL)[x])
+                if fab.has_link(v, rail_v) and fab.has_link(rail_v, v) and fab.has_link(v, gv):
+                    rank_nics[r].append((x, e, fab.link_id(v, rail_v)))
+        rank_nics[r].sort()
+    return [nic_rail[k] for k in sorted(nic_rail)], rank_nics
+
+
+def _rail_segments(
+    fab: Fabric,
+    intra_links: np.ndarray,
+    intra_len: np.ndarray,
+    rank_nics: list[list[tuple[int, int, int]]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Source and destination halves of every rail path.
+
+    ``src_seg[r, x]``: links from rank ``r`` to rail switch ``x`` (forwarding
+    inside the node if ``r`` has no NIC on ``x``); ``dst_seg[r, x]``: links
+    from rail switch ``x`` to rank ``r``. Lengths are -1 where impossible.
+    The forwarding GPU is the one on ``x`` with the shortest (then
+    lowest-local) intra-node route, so the choice is deterministic.
+    """
+    g = fab.gpus_per_node
+    nr = fab.num_ranks
+    nrails = len(fab.rails)
+    wi = intra_links.shape[2]
+    width = wi + 2
+    src_seg = np.full((nr, nrails, width), -1, dtype=np.int32)
+    src_len = np.full((nr, nrails), -1, dtype=np.int32)
+    dst_seg = np.full((nr, nrails, width), -1, dtype=np.int32)
+    dst_len = np.full((nr, nrails), -1, dtype=np.int32)
+    rail_vertices = fab.vertices_of_kind(VertexKind.RAIL)
+    for n in range(fab.num_nodes):
+        ranks = range(n * g, (n + 1) * g)
+        # gateways[x] = list of (rank, gpu->nic, nic->rail) on rail x in node n
+        gateways: dict[int, list[tuple[int, int, int]]] = {}
+        for r in ranks:
+            for x, up, rup in rank_nics[r]:
+                gateways.setdefault(x, []).append((r, up, rup))
+        for x, gws in gateways.items():
+            rail_v = int(rail_vertices[x])
+            for r in ranks:
+                # source side: r -> gw -> nic -> rail
+                best = None
+                for gw, up, rup in gws:
+                    ln = int(intra_len[r, gw % g])
+                    if ln < 0:
+                        continue
+                    key = (ln, gw)
+                    if best is None or key < best[0]:
+                        best = (key, gw, up, rup)
+                if best is not None:
+                    _, gw, up, rup = best
+                    ln = int(intra_len[r, gw % g])
+                    src_seg[r, x, :ln] = intra_links[r, gw % g, :ln]
+                    src_seg[r, x, ln] = up
+                    src_seg[r, x, ln + 1] = rup
+                    src_len[r, x] = ln + 2
+                # destination side: rail -> nic -> gw -> r
+                best = None
+                for gw, up, _ in gws:
+                    ln = int(intra_len[gw, r % g])
+                    if ln < 0:
+                        continue
+                    key = (ln, gw)
+                    if best is None or key < best[0]:
+                        best = (key, gw, up)
+                if best is not None:
+                    _, gw, up = best
+                    nic = int(fab.link_dst[up])
+                    ln = int(intra_len[gw, r % g])
+                    dst_seg[r, x, 0] = fab.link_id(rail_v, nic)
+                    dst_seg[r, x, 1] = fab.link_id(nic, int(fab.rank_vertex[gw]))
+                    dst_seg[r, x, 2 : 2 + ln] = intra_links[gw, r % g, :ln]
+                    dst_len[r, x] = ln + 2
+    return src_seg, src_len, dst_seg, dst_len
+
+
+def compile_paths(
+    fab: Fabric,
+    kinds: tuple[str, ...] | list[str] = ALL_KINDS,
+    max_hops: int | None = None,
+) -> PathSet:
+    """Compile the candidate paths of every ordered rank pair.
+
+    Parameters
+    ----------
+    fab
+        The fabric.
+    kinds
+        Which rules to apply, a subset of ``("direct", "relay", "rail",
+        "spine")``. ``direct`` is always applied for intra-node pairs that have
+        a direct route.
+    max_hops
+        Drop candidate paths with more links than this.
+
+    Results are cached on the fabric per ``(kinds, max_hops)``; use
+    :func:`candidate_paths`, which does that.
+
+    Raises
+    ------
+    FabricError
+        If some ordered GPU pair has no candidate path.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> ps = pw.fabric.candidate_paths(pw.fabric.preset("h100-2x4"))
+    >>> [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 1)]
+    ['direct', 'relay(via rank 2)', 'relay(via rank 3)']
+    >>> [ps.rail_role(p) for p in ps.pair_paths(0, 5)]
+    ['drd', 'dr', 'rd', 'drd']
+    >>> ps.describe(ps.pair_paths(0, 5)[1])
+    'rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic1 -> n1.gpu1'
+    """
+    kinds = tuple(sorted(set(kinds), key=ALL_KINDS.index))
+    unknown = set(kinds) - set(ALL_KINDS)
+    if unknown:
+        raise FabricError(f"unknown path kinds {sorted(unknown)}; known: {list(ALL_KINDS)}")
+    if max_hops is not None and max_hops < 1:
+        raise FabricError(f"max_hops must be >= 1, got {max_hops}")
+    g = fab.gpus_per_node
+    nr = fab.num_ranks
+    nrails = len(fab.rails)
+    intra_links, intra_len, direct_nv = _intra_routes(fab)
+    _, rank_nics = _nic_table(fab)
+    src_seg, src_len, dst_seg, dst_len = _rail_segments(fab, intra_links, intra_len, rank_nics)
+    rank_rails = tuple(tuple(sorted({x for x, _, _ in rank_nics[r]})) for r in range(nr))
+    spines = fab.vertices_of_kind(VertexKind.SPINE)
+    rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
+    wi = intra_links.shape[2]
+    # widest rule: a rail path (two forwards plus four NIC/rail hops); spine paths have 6
+    width = max(src_seg.shape[2] + dst_seg.shape[2], 6)
+
+    blocks = []  # (pair index array, kind, via, links[M, width], length[M])
+
+    # ---- intra-node: direct
+    s_loc, d_loc = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
+    off = s_loc != d_loc
+    nodes = np.arange(fab.num_nodes)
+    s_all = (nodes[:, None, None] * g + s_loc[None]).reshape(-1)
+    d_all = (nodes[:, None, None] * g + d_loc[None]).reshape(-1)
+    keep = np.tile(off.reshape(-1), fab.num_nodes)
+    s_i, d_i = s_all[keep], d_all[keep]
+    ln = intra_len[s_i, d_i % g]
+    ok = ln > 0
+    if ok.any():
+        lk = np.full((int(ok.sum()), width), -1, dtype=np.int32)
+        lk[:, :wi] = intra_links[s_i[ok], d_i[ok] % g]
+        blocks.append((s_i[ok], d_i[ok], PathKind.DIRECT, np.full(ok.sum(), -1), lk, ln[ok]))
+
+    # ---- intra-node: relay through one GPU where both hops are single NVLinks
+    if "relay" in kinds and g > 2:
+        for i_loc in range(g):
+            sel = (s_i % g != i_loc) & (d_i % g != i_loc)
+            ss, dd = s_i[sel], d_i[sel]
+            ii = (ss // g) * g + i_loc
+            ok = direct_nv[ss, i_loc] & direct_nv[ii, dd % g]
+            if not ok.any():
+                continue
+            ss, dd, ii = ss[ok], dd[ok], ii[ok]
+            lk = np.full((ss.size, width), -1, dtype=np.int32)
+            lk[:, 0] = intra_links[ss, i_loc, 0]
+            lk[:, 1] = intra_links[ii, dd % g, 0]
+            blocks.append((ss, dd, PathKind.RELAY, ii, lk, np.full(ss.size, 2)))
+
+    # ---- inter-node: rails, then spines
+    if fab.num_nodes > 1:
+        ranks = np.arange(nr)
+        S, D = np.meshgrid(ranks, ranks, indexing="ij")
+        inter = (S // g) != (D // g)
+        S, D = S[inter], D[inter]
+        if "rail" in kinds:
+            for x in range(nrails):
+                ls, ld = src_len[S, x], dst_len[D, x]
+                ok = (ls >= 0) & (ld >= 0)
+                if not ok.any():
+                    continue
+                ss, dd, ls, ld = S[ok], D[ok], ls[ok], ld[ok]
+                lk = np.full((ss.size, width), -1, dtype=np.int32)
+                ws = src_seg.shape[2]
+                lk[:, :ws] = src_seg[ss, x]
+                rows = np.arange(ss.size)
+                for c in range(dst_seg.shape[2]):
+                    vals = dst_seg[dd, x, c]
+                    m = vals >= 0
+                    lk[rows[m], ls[m] + c] = vals[m]
+                blocks.append((ss, dd, PathKind.RAIL, np.full(ss.size, x), lk, ls + ld))
+        if "spine" in kinds and spines.size and nrails:
+            first_rail = np.array([rr[0] if rr else -1 for rr in rank_rails])
+            up = np.full(nr, -1)
+            down = np.full(nr, -1)
+            for r in range(nr):
+                if rank_nics[r]:
+                    x, e_up, _ = rank_nics[r][0]
+                    up[r] = e_up
+                    nic = int(fab.link_dst[e_up])
+                    down[r] = fab.link_id(nic, int(fab.rank_vertex[r]))
+            rs, rd = first_rail[S], first_rail[D]
+            ok = (rs >= 0) & (rd >= 0) & (rs != rd)
+            ss, dd = S[ok], D[ok]
+            rs, rd = rs[ok], rd[ok]
+            nic_up = np.array(
+                [fab.link_id(int(fab.link_dst[up[r]]), int(rail_vs[first_rail[r]])) if up[r] >= 0
+                 else -1 for r in range(nr)]
+            )
+            nic_down = np.array(
+                [fab.link_id(int(rail_vs[first_rail[r]]), int(fab.link_dst[up[r]])) if up[r] >= 0
+                 else -1 for r in range(nr)]
+            )
+            for k, sp in enumerate(spines.tolist()):
+                r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
+                r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
+                lk = np.full((ss.size, width), -1, dtype=np.int32)
+                lk[:, 0] = up[ss]
+                lk[:, 1] = nic_up[ss]
+                lk[:, 2] = r_up[rs]
+                lk[:, 3] = r_dn[rd]
+                lk[:, 4] = nic_down[dd]
+                lk[:, 5] = down[dd]
+                blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, np.full(ss.size, 6)))
+
+    if not blocks:
+        blocks.append((np.zeros(0), np.zeros(0), PathKind.DIRECT, np.zeros(0),
+                       np.zeros((0, width), dtype=np.int32), np.zeros(0)))
+    src = np.concatenate([b[0] for b in blocks]).astype(np.int32)
+    dst = np.concatenate([b[1] for b in blocks]).astype(np.int32)
+    kind = np.concatenate([np.full(b[0].size, int(b[2]), dtype=np.int8) for b in blocks])
+    via = np.concatenate([b[3] for b in blocks]).astype(np.int32)
+    links = np.concatenate([b[4] for b in blocks])
+    length = np.concatenate([b[5] for b in blocks]).astype(np.int32)
+    if max_hops is not None:
+        keep = length <= max_hops
+        src, dst, kind, via, links, length = (
+            a[keep] for a in (src, dst, kind, via, links, length)
+        )
+    width_used = max(int(length.max()) if length.size else 1, 1)
+    links = links[:, :width_used]
+    pair = src.astype(np.int64) * nr + dst
+    # Blocks are in rule order, each block in (src, dst) order; a stable sort
+    # by pair keeps rule order within a pair, hence identical ids everywhere.
+    order = np.argsort(pair, kind="stable")
+    src, dst, kind, via, links, length, pair = (
+        a[order] for a in (src, dst, kind, via, links, length, pair)
+    )
+    counts = np.bincount(pair, minlength=nr * nr)
+    pair_ptr = np.zeros(nr * nr + 1, dtype=np.int64)
+    np.cumsum(counts, out=pair_ptr[1:])
+    missing = np.flatnonzero(counts == 0)
+    missing = missing[missing // nr != missing % nr]
+    if missing.size:
+        s, d = divmod(int(missing[0]), nr)
+        raise FabricError(
+            f"fabric {fab.name!r}: no path from rank {s} ({fab.vertex_name(fab.rank_vertex[s])}) "
+            f"to rank {d} ({fab.vertex_name(fab.rank_vertex[d])})"
+            + (f" within max_hops={max_hops}" if max_hops is not None else "")
+            + f"; {missing.size} ordered pairs have none"
+        )
+    for a in (pair_ptr, links, length, kind, via, src, dst):
+        a.setflags(write=False)
+    return PathSet(
+        fabric=fab,
+        num_ranks=nr,
+        pair_ptr=pair_ptr,
+        links=np.ascontiguousarray(links),
+        length=length,
+        kind=kind,
+        via=via,
+        src=src,
+        dst=dst,
+        kinds=kinds,
+        max_hops=max_hops,
+        rank_rails=rank_rails,
+    )
+
+
+def candidate_paths(
+    fab: Fabric,
+    kinds: tuple[str, ...] | list[str] = ALL_KINDS,
+    max_hops: int | None = None,
+) -> PathSet:
+    """Cached :func:`compile_paths`: a fabric compiles each rule set once."""
+    key = (tuple(sorted(set(kinds))), max_hops)
+    cache = fab.__dict__.setdefault("_path_cache", {})
+    if key not in cache:
+        cache[key] = compile_paths(fab, kinds, max_hops)
+    return cache[key]

@@ -1,0 +1,221 @@
+"""Numba kernels of the ``mwu`` planner: arrays in, arrays out, no validation.
+
+The public wrapper (:mod:`pathweave.plan.mwu`) validates inputs once; these
+functions trust them. :func:`route_reference` is the slow, obvious version the
+tests compare the kernel with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, inline="always")
+def _step(rem: np.int64, total: np.int64, lam: float, chunk: np.int64, min_split: np.int64):
+    # Algorithm 1, lines 23-27: the residual below one chunk goes whole;
+    # otherwise a fraction lam of it, rounded down to whole chunks. Pairs
+    # smaller than min_split_bytes are never split.
+    if total < min_split or rem <= chunk:
+        return rem
+    f = np.int64(rem * lam) // chunk * chunk
+    if f < chunk:
+        f = chunk
+    return min(f, rem)
+
+
+@njit(cache=True, inline="always")
+def _best_path(lo, hi, f, links, length, penalty_s, inv_cap, load):
+    best = -1
+    best_cost = np.inf
+    for p in range(lo, hi):
+        # Bottleneck cost (NIMBLE Sec. IV-B): pipelined forwarding runs at the
+        # speed of the path's busiest link, so a path costs its max link cost.
+        c = 0.0
+        for h in range(length[p]):
+            e = links[p, h]
+            t = (load[e] + f) * inv_cap[e]
+            if t > c:
+                c = t
+        c += penalty_s[p]
+        if c < best_cost:
+            best_cost = c
+            best = p
+    return best
+
+
+@njit(cache=True, inline="always")
+def _visit(k, f, lo, hi, off, chunk, links, length, penalty_s, inv_cap, load, flow):
+    # One visit of a pair routes f bytes in up to (number of candidate paths)
+    # pieces of whole chunks, each on the path that is cheapest at that
+    # moment, so even a lone pair spreads over its paths within one visit.
+    npaths = hi - lo
+    pieces = f // chunk
+    if pieces > npaths:
+        pieces = npaths
+    if pieces < 1:
+        pieces = 1
+    left = f
+    for i in range(pieces):
+        if i == pieces - 1:
+            g = left
+        else:
+            g = (f // pieces) // chunk * chunk
+            if g < chunk:
+                g = chunk
+        p = _best_path(lo, hi, g, links, length, penalty_s, inv_cap, load)
+        for h in range(length[p]):
+            load[links[p, h]] += g
+        flow[off + p - lo] += g
+        left -= g
+
+
+@njit(cache=True)
+def route_kernel(
+    pair_lo: np.ndarray,
+    pair_hi: np.ndarray,
+    demand: np.ndarray,
+    links: np.ndarray,
+    length: np.ndarray,
+    penalty_s: np.ndarray,
+    inv_cap: np.ndarray,
+    lam: float,
+    chunk: np.int64,
+    min_split: np.int64,
+    refine: np.int64,
+    load: np.ndarray,
+    flow: np.ndarray,
+) -> np.int64:
+    """Route every pair's demand; fills ``load`` (bytes per link) and ``flow``.
+
+    ``flow`` is indexed like the concatenation of the pairs' path ranges:
+    pair ``k``'s paths occupy ``flow[off[k]:off[k] + pair_hi[k] - pair_lo[k]]``.
+    Returns the number of sweeps over the pairs.
+    """
+    k_pairs = pair_lo.shape[0]
+    off = np.empty(k_pairs + 1, dtype=np.int64)
+    off[0] = 0
+    for k in range(k_pairs):
+        off[k + 1] = off[k] + pair_hi[k] - pair_lo[k]
+    rem = demand.copy()
+    left = np.int64(0)
+    for k in range(k_pairs):
+        left += rem[k]
+    sweeps = 0
+    # Phase 1: Algorithm 1. Sweep the pairs in a fixed order, each time
+    # routing a fraction of each residual on its currently cheapest path.
+    while left > 0:
+        sweeps += 1
+        for k in range(k_pairs):
+            r = rem[k]
+            if r == 0:
+                continue
+            f = _step(r, demand[k], lam, chunk, min_split)
+            _visit(k, f, pair_lo[k], pair_hi[k], off[k], chunk if demand[k] >= min_split else f,
+                   links, length, penalty_s, inv_cap, load, flow)
+            rem[k] = r - f
+            left -= f
+    # Phase 2: rip up and re-route. Early pairs chose paths before later
+    # pairs loaded the fabric; re-routing each pair against everyone else's
+    # final load removes most of that order bias.
+    for _ in range(refine):
+        sweeps += 1
+        for k in range(k_pairs):
+            d = demand[k]
+            if d == 0 or (d < min_split and pair_hi[k] - pair_lo[k] == 1):
+                continue
+            for j in range(pair_hi[k] - pair_lo[k]):
+                fj = flow[off[k] + j]
+                if fj:
+                    p = pair_lo[k] + j
+                    for h in range(length[p]):
+                        load[links[p, h]] -= fj
+                    flow[off[k] + j] = 0
+            r = d
+            while r > 0:
+                f = _step(r, d, lam, chunk, min_split)
+                _visit(k, f, pair_lo[k], pair_hi[k], off[k], chunk if d >= min_split else f,
+                       links, length, penalty_s, inv_cap, load, flow)
+                r -= f
+    return sweeps
+
+
+@njit(cache=True)
+def compact_flows(pair_lo: np.ndarray, pair_hi: np.ndarray, flow: np.ndarray):
+    """``(path_ids, bytes)`` of the non-zero entries of a kernel ``flow`` array."""
+    n = 0
+    for i in range(flow.shape[0]):
+        if flow[i] != 0:
+            n += 1
+    pid = np.empty(n, dtype=np.int64)
+    fb = np.empty(n, dtype=np.int64)
+    i = 0
+    j = 0
+    for k in range(pair_lo.shape[0]):
+        for p in range(pair_lo[k], pair_hi[k]):
+            if flow[i] != 0:
+                pid[j] = p
+                fb[j] = flow[i]
+                j += 1
+            i += 1
+    return pid, fb
+
+
+def route_reference(
+    pair_lo, pair_hi, demand, links, length, penalty_s, inv_cap, lam, chunk, min_split, refine
+):
+    """Plain-Python twin of :func:`route_kernel` for tests; returns ``(load, flow)``."""
+    load = np.zeros(inv_cap.shape[0])
+    sizes = [int(h - lo) for lo, h in zip(pair_lo, pair_hi)]
+    flows = [[0] * s for s in sizes]
+
+    def step(r, total):
+        if total < min_split or r <= chunk:
+            return r
+        f = max(int(r * lam) // chunk * chunk, chunk)
+        return min(f, r)
+
+    def best(k, f):
+        costs = []
+        for j in range(sizes[k]):
+            p = int(pair_lo[k]) + j
+            lk = links[p, : length[p]]
+            costs.append(max((load[e] + f) * inv_cap[e] for e in lk) + penalty_s[p])
+        return int(np.argmin(costs))  # first minimum, like the kernel
+
+    def put(k, j, f):
+        p = int(pair_lo[k]) + j
+        for e in links[p, : length[p]]:
+            load[e] += f
+        flows[k][j] += f
+
+    def visit(k, f, total):
+        unit = chunk if total >= min_split else f
+        pieces = min(max(f // unit, 1), sizes[k])
+        left = f
+        for i in range(pieces):
+            g = left if i == pieces - 1 else max((f // pieces) // unit * unit, unit)
+            put(k, best(k, g), g)
+            left -= g
+
+    rem = [int(d) for d in demand]
+    while sum(rem) > 0:
+        for k in range(len(rem)):
+            if rem[k]:
+                f = step(rem[k], int(demand[k]))
+                visit(k, f, int(demand[k]))
+                rem[k] -= f
+    for _ in range(refine):
+        for k in range(len(rem)):
+            d = int(demand[k])
+            if d == 0 or (d < min_split and sizes[k] == 1):
+                continue
+            for j in range(sizes[k]):
+                if flows[k][j]:
+                    put(k, j, -flows[k][j])
+            r = d
+            while r > 0:
+                f = step(r, d)
+                visit(k, f, d)
+                r -= f
+    return load, np.array([f for fl in flows for f in fl], dtype=np.int64)

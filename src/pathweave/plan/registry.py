@@ -1,0 +1,155 @@
+"""One registry for every policy, and :func:`make`, the one way to plan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from pathweave.errors import PlanError, WorkloadError
+from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
+from pathweave.plan._plan import Plan
+from pathweave.traffic import validate_demand
+
+#: Options every policy accepts: which path rules to use.
+COMMON_OPTIONS: dict[str, Any] = {"kinds": ("direct", "relay", "rail", "spine"), "max_hops": None}
+
+Planner = Callable[..., Plan]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A registered policy: its function, its options with defaults, one line of help."""
+
+    name: str
+    func: Planner
+    options: dict[str, Any]
+    summary: str
+
+
+_REGISTRY: dict[str, Policy] = {}
+
+
+def register(name: str, *, options: dict[str, Any], summary: str) -> Callable[[Planner], Planner]:
+    """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``."""
+
+    def deco(func: Planner) -> Planner:
+        if name in _REGISTRY:
+            raise PlanError(f"policy {name!r} is already registered")
+        _REGISTRY[name] = Policy(name, func, dict(options), summary)
+        return func
+
+    return deco
+
+
+def policies() -> list[str]:
+    """Names of the registered policies, in registration order."""
+    return list(_REGISTRY)
+
+
+def policy_info(name: str) -> Policy:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PlanError(
+            f"unknown policy {name!r}; known policies: {', '.join(_REGISTRY)}"
+        ) from None
+
+
+def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
+    """Validate a demand matrix and return it as read-only ``int64`` bytes.
+
+    Planners route whole bytes, so every entry must be a whole number.
+    """
+    arr = demand if isinstance(demand, np.ndarray) else None
+    # NOTE: fast path for the runtime's per-call planning: a well-formed
+    # float or int matrix passes with a handful of vectorised checks; anything
+    # else goes through validate_demand, which names the bad entry.
+    if (
+        arr is not None
+        and arr.shape == (num_ranks, num_ranks)
+        and arr.dtype.kind in "fiu"
+        and (arr.dtype.kind != "f" or np.isfinite(arr).all())
+        and arr.min() >= 0
+        and not arr.diagonal().any()
+    ):
+        d = arr
+    else:
+        d = validate_demand(demand, num_ranks)
+    if d.dtype.kind == "f":
+        di = np.rint(d)
+        if not np.array_equal(di, d):
+            bad = np.flatnonzero(di != d)
+            s, t = divmod(int(bad[0]), num_ranks)
+            raise WorkloadError(f"D[{s}, {t}] = {float(d[s, t])!r} is not a whole number of bytes")
+        d = di
+    out = d.astype(np.int64)  # always a copy: the plan must not see later edits
+    out.setflags(write=False)
+    return out
+
+
+def make(
+    fabric: Fabric | str,
+    demand: Any,
+    policy: str = "mwu",
+    *,
+    paths: PathSet | None = None,
+    **options: Any,
+) -> Plan:
+    """Plan ``demand`` on ``fabric`` with ``policy``; every policy returns a :class:`Plan`.
+
+    Parameters
+    ----------
+    fabric
+        A :class:`~pathweave.fabric.Fabric`, a preset spec or a fabric file.
+    demand
+        ``D[src, dst]`` in whole bytes, shape ``(num_ranks, num_ranks)``.
+    policy
+        A registered policy: ``static``, ``multirail``, ``mwu``, ``optimal``,
+        ``hscore`` (see :func:`policies`).
+    paths
+        Candidate paths to use; default ``candidate_paths(fabric, kinds,
+        max_hops)`` (cached on the fabric).
+    **options
+        Policy options, plus ``kinds`` and ``max_hops`` for the path rules.
+        An option the policy does not know is an error.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+    >>> s = pw.plan.make(fab, D, "static").congestion_s
+    >>> o = pw.plan.make(fab, D, "optimal").congestion_s
+    >>> round(s / o, 2)
+    3.79
+    >>> pw.plan.make(fab, D, "mwu", lam=0.5)
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.PlanError: policy 'mwu' got unknown option 'lam'; valid options: ...
+    """
+    fab = resolve(fabric)
+    pol = policy_info(policy)
+    valid = {**COMMON_OPTIONS, **pol.options}
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise PlanError(
+            f"policy {policy!r} got unknown option {unknown[0]!r}; valid options: "
+            + ", ".join(sorted(valid))
+        )
+    t0 = time.perf_counter()
+    d = as_demand(demand, fab.num_ranks)
+    opts = {k: options.get(k, v) for k, v in pol.options.items()}
+    if paths is None:
+        paths = candidate_paths(
+            fab,
+            options.get("kinds", COMMON_OPTIONS["kinds"]),
+            options.get("max_hops", COMMON_OPTIONS["max_hops"]),
+        )
+    elif paths.fabric is not fab:
+        raise PlanError("paths were compiled for another fabric")
+    plan = pol.func(fab, d, paths, **opts)
+    return replace(plan, plan_s=time.perf_counter() - t0)

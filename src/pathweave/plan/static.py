@@ -1,0 +1,54 @@
+"""``static``: what NCCL does, one fixed path per pair.
+
+* Intra-node: the direct route (one NVLink on a mesh, through the NVSwitch
+  otherwise).
+* Inter-node: PXN (NCCL >= 2.12). The source forwards over NVLink to the GPU
+  of its node that sits on the destination's rail, which sends over that
+  rail, so the destination receives from its own NIC without crossing rails
+  (the h-score blog's *dr* path; rail-matched when source and destination
+  share the rail). If the destination has no NIC, the lowest-numbered rail
+  path is used.
+
+Nothing depends on load: a skewed exchange piles onto the destination's rail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pathweave.fabric import Fabric, PathKind, PathSet
+from pathweave.plan._flows import first_matching, nonzero_pairs, plan_from_flows
+from pathweave.plan._plan import Plan
+from pathweave.plan.registry import register
+
+
+def _dst_rail(paths: PathSet) -> np.ndarray:
+    return np.array([r[0] if r else -1 for r in paths.rank_rails], dtype=np.int64)
+
+
+def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
+    """The single path NCCL would use for each flat pair index."""
+    n = paths.num_ranks
+    dst_rail = _dst_rail(paths)
+    direct = paths.kind == PathKind.DIRECT
+    pxn = (paths.kind == PathKind.RAIL) & (paths.via == dst_rail[paths.dst])
+    pid = first_matching(paths, pairs, direct | pxn)
+    missing = pid < 0
+    if missing.any():
+        pid[missing] = first_matching(paths, pairs[missing], paths.kind == PathKind.RAIL)
+    if (pid < 0).any():
+        s, d = divmod(int(pairs[np.flatnonzero(pid < 0)[0]]), n)
+        pid[pid < 0] = paths.pair_ptr[pairs[pid < 0]]  # any candidate: the first
+        del s, d
+    return pid
+
+
+@register(
+    "static",
+    options={},
+    summary="NCCL-like: direct NVLink inside a node, PXN (destination's rail) across nodes",
+)
+def static(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
+    pairs, nbytes = nonzero_pairs(demand)
+    pid = static_paths(paths, pairs)
+    return plan_from_flows(fabric, demand, paths, pid, nbytes, "static")

@@ -1,0 +1,453 @@
+"""Workload spec strings: a compact, command-line friendly way to name a workload.
+
+Grammar (whitespace around tokens is ignored, names and keys are
+case-insensitive, ``-`` and ``_`` are interchangeable in names)::
+
+    spec   := name [ ":" items ]
+    items  := item ( "," item )*
+    item   := VALUE | key "=" VALUE      (a bare VALUE only as the first item)
+    list   := VALUE ( ";" VALUE )*       (for keys that take several ranks)
+
+A bare value sets the workload's main knob: ``hotspot`` ratio, ``zipf``
+alpha, ``random_sparse`` density, ``stencil`` dims, ``many_to_few`` sinks.
+Every workload also accepts ``bytes=SIZE`` to override ``bytes_per_rank``
+(``moe`` accepts and ignores it: its size comes from tokens and hidden).
+
+Sizes are a number with an optional unit, case-insensitive: none or ``B`` for
+bytes; ``K``, ``M``, ``G``, ``T`` and ``KiB``, ``MiB``, ``GiB``, ``TiB`` are
+binary (powers of 1024); ``KB``, ``MB``, ``GB``, ``TB`` are decimal (powers
+of 1000). Values are parsed by type, never evaluated.
+
+Examples
+--------
+>>> from pathweave.traffic import parse_workload, WorkloadSpec
+>>> parse_workload("hotspot:ratio=0.5,hot=3,bytes=1K", 4)[0].tolist()
+[0.0, 256.0, 256.0, 512.0]
+>>> spec = WorkloadSpec.parse("moe:tokens=16384,hidden=4096,experts=8,topk=2,hot=0.9")
+>>> spec.name, spec.params["num_experts"], spec.params["hot_ratio"]
+('moe', 8, 0.9)
+>>> str(spec)
+'moe:tokens=16384,hidden=4096,num_experts=8,top_k=2,hot_ratio=0.9'
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pathweave.errors import WorkloadError
+
+from . import generators
+
+__all__ = ["WORKLOAD_NAMES", "WorkloadSpec", "parse_size", "parse_workload"]
+
+DEFAULT_BYTES_PER_RANK = 256 * 2**20
+
+# --------------------------------------------------------------------------
+# Value parsers: each takes (workload, key, text) so errors can name all three.
+# --------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)$")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "m": 2**20,
+    "mib": 2**20,
+    "g": 2**30,
+    "gib": 2**30,
+    "t": 2**40,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def parse_size(text: str) -> float:
+    """Parse a byte size such as ``"64M"``, ``"1.5GiB"``, ``"100KB"`` or ``"4096"``.
+
+    Parameters
+    ----------
+    text : str
+        A non-negative number with an optional unit (see the module docstring).
+
+    Returns
+    -------
+    float
+        The size in bytes.
+
+    Examples
+    --------
+    >>> from pathweave.traffic import parse_size
+    >>> parse_size("64M"), parse_size("1KB"), parse_size("2 KiB")
+    (67108864.0, 1000.0, 2048.0)
+    """
+    match = _SIZE_RE.match(text.strip())
+    if match is None:
+        raise WorkloadError(f"{text!r} is not a size such as 4096, 64M, 1.5GiB or 100KB")
+    number, unit = match.groups()
+    scale = _SIZE_UNITS.get(unit.lower())
+    if scale is None:
+        valid = ", ".join(u for u in ("B", "K", "M", "G", "T", "KiB", "MiB", "GiB", "KB", "MB"))
+        raise WorkloadError(f"{text!r} has unknown size unit {unit!r}; use one of {valid}, ...")
+    value = float(number) * scale
+    if not math.isfinite(value):
+        raise WorkloadError(f"{text!r} is not a finite size")
+    return value
+
+
+def _where(workload: str, key: str, text: str) -> str:
+    return f"workload {workload!r}: {key}={text!r}"
+
+
+def _as_float(workload: str, key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise WorkloadError(f"{_where(workload, key, text)} is not a number") from None
+    if not math.isfinite(value):
+        raise WorkloadError(f"{_where(workload, key, text)} is not a finite number")
+    return value
+
+
+def _as_int(workload: str, key: str, text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        pass
+    # Allow integral floats such as 1e4 or 16384.0, which people type.
+    value = _as_float(workload, key, text)
+    if value != math.floor(value):
+        raise WorkloadError(f"{_where(workload, key, text)} is not an integer")
+    return int(value)
+
+
+def _as_bool(workload: str, key: str, text: str) -> bool:
+    lowered = text.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise WorkloadError(f"{_where(workload, key, text)} is not a boolean (true/false)")
+
+
+def _as_size(workload: str, key: str, text: str) -> float:
+    try:
+        return parse_size(text)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{_where(workload, key, text)}: {exc}") from None
+
+
+def _as_rank_list(workload: str, key: str, text: str) -> tuple[int, ...]:
+    # One trailing ';' is allowed so that a one-element list ("5;") can be told
+    # apart from a bare number where the two mean different things (sinks=5).
+    body = text[:-1] if text.endswith(";") else text
+    parts = [p.strip() for p in body.split(";")]
+    if any(p == "" for p in parts):
+        raise WorkloadError(f"{_where(workload, key, text)} has an empty list entry")
+    return tuple(_as_int(workload, key, p) for p in parts)
+
+
+def _as_rank_or_list(workload: str, key: str, text: str) -> int | tuple[int, ...]:
+    ranks = _as_rank_list(workload, key, text)
+    return ranks if ";" in text else ranks[0]
+
+
+def _as_shape(workload: str, key: str, text: str) -> tuple[int, ...]:
+    return _as_rank_list(workload, key, re.sub(r"[xX]", ";", text))
+
+
+# --------------------------------------------------------------------------
+# The workload table
+# --------------------------------------------------------------------------
+
+_Parser = Callable[[str, str, str], Any]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    func: Callable[..., np.ndarray]
+    keys: dict[str, _Parser]  # canonical key (the generator's parameter) -> parser
+    positional: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    sized: bool = True  # takes bytes_per_rank
+    required: tuple[str, ...] = ()
+
+
+_KINDS: dict[str, _Kind] = {
+    "uniform": _Kind(generators.uniform, {}),
+    "hotspot": _Kind(
+        generators.hotspot,
+        {"ratio": _as_float, "hot": _as_rank_or_list},
+        positional="ratio",
+        required=("ratio",),
+    ),
+    "zipf": _Kind(
+        generators.zipf,
+        {"alpha": _as_float, "seed": _as_int},
+        positional="alpha",
+    ),
+    "moe": _Kind(
+        generators.moe,
+        {
+            "tokens": _as_int,
+            "hidden": _as_int,
+            "bytes_per_elem": _as_float,
+            "num_experts": _as_int,
+            "top_k": _as_int,
+            "skew": _as_float,
+            "hot_ratio": _as_float,
+            "hot_expert": _as_int,
+            "placement": _as_rank_list,
+            "seed": _as_int,
+        },
+        aliases={"experts": "num_experts", "topk": "top_k", "k": "top_k", "hot": "hot_ratio"},
+        sized=False,
+        required=("tokens", "hidden"),
+    ),
+    "many_to_few": _Kind(
+        generators.many_to_few,
+        {"sinks": _as_rank_or_list, "seed": _as_int},
+        positional="sinks",
+    ),
+    "stencil": _Kind(
+        generators.stencil,
+        {
+            "dims": _as_int,
+            "shape": _as_shape,
+            "boundary_factor": _as_float,
+            "periodic": _as_bool,
+        },
+        positional="dims",
+        aliases={"boundary": "boundary_factor"},
+    ),
+    "random_sparse": _Kind(
+        generators.random_sparse,
+        {"density": _as_float, "seed": _as_int},
+        positional="density",
+    ),
+}
+
+WORKLOAD_NAMES: tuple[str, ...] = tuple(_KINDS)
+"""Names accepted by :func:`parse_workload` and :meth:`WorkloadSpec.parse`."""
+
+_BYTES_KEYS = ("bytes", "bytes_per_rank")
+
+
+def _unknown(what: str, given: str, valid: list[str]) -> WorkloadError:
+    close = difflib.get_close_matches(given, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return WorkloadError(f"unknown {what} {given!r}{hint}; valid: {', '.join(valid)}")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list, np.ndarray)):
+        # A one-element list keeps a trailing ';' so it parses back as a list:
+        # "sinks=5;" is rank 5, while "sinks=5" means the first five ranks.
+        items = [_format_value(v) for v in value]
+        return ";".join(items) + (";" if len(items) == 1 else "")
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A parsed workload spec: a generator name and its keyword parameters.
+
+    ``params`` uses the generator's own parameter names (aliases resolved)
+    and typed values; ``bytes_per_rank`` is set only when the spec said
+    ``bytes=``. ``str(spec)`` gives a canonical spec string that parses back
+    to an equal object.
+
+    Examples
+    --------
+    >>> from pathweave.traffic import WorkloadSpec
+    >>> spec = WorkloadSpec.parse("hotspot:0.8")
+    >>> spec
+    WorkloadSpec(name='hotspot', params={'ratio': 0.8}, bytes_per_rank=None)
+    >>> spec.build(4, bytes_per_rank=300).astype(int).tolist()[1]
+    [240, 0, 30, 30]
+    """
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+    bytes_per_rank: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> WorkloadSpec:
+        """Parse a spec string; see the module docstring for the grammar.
+
+        Raises
+        ------
+        WorkloadError
+            Naming the unknown workload or key, or the value that does not
+            parse, and listing what is valid.
+        """
+        if not isinstance(spec, str):
+            raise WorkloadError(f"a workload spec must be a string, got {spec!r}")
+        head, sep, rest = spec.strip().partition(":")
+        name = head.strip().lower().replace("-", "_")
+        if name not in _KINDS:
+            raise _unknown("workload", head.strip(), list(_KINDS))
+        kind = _KINDS[name]
+        params: dict[str, Any] = {}
+        size: float | None = None
+        items = [item.strip() for item in rest.split(",")] if sep else []
+        if sep and items == [""]:
+            raise WorkloadError(f"workload spec {spec!r} has nothing after ':'")
+        for index, item in enumerate(items):
+            if item == "":
+                raise WorkloadError(f"workload spec {spec!r} has an empty item")
+            key, eq, text = item.partition("=")
+            key, text = key.strip().lower(), text.strip()
+            if not eq:
+                if kind.positional is None:
+                    raise WorkloadError(
+                        f"workload {name!r} takes no bare value, got {item!r}; write "
+                        f"key=value with keys {', '.join(cls._keys(name))}"
+                    )
+                if index != 0:
+                    raise WorkloadError(
+                        f"workload {name!r}: bare value {item!r} must come first; "
+                        f"write key=value with keys {', '.join(cls._keys(name))}"
+                    )
+                key, text = kind.positional, item
+            if text == "":
+                raise WorkloadError(f"workload {name!r}: key {key!r} has an empty value")
+            if key in _BYTES_KEYS:
+                if size is not None:
+                    raise WorkloadError(f"workload {name!r}: bytes given twice in {spec!r}")
+                size = _as_size(name, key, text)
+                continue
+            canonical = kind.aliases.get(key, key)
+            if canonical not in kind.keys:
+                raise _unknown(f"key for workload {name!r}:", key, cls._keys(name))
+            if canonical in params:
+                raise WorkloadError(f"workload {name!r}: {canonical} given twice in {spec!r}")
+            params[canonical] = kind.keys[canonical](name, key, text)
+        missing = [k for k in kind.required if k not in params]
+        if missing:
+            raise WorkloadError(
+                f"workload {name!r} needs {', '.join(k + '=' for k in missing)} in {spec!r}"
+            )
+        return cls(name, params, size)
+
+    @staticmethod
+    def _keys(name: str) -> list[str]:
+        kind = _KINDS[name]
+        return sorted([*kind.keys, *kind.aliases, "bytes"])
+
+    def build(
+        self,
+        num_ranks: int,
+        bytes_per_rank: float = DEFAULT_BYTES_PER_RANK,
+        *,
+        gpus_per_node: int | None = None,
+        seed: int | None = None,
+    ) -> np.ndarray:
+        """Generate the demand matrix for ``num_ranks`` ranks.
+
+        Parameters
+        ----------
+        num_ranks : int
+            Number of ranks.
+        bytes_per_rank : float, default 256 MiB
+            Payload per rank, unless the spec set ``bytes=`` (ignored by
+            ``moe``).
+        gpus_per_node : int, optional
+            If given, checked to divide ``num_ranks`` so that a spec meant
+            for one cluster shape is not silently built for another.
+        seed : int, optional
+            Seed for random workloads, unless the spec set ``seed=``; ignored
+            by deterministic ones.
+
+        Returns
+        -------
+        numpy.ndarray
+            The demand matrix.
+        """
+        kind = _KINDS.get(self.name)
+        if kind is None:
+            raise _unknown("workload", self.name, list(_KINDS))
+        if gpus_per_node is not None:
+            if (
+                isinstance(gpus_per_node, bool)
+                or not isinstance(gpus_per_node, (int, np.integer))
+                or gpus_per_node < 1
+            ):
+                raise WorkloadError(
+                    f"gpus_per_node must be a positive integer, got {gpus_per_node!r}"
+                )
+            if isinstance(num_ranks, (int, np.integer)) and num_ranks % gpus_per_node:
+                raise WorkloadError(
+                    f"num_ranks = {num_ranks} is not a multiple of gpus_per_node = {gpus_per_node}"
+                )
+        unknown = [k for k in self.params if k not in kind.keys]
+        if unknown:
+            raise _unknown(f"key for workload {self.name!r}:", unknown[0], sorted(kind.keys))
+        params = dict(self.params)
+        if seed is not None and "seed" in kind.keys:
+            params.setdefault("seed", seed)
+        if not kind.sized:
+            return kind.func(num_ranks, **params)
+        size = bytes_per_rank if self.bytes_per_rank is None else self.bytes_per_rank
+        return kind.func(num_ranks, size, **params)
+
+    def __str__(self) -> str:
+        items = [f"{k}={_format_value(v)}" for k, v in self.params.items()]
+        if self.bytes_per_rank is not None:
+            items.append(f"bytes={_format_value(float(self.bytes_per_rank))}")
+        return self.name + (":" + ",".join(items) if items else "")
+
+
+def parse_workload(
+    spec: str,
+    num_ranks: int,
+    *,
+    bytes_per_rank: float = DEFAULT_BYTES_PER_RANK,
+    gpus_per_node: int | None = None,
+    seed: int | None = None,
+) -> np.ndarray:
+    """Build the demand matrix a spec string describes.
+
+    Parameters
+    ----------
+    spec : str
+        Workload spec, e.g. ``"hotspot:0.8"`` or ``"stencil:dims=2"``.
+    num_ranks : int
+        Number of ranks.
+    bytes_per_rank : float, default 256 MiB
+        Payload per rank unless the spec sets ``bytes=``.
+    gpus_per_node : int, optional
+        Checked to divide ``num_ranks``.
+    seed : int, optional
+        Seed for random workloads unless the spec sets ``seed=``.
+
+    Returns
+    -------
+    numpy.ndarray
+        The demand matrix.
+
+    Examples
+    --------
+    >>> from pathweave.traffic import parse_workload
+    >>> parse_workload("many_to_few:sinks=2", 4, bytes_per_rank=100).astype(int).tolist()
+    [[0, 0, 0, 0], [0, 0, 0, 0], [50, 50, 0, 0], [50, 50, 0, 0]]
+    """
+    return WorkloadSpec.parse(spec).build(
+        num_ranks, bytes_per_rank, gpus_per_node=gpus_per_node, seed=seed
+    )

@@ -1,0 +1,208 @@
+"""The Fabric type, builders, presets and path rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pathweave as pw
+from pathweave.errors import FabricError
+from pathweave.fabric import FabricBuilder, LinkKind, PathKind, VertexKind, cluster, preset
+from pathweave.fabric.builders import NDR400_Bps, nic_attachment
+
+
+def two_gpu_builder() -> FabricBuilder:
+    b = FabricBuilder("t")
+    b.vertex("n0.gpu0", VertexKind.GPU, 0)
+    b.vertex("n0.gpu1", VertexKind.GPU, 0)
+    return b
+
+
+# ----------------------------------------------------------------- the type
+def test_h100_2x4_matches_the_nimble_testbed():
+    fab = preset("h100-2x4")
+    assert (fab.num_nodes, fab.gpus_per_node, fab.num_ranks) == (2, 4, 8)
+    assert fab.nvlink_kind == "nvlink-mesh"
+    nv = fab.link_kind == LinkKind.NVLINK
+    assert np.all(fab.capacity_Bps[nv] == 120e9)
+    assert nv.sum() == 2 * 4 * 3  # 12 ordered pairs per node
+    net = fab.link_kind == LinkKind.NETWORK
+    assert np.all(fab.capacity_Bps[net] == 50e9)
+    assert fab.rails == ("rail0", "rail1", "rail2", "rail3")
+    assert fab.meta["measured_rail_Bps"] == 45.1e9
+
+
+def test_rank_map_is_node_major():
+    fab = preset("dgx-h100", nodes=3)
+    for r in range(fab.num_ranks):
+        assert fab.vertex_name(fab.rank_vertex[r]) == f"n{r // 8}.gpu{r % 8}"
+        assert fab.vertex_rank[fab.rank_vertex[r]] == r
+
+
+def test_dgx_h100_nvswitch_figures():
+    fab = preset("dgx-h100")
+    up = fab.link_id("n0.gpu3", "n0.nvswitch")
+    assert fab.capacity_Bps[up] == 450e9
+    assert fab.capacity_Bps[fab.link_id("n1.nic7", "rail7")] == NDR400_Bps == 50e9
+    assert fab.nvlink_kind == "nvswitch"
+
+
+def test_cluster_reaches_1024_ranks_with_spines():
+    fab = cluster(nodes=128, gpus_per_node=8, spines=4)
+    assert fab.num_ranks == 1024
+    assert len(fab.vertices_of_kind(VertexKind.SPINE)) == 4
+    # each spine joins each of the 8 rails in both directions
+    spine_links = (fab.vertex_kind[fab.link_src] == VertexKind.SPINE).sum()
+    assert spine_links == 4 * 8
+
+
+def test_arrays_are_read_only():
+    fab = preset("h100-2x4")
+    with pytest.raises(ValueError):
+        fab.capacity_Bps[0] = 1.0
+
+
+def test_nic_attachment_shapes():
+    assert nic_attachment(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(FabricError, match="rails=3"):
+        nic_attachment(8, 3)
+
+
+@pytest.mark.parametrize(
+    ("cap", "match"),
+    [(0.0, "capacity_Bps=0.0"), (-5.0, "capacity_Bps=-5.0"), (float("nan"), "capacity_Bps=nan")],
+)
+def test_bad_capacity_names_link_and_value(cap, match):
+    b = two_gpu_builder()
+    b.link("n0.gpu0", "n0.gpu1", cap, LinkKind.NVLINK)
+    with pytest.raises(FabricError, match=match) as e:
+        b.build()
+    assert "n0.gpu0 -> n0.gpu1" in str(e.value)
+
+
+def test_duplicate_link_and_unknown_vertex():
+    b = two_gpu_builder()
+    b.link("n0.gpu0", "n0.gpu1", 1e9, LinkKind.NVLINK)
+    with pytest.raises(FabricError, match="duplicate link n0.gpu0 -> n0.gpu1"):
+        b.link("n0.gpu0", "n0.gpu1", 1e9, LinkKind.NVLINK)
+    with pytest.raises(FabricError, match="unknown vertex 'n0.gpu7'"):
+        b.link("n0.gpu0", "n0.gpu7", 1e9, LinkKind.NVLINK)
+
+
+def test_gpu_names_and_ranks_are_checked():
+    b = FabricBuilder("t")
+    b.vertex("gpu-a", VertexKind.GPU, 0)
+    with pytest.raises(FabricError, match="must be named n<node>.gpu<index>"):
+        b.build()
+    b = FabricBuilder("t")
+    b.vertex("n0.gpu0", VertexKind.GPU, 0)
+    b.vertex("n0.gpu2", VertexKind.GPU, 0)
+    with pytest.raises(FabricError, match=r"GPUs \[0, 2\]"):
+        b.build()
+
+
+def test_nvlink_across_nodes_is_rejected():
+    b = FabricBuilder("t")
+    b.vertex("n0.gpu0", VertexKind.GPU, 0)
+    b.vertex("n1.gpu0", VertexKind.GPU, 1)
+    b.duplex("n0.gpu0", "n1.gpu0", 1e9, LinkKind.NVLINK)
+    with pytest.raises(FabricError, match="not in one node"):
+        b.build()
+
+
+def test_with_links_degrades_and_removes():
+    fab = preset("h100-2x4")
+    slow = fab.with_links({("n0.nic0", "rail0"): 0.25})
+    assert slow.capacity_Bps[slow.link_id("n0.nic0", "rail0")] == 12.5e9
+    assert fab.capacity_Bps[fab.link_id("n0.nic0", "rail0")] == 50e9  # original untouched
+    cut = fab.with_links(remove=[("n0.gpu0", "n0.gpu1"), ("n0.gpu1", "n0.gpu0")])
+    assert not cut.has_link("n0.gpu0", "n0.gpu1")
+    with pytest.raises(FabricError, match=r"factor .* is 1.5"):
+        fab.with_links({0: 1.5})
+
+
+def test_preset_errors_name_the_value():
+    with pytest.raises(FabricError, match="unknown fabric preset 'h200-9x9'"):
+        preset("h200-9x9")
+    with pytest.raises(FabricError, match="nodes='x'"):
+        preset("dgx-h100:nodes=x")
+    with pytest.raises(FabricError, match="node_kind must be"):
+        cluster(nodes=2, node_kind="torus")
+
+
+# ------------------------------------------------------------------- paths
+def roles(ps, s, d):
+    return [ps.rail_role(p) for p in ps.pair_paths(s, d)]
+
+
+def test_h100_2x4_candidate_paths_by_hand():
+    ps = pw.fabric.candidate_paths(preset("h100-2x4"))
+    # intra-node: direct + 2 relays; inter-node: one path per rail
+    assert roles(ps, 0, 1) == ["direct", "relay", "relay"]
+    assert roles(ps, 0, 5) == ["rd", "dr", "drd", "drd"]
+    assert roles(ps, 2, 6) == ["drd", "drd", "matched", "drd"]
+    matched = ps.pair_paths(2, 6)[2]
+    assert ps.path_vertices(matched) == ["n0.gpu2", "n0.nic2", "rail2", "n1.nic2", "n1.gpu2"]
+    drd = ps.pair_paths(0, 5)[3]
+    assert ps.path_vertices(drd) == [
+        "n0.gpu0", "n0.gpu3", "n0.nic3", "rail3", "n1.nic3", "n1.gpu3", "n1.gpu1",
+    ]
+    # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails
+    assert ps.num_paths == 24 * 3 + 32 * 4
+
+
+def test_nvswitch_has_no_relay_paths():
+    ps = pw.fabric.candidate_paths(preset("dgx-h100"))
+    assert roles(ps, 0, 1) == ["direct"]
+    assert ps.path_vertices(ps.pair_paths(0, 1)[0]) == ["n0.gpu0", "n0.nvswitch", "n0.gpu1"]
+    assert len(ps.pair_paths(0, 9)) == 8
+
+
+def test_spine_paths_one_per_spine():
+    fab = cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2)
+    ps = pw.fabric.candidate_paths(fab)
+    spines = [p for p in ps.pair_paths(0, 5) if ps.kind[p] == PathKind.SPINE]
+    assert [ps.path_vertices(p) for p in spines] == [
+        ["n0.gpu0", "n0.nic0", "rail0", f"spine{k}", "rail1", "n1.nic1", "n1.gpu1"]
+        for k in (0, 1)
+    ]
+    # same rail: no spine detour
+    assert not any(ps.kind[p] == PathKind.SPINE for p in ps.pair_paths(0, 4))
+
+
+def test_max_hops_and_kinds_filter():
+    fab = preset("h100-2x4")
+    short = pw.fabric.candidate_paths(fab, max_hops=5)
+    assert roles(short, 0, 5) == ["rd", "dr"]  # drd has 6 links
+    no_relay = pw.fabric.candidate_paths(fab, kinds=("direct", "rail"))
+    assert roles(no_relay, 0, 1) == ["direct"]
+    with pytest.raises(FabricError, match="no path from rank 0"):
+        pw.fabric.candidate_paths(fab, max_hops=4)
+
+
+def test_unreachable_pair_is_an_error():
+    b = FabricBuilder("islands")
+    for n in (0, 1):
+        b.vertex(f"n{n}.gpu0", VertexKind.GPU, n)
+    fab = b.build()
+    with pytest.raises(FabricError, match=r"no path from rank 0 \(n0.gpu0\) to rank 1"):
+        pw.fabric.candidate_paths(fab)
+
+
+def test_paths_are_legal_walks():
+    for fab in (preset("h100-2x4"), preset("dgx-h100"), cluster(2, 4, "pcie", spines=1)):
+        ps = pw.fabric.candidate_paths(fab)
+        for pid in range(ps.num_paths):
+            lk = ps.path_links(pid)
+            assert np.all(fab.link_dst[lk[:-1]] == fab.link_src[lk[1:]])  # contiguous
+            assert fab.link_src[lk[0]] == fab.rank_vertex[ps.src[pid]]
+            assert fab.link_dst[lk[-1]] == fab.rank_vertex[ps.dst[pid]]
+            assert len(set(fab.link_dst[lk].tolist())) == lk.size  # no vertex repeats
+
+
+def test_compile_is_deterministic_and_cached():
+    fab = preset("dgx-h100", nodes=4)
+    a = pw.fabric.compile_paths(fab)
+    b = pw.fabric.compile_paths(fab)
+    assert np.array_equal(a.links, b.links) and np.array_equal(a.pair_ptr, b.pair_ptr)
+    assert pw.fabric.candidate_paths(fab) is pw.fabric.candidate_paths(fab)
