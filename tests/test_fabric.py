@@ -83,16 +83,16 @@ def test_bad_capacity_names_link_and_value(cap, match):
 def test_duplicate_link_and_unknown_vertex():
     b = two_gpu_builder()
     b.link("n0.gpu0", "n0.gpu1", 1e9, LinkKind.NVLINK)
-    with pytest.raises(FabricError, match="duplicate link n0.gpu0 -> n0.gpu1"):
+    with pytest.raises(FabricError, match=r"duplicate link n0.gpu0 -> n0.gpu1"):
         b.link("n0.gpu0", "n0.gpu1", 1e9, LinkKind.NVLINK)
-    with pytest.raises(FabricError, match="unknown vertex 'n0.gpu7'"):
+    with pytest.raises(FabricError, match=r"unknown vertex 'n0.gpu7'"):
         b.link("n0.gpu0", "n0.gpu7", 1e9, LinkKind.NVLINK)
 
 
 def test_gpu_names_and_ranks_are_checked():
     b = FabricBuilder("t")
     b.vertex("gpu-a", VertexKind.GPU, 0)
-    with pytest.raises(FabricError, match="must be named n<node>.gpu<index>"):
+    with pytest.raises(FabricError, match=r"must be named n<node>.gpu<index>"):
         b.build()
     b = FabricBuilder("t")
     b.vertex("n0.gpu0", VertexKind.GPU, 0)
@@ -145,7 +145,13 @@ def test_h100_2x4_candidate_paths_by_hand():
     assert ps.path_vertices(matched) == ["n0.gpu2", "n0.nic2", "rail2", "n1.nic2", "n1.gpu2"]
     drd = ps.pair_paths(0, 5)[3]
     assert ps.path_vertices(drd) == [
-        "n0.gpu0", "n0.gpu3", "n0.nic3", "rail3", "n1.nic3", "n1.gpu3", "n1.gpu1",
+        "n0.gpu0",
+        "n0.gpu3",
+        "n0.nic3",
+        "rail3",
+        "n1.nic3",
+        "n1.gpu3",
+        "n1.gpu1",
     ]
     # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails
     assert ps.num_paths == 24 * 3 + 32 * 4
@@ -163,8 +169,7 @@ def test_spine_paths_one_per_spine():
     ps = pw.fabric.candidate_paths(fab)
     spines = [p for p in ps.pair_paths(0, 5) if ps.kind[p] == PathKind.SPINE]
     assert [ps.path_vertices(p) for p in spines] == [
-        ["n0.gpu0", "n0.nic0", "rail0", f"spine{k}", "rail1", "n1.nic1", "n1.gpu1"]
-        for k in (0, 1)
+        ["n0.gpu0", "n0.nic0", "rail0", f"spine{k}", "rail1", "n1.nic1", "n1.gpu1"] for k in (0, 1)
     ]
     # same rail: no spine detour
     assert not any(ps.kind[p] == PathKind.SPINE for p in ps.pair_paths(0, 4))

@@ -164,7 +164,9 @@ class Fabric:
         for arr, label in ((self._link_src, "source"), (self._link_dst, "destination")):
             bad = np.flatnonzero((arr < 0) | (arr >= nv))
             if bad.size:
-                raise FabricError(f"link {int(bad[0])} has unknown {label} vertex {int(arr[bad[0]])}")
+                raise FabricError(
+                    f"link {int(bad[0])} has unknown {label} vertex {int(arr[bad[0]])}"
+                )
         loops = np.flatnonzero(self._link_src == self._link_dst)
         if loops.size:
             raise FabricError(f"link {self._link_desc(int(loops[0]))} is a self-loop")
@@ -187,7 +189,9 @@ class Fabric:
             if k not in valid_links:
                 raise FabricError(f"link {self._link_desc(i)} has unknown kind {k}")
         pairs: dict[tuple[int, int], int] = {}
-        for i, (u, v) in enumerate(zip(self._link_src.tolist(), self._link_dst.tolist())):
+        for i, (u, v) in enumerate(
+            zip(self._link_src.tolist(), self._link_dst.tolist(), strict=False)
+        ):
             if (u, v) in pairs:
                 raise FabricError(
                     f"duplicate link {names[u]} -> {names[v]} (links {pairs[(u, v)]} and {i})"
@@ -196,9 +200,16 @@ class Fabric:
         self._link_index = pairs
         self._name_index = seen
         # Node-local vertices must name their node; shared switches must not.
-        for i, (k, node) in enumerate(zip(self._vertex_kind.tolist(), self._vertex_node.tolist())):
+        for i, (k, node) in enumerate(
+            zip(self._vertex_kind.tolist(), self._vertex_node.tolist(), strict=False)
+        ):
             if VertexKind(k) in NODE_LOCAL_KINDS and node < 0:
                 raise FabricError(f"vertex {names[i]!r} ({VertexKind(k).label}) needs a node >= 0")
+            if VertexKind(k) not in NODE_LOCAL_KINDS and node != -1:
+                raise FabricError(
+                    f"vertex {names[i]!r} ({VertexKind(k).label}) is shared by nodes: "
+                    f"its node must be -1, got {node}"
+                )
         # The rank map: GPUs named n<node>.gpu<local>, dense in both indices.
         gpus = np.flatnonzero(self._vertex_kind == VertexKind.GPU)
         if gpus.size == 0:
@@ -220,7 +231,7 @@ class Fabric:
             raise FabricError(f"nodes must be numbered 0..N-1 without gaps, got {nodes}")
         per_node = [sorted(loc for (n, loc) in coords if n == node) for node in nodes]
         g0 = len(per_node[0])
-        for node, locs in zip(nodes, per_node):
+        for node, locs in zip(nodes, per_node, strict=False):
             if locs != list(range(g0)):
                 raise FabricError(
                     f"node {node} has GPUs {locs}; every node must have GPUs 0..{g0 - 1}"
@@ -238,7 +249,12 @@ class Fabric:
         self._vertex_rank = _readonly(vr)
         # Per-vertex-kind link rules: which endpoints a link kind may join.
         for i, (u, v, k) in enumerate(
-            zip(self._link_src.tolist(), self._link_dst.tolist(), self._link_kind.tolist())
+            zip(
+                self._link_src.tolist(),
+                self._link_dst.tolist(),
+                self._link_kind.tolist(),
+                strict=False,
+            )
         ):
             ku, kv = VertexKind(int(self._vertex_kind[u])), VertexKind(int(self._vertex_kind[v]))
             if LinkKind(k) != LinkKind.NETWORK and (

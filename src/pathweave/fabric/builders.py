@@ -327,7 +327,7 @@ def cluster(
     >>> fab.num_ranks, len(fab.rails), fab.nvlink_kind
     (1024, 8, 'nvswitch')
     >>> cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2).num_vertices
-    24
+    22
     """
     if nodes < 1:
         raise FabricError(f"nodes must be >= 1, got {nodes}")

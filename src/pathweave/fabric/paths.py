@@ -338,7 +338,7 @@ def compile_paths(
     >>> [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 1)]
     ['direct', 'relay(via rank 2)', 'relay(via rank 3)']
     >>> [ps.rail_role(p) for p in ps.pair_paths(0, 5)]
-    ['drd', 'dr', 'rd', 'drd']
+    ['rd', 'dr', 'drd', 'drd']
     >>> ps.describe(ps.pair_paths(0, 5)[1])
     'rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic1 -> n1.gpu1'
     """
@@ -430,12 +430,20 @@ def compile_paths(
             ss, dd = S[ok], D[ok]
             rs, rd = rs[ok], rd[ok]
             nic_up = np.array(
-                [fab.link_id(int(fab.link_dst[up[r]]), int(rail_vs[first_rail[r]])) if up[r] >= 0
-                 else -1 for r in range(nr)]
+                [
+                    fab.link_id(int(fab.link_dst[up[r]]), int(rail_vs[first_rail[r]]))
+                    if up[r] >= 0
+                    else -1
+                    for r in range(nr)
+                ]
             )
             nic_down = np.array(
-                [fab.link_id(int(rail_vs[first_rail[r]]), int(fab.link_dst[up[r]])) if up[r] >= 0
-                 else -1 for r in range(nr)]
+                [
+                    fab.link_id(int(rail_vs[first_rail[r]]), int(fab.link_dst[up[r]]))
+                    if up[r] >= 0
+                    else -1
+                    for r in range(nr)
+                ]
             )
             for k, sp in enumerate(spines.tolist()):
                 r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
@@ -447,11 +455,21 @@ def compile_paths(
                 lk[:, 3] = r_dn[rd]
                 lk[:, 4] = nic_down[dd]
                 lk[:, 5] = down[dd]
-                blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, np.full(ss.size, 6)))
+                blocks.append(
+                    (ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, np.full(ss.size, 6))
+                )
 
     if not blocks:
-        blocks.append((np.zeros(0), np.zeros(0), PathKind.DIRECT, np.zeros(0),
-                       np.zeros((0, width), dtype=np.int32), np.zeros(0)))
+        blocks.append(
+            (
+                np.zeros(0),
+                np.zeros(0),
+                PathKind.DIRECT,
+                np.zeros(0),
+                np.zeros((0, width), dtype=np.int32),
+                np.zeros(0),
+            )
+        )
     src = np.concatenate([b[0] for b in blocks]).astype(np.int32)
     dst = np.concatenate([b[1] for b in blocks]).astype(np.int32)
     kind = np.concatenate([np.full(b[0].size, int(b[2]), dtype=np.int8) for b in blocks])
@@ -460,9 +478,7 @@ def compile_paths(
     length = np.concatenate([b[5] for b in blocks]).astype(np.int32)
     if max_hops is not None:
         keep = length <= max_hops
-        src, dst, kind, via, links, length = (
-            a[keep] for a in (src, dst, kind, via, links, length)
-        )
+        src, dst, kind, via, links, length = (a[keep] for a in (src, dst, kind, via, links, length))
     width_used = max(int(length.max()) if length.size else 1, 1)
     links = links[:, :width_used]
     pair = src.astype(np.int64) * nr + dst

@@ -111,8 +111,20 @@ def route_kernel(
             if r == 0:
                 continue
             f = _step(r, demand[k], lam, chunk, min_split)
-            _visit(k, f, pair_lo[k], pair_hi[k], off[k], chunk if demand[k] >= min_split else f,
-                   links, length, penalty_s, inv_cap, load, flow)
+            _visit(
+                k,
+                f,
+                pair_lo[k],
+                pair_hi[k],
+                off[k],
+                chunk if demand[k] >= min_split else f,
+                links,
+                length,
+                penalty_s,
+                inv_cap,
+                load,
+                flow,
+            )
             rem[k] = r - f
             left -= f
     # Phase 2: rip up and re-route. Early pairs chose paths before later
@@ -134,8 +146,20 @@ def route_kernel(
             r = d
             while r > 0:
                 f = _step(r, d, lam, chunk, min_split)
-                _visit(k, f, pair_lo[k], pair_hi[k], off[k], chunk if d >= min_split else f,
-                       links, length, penalty_s, inv_cap, load, flow)
+                _visit(
+                    k,
+                    f,
+                    pair_lo[k],
+                    pair_hi[k],
+                    off[k],
+                    chunk if d >= min_split else f,
+                    links,
+                    length,
+                    penalty_s,
+                    inv_cap,
+                    load,
+                    flow,
+                )
                 r -= f
     return sweeps
 
@@ -166,7 +190,7 @@ def route_reference(
 ):
     """Plain-Python twin of :func:`route_kernel` for tests; returns ``(load, flow)``."""
     load = np.zeros(inv_cap.shape[0])
-    sizes = [int(h - lo) for lo, h in zip(pair_lo, pair_hi)]
+    sizes = [int(h - lo) for lo, h in zip(pair_lo, pair_hi, strict=False)]
     flows = [[0] * s for s in sizes]
 
     def step(r, total):

@@ -159,7 +159,7 @@ class Plan:
         """Bytes per path kind (rail paths split by role: matched, rd, dr, drd)."""
         ps = self.paths
         out: dict[str, int] = {}
-        for pid, b in zip(self.flow_path.tolist(), self.flow_bytes.tolist()):
+        for pid, b in zip(self.flow_path.tolist(), self.flow_bytes.tolist(), strict=False):
             if b:
                 role = ps.rail_role(pid)
                 out[role] = out.get(role, 0) + int(b)

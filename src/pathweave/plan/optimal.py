@@ -97,7 +97,12 @@ def optimal(
     pairs, nbytes = nonzero_pairs(demand)
     if pairs.size == 0:
         return plan_from_flows(
-            fabric, demand, paths, np.zeros(0), np.zeros(0), "optimal",
+            fabric,
+            demand,
+            paths,
+            np.zeros(0),
+            np.zeros(0),
+            "optimal",
             {"optimum_s": 0.0, "solver_status": "optimal"},
         )
     which, pid = matching_paths(paths, pairs, np.ones(paths.num_paths, dtype=bool))
