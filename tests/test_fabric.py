@@ -211,3 +211,11 @@ def test_compile_is_deterministic_and_cached():
     b = pw.fabric.compile_paths(fab)
     assert np.array_equal(a.links, b.links) and np.array_equal(a.pair_ptr, b.pair_ptr)
     assert pw.fabric.candidate_paths(fab) is pw.fabric.candidate_paths(fab)
+
+
+def test_role_codes_match_rail_role():
+    from pathweave.fabric.paths import ROLES
+
+    for fab in (preset("h100-2x4"), cluster(2, 4, "nvlink-mesh", spines=2)):
+        ps = pw.fabric.candidate_paths(fab)
+        assert [ROLES[c] for c in ps.role_code] == [ps.rail_role(p) for p in range(ps.num_paths)]

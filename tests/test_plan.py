@@ -264,3 +264,15 @@ def test_plan_does_not_alias_the_callers_demand():
     D[0, 1] = 0
     plan.validate()
     assert plan.demand[0, 1] > 0
+
+
+def test_kind_bytes_by_hand():
+    # static on hotspot 0.9: intra-node pairs go direct, inter-node pairs use the
+    # destination's rail (dr), or the shared rail when both ends own it (matched).
+    D = pw.traffic.hotspot(8, 600 * MB, 0.9)
+    kb = pw.plan.make(H100, D, "static").kind_bytes()
+    n0, n1 = range(4), range(4, 8)
+    same_node = sum(D[s, d] for s in range(8) for d in range(8) if (s < 4) == (d < 4))
+    matched = sum(D[s, s + 4] + D[s + 4, s] for s in n0)
+    assert kb == {"direct": same_node, "matched": matched, "dr": D.sum() - same_node - matched}
+    del n1

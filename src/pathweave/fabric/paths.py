@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -53,6 +54,9 @@ class PathKind(IntEnum):
 
 
 ALL_KINDS = ("direct", "relay", "rail", "spine")
+
+#: Path roles: the kind, with rail paths split as in the h-score blog.
+ROLES = ("direct", "relay", "matched", "rd", "dr", "drd", "spine")
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +112,26 @@ class PathSet:
         names = [fab.vertex_name(fab.link_src[lk[0]])]
         names.extend(fab.vertex_name(fab.link_dst[e]) for e in lk)
         return names
+
+    @cached_property
+    def role_code(self) -> np.ndarray:
+        """``int8[num_paths]``: index into :data:`ROLES` of each path's role."""
+        n = self.num_ranks
+        nr = max((max(r) for r in self.rank_rails if r), default=-1) + 1
+        own = np.zeros((n, max(nr, 1)), dtype=bool)
+        for r, rails in enumerate(self.rank_rails):
+            own[r, list(rails)] = True
+        code = np.where(self.kind == PathKind.RELAY, 1, 0).astype(np.int8)
+        code[self.kind == PathKind.SPINE] = 6
+        rail = self.kind == PathKind.RAIL
+        x = np.where(rail, self.via, 0)
+        os_, od = own[self.src, x], own[self.dst, x]
+        code[rail & os_ & od] = 2
+        code[rail & os_ & ~od] = 3
+        code[rail & ~os_ & od] = 4
+        code[rail & ~os_ & ~od] = 5
+        code.setflags(write=False)
+        return code
 
     def rail_role(self, pid: int) -> str:
         """For rail paths: ``matched``, ``rd``, ``dr`` or ``drd``; else the kind."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathKind, PathSet
+from pathweave.fabric.paths import ROLES
 
 
 @dataclass(frozen=True)
@@ -157,13 +158,9 @@ class Plan:
 
     def kind_bytes(self) -> dict[str, int]:
         """Bytes per path kind (rail paths split by role: matched, rd, dr, drd)."""
-        ps = self.paths
-        out: dict[str, int] = {}
-        for pid, b in zip(self.flow_path.tolist(), self.flow_bytes.tolist(), strict=False):
-            if b:
-                role = ps.rail_role(pid)
-                out[role] = out.get(role, 0) + int(b)
-        return out
+        codes = self.paths.role_code[self.flow_path]
+        sums = np.bincount(codes, weights=self.flow_bytes, minlength=len(ROLES))
+        return {ROLES[i]: int(round(v)) for i, v in enumerate(sums) if v}
 
     # ------------------------------------------------------------ invariants
     def validate(self) -> Plan:

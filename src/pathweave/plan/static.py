@@ -28,18 +28,14 @@ def _dst_rail(paths: PathSet) -> np.ndarray:
 
 def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
     """The single path NCCL would use for each flat pair index."""
-    n = paths.num_ranks
     dst_rail = _dst_rail(paths)
     direct = paths.kind == PathKind.DIRECT
     pxn = (paths.kind == PathKind.RAIL) & (paths.via == dst_rail[paths.dst])
     pid = first_matching(paths, pairs, direct | pxn)
+    # A destination without a NIC has no PXN path: take the pair's first
+    # candidate (compile_paths guarantees every pair has one).
     missing = pid < 0
-    if missing.any():
-        pid[missing] = first_matching(paths, pairs[missing], paths.kind == PathKind.RAIL)
-    if (pid < 0).any():
-        s, d = divmod(int(pairs[np.flatnonzero(pid < 0)[0]]), n)
-        pid[pid < 0] = paths.pair_ptr[pairs[pid < 0]]  # any candidate: the first
-        del s, d
+    pid[missing] = paths.pair_ptr[pairs[missing]]
     return pid
 
 
