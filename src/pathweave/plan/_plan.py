@@ -160,7 +160,7 @@ class Plan:
         """Bytes per path kind (rail paths split by role: matched, rd, dr, drd)."""
         codes = self.paths.role_code[self.flow_path]
         sums = np.bincount(codes, weights=self.flow_bytes, minlength=len(ROLES))
-        return {ROLES[i]: int(round(v)) for i, v in enumerate(sums) if v}
+        return {ROLES[i]: round(float(v)) for i, v in enumerate(sums) if v}
 
     # ------------------------------------------------------------ invariants
     def validate(self) -> Plan:
