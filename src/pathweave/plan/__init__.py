@@ -7,7 +7,10 @@ Examples
 ['static', 'multirail', 'mwu', 'optimal', 'hscore']
 """
 
-from pathweave.plan import hscore, multirail, mwu, optimal, static  # noqa: F401  (registers)
+# isort: off
+# Importing the planners registers them; this order is the order of policies().
+from pathweave.plan import static, multirail, mwu, optimal, hscore  # noqa: F401
+# isort: on
 from pathweave.plan._plan import Plan, Route
 from pathweave.plan.registry import Policy, make, policies, policy_info, register
 

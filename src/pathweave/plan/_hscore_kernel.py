@@ -1,0 +1,296 @@
+"""Numba kernels of the ``hscore`` planner: arrays in, arrays out, no validation.
+
+The public wrapper (:mod:`pathweave.plan.hscore`) validates options and
+derives the per-path segment offsets once; these functions trust their
+inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
+callable from Python, so tests can probe it with hand-made h-scores.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Path kinds, as pathweave.fabric.PathKind codes (numba cannot see the enum).
+_DIRECT = 0
+_RAIL = 2
+_SPINE = 3
+
+# Decision codes returned by decide(); also the slots of the counters array.
+CODE_INTRA = 0  # intra-node pair: direct path
+CODE_MATCHED = 1  # both ends on the same rail: the rail-matched path
+CODE_RD = 2  # gamma(G1) > gamma(G2): source's own rail
+CODE_DR = 3  # gamma(G1) <= gamma(G2): destination's own rail (PXN)
+CODE_REMOTE = 4  # remote-rail theorem, best-fit rail: a drd path
+CODE_SPRAY = 5  # remote-rail theorem, spraying over the rails in the window
+CODE_SPINE = 6  # a spine path beat the rail choice's h-score product
+CODE_FALLBACK = 7  # rd or dr path missing: the best-product rail path
+CODE_OTHER = 8  # no rail and no spine path: the pair's first candidate
+NUM_CODES = 9
+
+
+@njit(cache=True)
+def set_score(load, links, p, lo, hi, f):
+    """h-score of the links ``links[p, lo:hi]`` for a message of ``f`` bytes.
+
+    ``min_e f / (L_e + f)`` is ``f / (max_e L_e + f)``: one division per set.
+    An empty set (no forward inside a node) scores 1.
+    """
+    worst = 0.0
+    for h in range(lo, hi):
+        v = load[links[p, h]]
+        if v > worst:
+            worst = v
+    return f / (worst + f)
+
+
+@njit(cache=True)
+def path_segments(links, length, into_rail, from_rail, sf_end, core_lo, core_hi, df_lo):
+    """Split every rail and spine path into source forward, crossing, destination forward.
+
+    The crossing runs from the first link into a rail switch to the last
+    link out of one: ``NIC -> rail -> NIC`` on a rail path, ``NIC -> rail ->
+    spine -> rail -> NIC`` on a spine path. The forward inside the source node
+    ends one link before it (the GPU -> NIC PCIe hop); the one inside the
+    destination node starts one link after it (NIC -> GPU). Paths that touch
+    no rail switch keep zeros.
+    """
+    for p in range(links.shape[0]):
+        first = -1
+        last = -1
+        for h in range(length[p]):
+            e = links[p, h]
+            if first < 0 and into_rail[e]:
+                first = h
+            if from_rail[e]:
+                last = h
+        if first >= 1 and last >= first:
+            sf_end[p] = first - 1
+            core_lo[p] = first
+            core_hi[p] = last + 1
+            df_lo[p] = last + 2
+
+
+@njit(cache=True)
+def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
+    """The rail(s) for one inter-node pair, from its per-rail h-scores.
+
+    Parameters
+    ----------
+    hx, hsf, hdf : float64[K]
+        Per rail ``x``: h-score of the crossing on ``x`` (``H(x)``), of the
+        forward inside the source node to ``x``'s gateway GPU, and of the
+        forward inside the destination node from ``x``'s gateway.
+    rail_pid : int64[K]
+        Path id of the pair's rail path via ``x``, -1 where it has none.
+    g1, g2 : int
+        The source's and destination's own rail (-1 without a NIC).
+    delta : float
+        Spraying half-width; negative disables spraying.
+    chosen : int64[K]
+        Output: the chosen rails, ascending, in ``chosen[:n]``.
+
+    Returns
+    -------
+    n : int
+        Number of rails chosen (0 when the pair has no rail path).
+    code : int
+        One of the ``CODE_*`` constants.
+    gamma1, gamma2 : float
+        ``gamma(G1) = H(g1) / H(d1)`` and ``gamma(G2) = H(g2) / H(d2)``;
+        NaN on the fallback.
+    """
+    k = hx.shape[0]
+    rd = rail_pid[g1] if g1 >= 0 else -1
+    dr = rail_pid[g2] if g2 >= 0 else -1
+    if rd < 0 or dr < 0:
+        # Off the blog's model (a GPU without a NIC, rules or max_hops that
+        # dropped the rd or dr path): take the healthiest rail path there is.
+        best = -1
+        best_s = -1.0
+        for x in range(k):
+            if rail_pid[x] >= 0:
+                s = hsf[x] * hx[x] * hdf[x]
+                if s > best_s:
+                    best_s = s
+                    best = x
+        if best < 0:
+            return 0, CODE_OTHER, np.nan, np.nan
+        chosen[0] = best
+        return 1, CODE_FALLBACK, np.nan, np.nan
+    # H(d1): the dr path's forward inside the source node (s -> GPU on g2);
+    # H(d2): the rd path's forward inside the destination node (GPU on g1 -> d).
+    gamma1 = hx[g1] / hsf[g2]
+    gamma2 = hx[g2] / hdf[g1]
+    if g1 == g2:
+        base_code = CODE_MATCHED
+        base = g1
+    elif gamma1 > gamma2:
+        base_code = CODE_RD
+        base = g1
+    else:  # ties go to dr: NCCL's PXN path, the status quo
+        base_code = CODE_DR
+        base = g2
+    m = max(gamma1, gamma2)
+    chosen[0] = base
+    if m >= 1.0:
+        # Corollary of the remote-rail theorem: H(x) <= 1 <= m, so no rail is
+        # routable and the search can be skipped.
+        return 1, base_code, gamma1, gamma2
+    # The blog's sorted rail list: rails with a path, by h-score, ties by rail
+    # index (a stable sort of rails taken in index order).
+    cand = np.empty(k, dtype=np.int64)
+    nc = 0
+    for x in range(k):
+        if rail_pid[x] >= 0:
+            cand[nc] = x
+            nc += 1
+    cand = cand[:nc]
+    hs = hx[cand]
+    order = np.argsort(hs, kind="mergesort")
+    sh = hs[order]
+    # Best fit: the first rail strictly above m. Own rails cannot be there
+    # (H(g1) <= gamma(G1) because H(d1) <= 1), but skipping them keeps the
+    # rule a remote-rail rule whatever the floating point does.
+    i = np.searchsorted(sh, m, side="right")
+    while i < nc and (cand[order[i]] == g1 or cand[order[i]] == g2):
+        i += 1
+    if i == nc:
+        return 1, base_code, gamma1, gamma2
+    if delta >= 0.0:
+        i1 = np.searchsorted(sh, m - delta, side="left")
+        i2 = np.searchsorted(sh, m + delta, side="right")
+        if i2 > i1:
+            # Emit the window in rail order: mark, then sweep the rails
+            # (cheaper to compile than a second sort).
+            inside = np.zeros(k, dtype=np.bool_)
+            for j in range(i1, i2):
+                inside[cand[order[j]]] = True
+            nw = 0
+            for x in range(k):
+                if inside[x]:
+                    chosen[nw] = x
+                    nw += 1
+            return nw, CODE_SPRAY, gamma1, gamma2
+    chosen[0] = cand[order[i]]
+    return 1, CODE_REMOTE, gamma1, gamma2
+
+
+@njit(cache=True)
+def _emit(p, b, links, length, load, out_pid, out_bytes, n_out):
+    out_pid[n_out] = p
+    out_bytes[n_out] = b
+    fb = float(b)
+    for h in range(length[p]):
+        load[links[p, h]] += fb
+    return n_out + 1
+
+
+@njit(cache=True)
+def route_kernel(
+    order,
+    pair_lo,
+    pair_hi,
+    nbytes,
+    inter,
+    g1s,
+    g2s,
+    links,
+    length,
+    kind,
+    via,
+    sf_end,
+    core_lo,
+    core_hi,
+    df_lo,
+    num_rails,
+    delta,
+    load,
+    out_pid,
+    out_bytes,
+    counts,
+):
+    """Route the pairs ``order`` one after the other; return the number of flows.
+
+    ``load`` (bytes per link) is updated as pairs are placed; ``out_pid`` and
+    ``out_bytes`` receive the fragments (at most ``max(1, num_rails)`` per
+    pair); ``counts[code]`` counts pairs per decision code.
+    """
+    kk = max(num_rails, 1)
+    hx = np.ones(kk)
+    hsf = np.ones(kk)
+    hdf = np.ones(kk)
+    rail_pid = np.full(kk, -1, dtype=np.int64)
+    chosen = np.empty(kk, dtype=np.int64)
+    n_out = 0
+    for k in order:
+        lo = pair_lo[k]
+        hi = pair_hi[k]
+        f = nbytes[k]
+        ff = float(f)
+        if not inter[k]:
+            p = lo
+            for q in range(lo, hi):
+                if kind[q] == _DIRECT:
+                    p = q
+                    break
+            n_out = _emit(p, f, links, length, load, out_pid, out_bytes, n_out)
+            counts[CODE_INTRA] += 1
+            continue
+        rail_pid[:] = -1
+        best_sp = -1
+        best_sp_s = -1.0
+        for p in range(lo, hi):
+            # One integer type for every offset: each extra type would be
+            # another specialisation of set_score to compile.
+            a = np.int64(sf_end[p])
+            c0 = np.int64(core_lo[p])
+            c1 = np.int64(core_hi[p])
+            d0 = np.int64(df_lo[p])
+            z = np.int64(length[p])
+            if kind[p] == _RAIL:
+                x = via[p]
+                rail_pid[x] = p
+                hsf[x] = set_score(load, links, p, np.int64(0), a, ff)
+                hx[x] = set_score(load, links, p, c0, c1, ff)
+                hdf[x] = set_score(load, links, p, d0, z, ff)
+            elif kind[p] == _SPINE:
+                # H(g1) * H(S) * H(g2): the source's link up to its rail, the
+                # spine links, its rail down to the destination; forwards
+                # inside the nodes (none with the path rules) multiply in too.
+                s = (
+                    set_score(load, links, p, c0, c0 + 1, ff)
+                    * set_score(load, links, p, c0 + 1, c1 - 1, ff)
+                    * set_score(load, links, p, c1 - 1, c1, ff)
+                    * set_score(load, links, p, np.int64(0), a, ff)
+                    * set_score(load, links, p, d0, z, ff)
+                )
+                if s > best_sp_s:
+                    best_sp_s = s
+                    best_sp = p
+        n, code, _, _ = decide(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta, chosen)
+        # A sprayed choice is as healthy as its least healthy fragment.
+        rail_s = 2.0
+        for j in range(n):
+            x = chosen[j]
+            s = hsf[x] * hx[x] * hdf[x]
+            if s < rail_s:
+                rail_s = s
+        if best_sp >= 0 and (n == 0 or best_sp_s > rail_s):
+            n_out = _emit(best_sp, f, links, length, load, out_pid, out_bytes, n_out)
+            counts[CODE_SPINE] += 1
+        elif n == 0:
+            n_out = _emit(lo, f, links, length, load, out_pid, out_bytes, n_out)
+            counts[CODE_OTHER] += 1
+        else:
+            # Even shares, earlier rails take the extra bytes (split_evenly's rule).
+            share = f // n
+            extra = f % n
+            for j in range(n):
+                piece = share + (1 if j < extra else 0)
+                if piece > 0:
+                    n_out = _emit(
+                        rail_pid[chosen[j]], piece, links, length, load, out_pid, out_bytes, n_out
+                    )
+            counts[code] += 1
+    return n_out

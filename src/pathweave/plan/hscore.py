@@ -1,0 +1,244 @@
+"""``hscore``: rail routing by health scores (the Outshift h-score blog, part 2).
+
+Pairs with demand are routed one after the other, whole (or sprayed), in a
+fixed order (``order="size"``: largest demand first, ties by pair index;
+``order="pair"``: pair index order), against the link loads ``L_e`` (bytes)
+of the pairs routed before them.
+
+The h-score
+-----------
+The blog asks for a score in ``[0, 1]`` where "a score of 1 signifies
+line-rate without buffering delay" and lower means more delay, but leaves the
+formula open. We score link ``e`` for a message of ``f`` bytes as
+
+    H_e = (f / c_e) / ((L_e + f) / c_e) = f / (L_e + f)
+
+the fraction of its line rate the message gets if it queues behind the
+link's current load: the message alone takes ``f / c_e``, behind the
+backlog ``(L_e + f) / c_e``. An idle link scores 1 and the score falls toward
+0 as the backlog grows relative to the message. The capacity cancels: each
+interface is scored against its own line rate, which is what makes the
+blog's ratios of rail scores to domain scores (the h-ratio) dimensionless.
+The flip side is that the score compares backlogs, not times: the same
+bytes queued on a 120 GB/s NVLink and on a 50 GB/s rail give the same
+score. A set of links (an interface, a rail crossing, a forward inside a
+node) scores its minimum, ``f / (max_e L_e + f)``: a pipelined chain runs at
+its worst link. A path scores the product of its interfaces' scores (the
+blog's ``H(p_rd) = H(g1) * H(d2)``).
+
+The rule, per inter-node pair ``G1 = s`` on node ``d1`` to ``G2 = d`` on ``d2``
+---------------------------------------------------------------------------------
+* ``g1``, ``g2``: the first rail of ``s`` and of ``d``. ``H(x)``: the score of
+  the crossing on rail ``x``, the network links of the rail path via ``x``
+  (source node's NIC -> rail ``x`` -> destination node's NIC; the PCIe hops
+  to the NICs carry a subset of those bytes, so they never lower the
+  minimum). ``H(d1)``: the dr path's forward inside the source node (``s`` ->
+  the GPU on ``g2``); ``H(d2)``: the rd path's forward inside the destination
+  node (the GPU on ``g1`` -> ``d``); an empty forward scores 1.
+* h-ratios ``gamma(G1) = H(g1) / H(d1)``, ``gamma(G2) = H(g2) / H(d2)``. The
+  *rd* path when ``gamma(G1) > gamma(G2)``, else *dr* (ties go to dr, NCCL's
+  PXN path). If ``g1 == g2`` the rail-matched path is the baseline.
+* Remote-rail theorem: rails other than ``g1``, ``g2`` with
+  ``H(x) > m = max(gamma(G1), gamma(G2))`` are routable. If any is, the pair
+  takes the *drd* path via the best fit, the routable rail with the lowest
+  ``H(x)``, found by binary search (``np.searchsorted``) over the rail
+  scores sorted ascending (ties by rail index). The list is sorted per pair:
+  a crossing's score depends on the two nodes and on ``f``. The theorem is
+  the blog's: it reads one score per domain, whereas here a drd path's
+  forwards use their own links (other gateways), so the guarantee
+  ``H(p_drd) > H(p_rd), H(p_dr)`` is the blog model's, not a per-link one.
+* Corollary: ``H(x) <= 1``, so with ``gamma(G1) > 1`` or ``gamma(G2) > 1``
+  (more precisely ``m >= 1``) no rail is routable and the search is skipped.
+* Spraying (``spray_delta=delta``): when the theorem says remote rails pay
+  off (some rail is routable), the pair's bytes are split evenly (whole
+  bytes, earlier rails take the extra ones) over every rail whose ``H(x)``
+  lies in ``[m - delta, m + delta]``, located by two binary searches (lower
+  bound of ``m - delta``, upper bound of ``m + delta``), each over that rail's
+  own path (matched, rd, dr or drd). An empty window falls back to the best
+  fit. Spraying never starts without a routable rail, so the corollary holds
+  for it too.
+* Spines (rail-optimised fabrics): a spine path scores
+  ``H(g1) * H(S) * H(g2)``: the source NIC's link up to rail ``g1``, the
+  minimum over the spine's two links, rail ``g2``'s link down to the
+  destination's NIC. The best spine path (ties to the lowest id) replaces the
+  rail choice only if its product is strictly larger than the rail choice's
+  product (``H(fwd in d1) * H(x) * H(fwd in d2)`` of the chosen path; the
+  least of them when sprayed), so the rail-only route wins ties, as the blog
+  argues it should for latency.
+
+Intra-node pairs take the direct path (the blog covers rail routing only).
+Fabrics off the blog's model (a GPU without a NIC, path rules or
+``max_hops`` that removed the rd or dr path) take the rail path of highest
+product, then the spine comparison; a pair with neither rail nor spine paths
+takes its first candidate.
+
+The planner is deterministic (fixed order, ties to the lowest rail and path
+ids, integer bytes). The per-pair loop runs in a numba kernel
+(:mod:`pathweave.plan._hscore_kernel`): work is proportional to the
+candidate links of the pairs with demand.
+
+Examples
+--------
+>>> import numpy as np, pathweave as pw
+>>> fab = pw.fabric.preset("h100-2x4")
+>>> D = np.zeros((8, 8)); D[0, 5] = 64 << 20
+>>> [r.role for r in pw.plan.make(fab, D, "hscore").routes(0, 5)]  # idle: gammas tie
+['dr']
+>>> D[0, 4] = 256 << 20; D[1, 5] = 192 << 20   # routed first: both own rails busy
+>>> [(r.role, r.via) for r in pw.plan.make(fab, D, "hscore").routes(0, 5)]
+[('drd', 2)]
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from pathweave.errors import PlanError
+from pathweave.fabric import Fabric, PathSet, VertexKind
+from pathweave.plan import _hscore_kernel as _k
+from pathweave.plan._flows import nonzero_pairs, plan_from_flows
+from pathweave.plan._plan import Plan
+from pathweave.plan.registry import register
+
+ORDERS = ("size", "pair")
+
+#: Names of the decision codes, in code order (``Plan.info["decisions"]``).
+DECISIONS = ("intra", "matched", "rd", "dr", "drd", "sprayed", "spine", "fallback", "other")
+
+
+def _segments(paths: PathSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-path offsets ``(sf_end, core_lo, core_hi, df_lo)``, cached on the path set.
+
+    The crossing of a rail or spine path is bounded by its first link into a
+    rail switch and its last link out of one (see
+    :func:`~pathweave.plan._hscore_kernel.path_segments`).
+    """
+    cache = paths.__dict__.setdefault("_hscore", {})
+    if "segments" not in cache:
+        fab = paths.fabric
+        rail_v = fab.vertex_kind == int(VertexKind.RAIL)
+        into_rail = rail_v[fab.link_dst]
+        from_rail = rail_v[fab.link_src]
+        segs = tuple(np.zeros(paths.num_paths, dtype=np.int32) for _ in range(4))
+        _k.path_segments(paths.links, paths.length, into_rail, from_rail, *segs)
+        for a in segs:
+            a.setflags(write=False)
+        cache["segments"] = segs
+    return cache["segments"]
+
+
+def _check_options(spray_delta: object, order: object) -> float:
+    """Validate the options; return the spraying half-width (-1 when off)."""
+    if order not in ORDERS:
+        raise PlanError(f"hscore option order={order!r}: use one of {', '.join(ORDERS)}")
+    if spray_delta is None:
+        return -1.0
+    if (
+        isinstance(spray_delta, bool)
+        or not isinstance(spray_delta, Real)
+        or not math.isfinite(float(spray_delta))
+        or float(spray_delta) < 0
+    ):
+        raise PlanError(
+            f"hscore option spray_delta={spray_delta!r} must be None or a finite number >= 0"
+        )
+    return float(spray_delta)
+
+
+@register(
+    "hscore",
+    options={"spray_delta": None, "order": "size"},
+    summary=(
+        "h-score rail routing: rd/dr by h-ratio, drd via remote-rail theorem, "
+        "best-fit rail by binary search, optional spraying"
+    ),
+)
+def hscore(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    *,
+    spray_delta: float | None = None,
+    order: str = "size",
+) -> Plan:
+    """Route every pair by the h-score rules (see the module docstring).
+
+    Parameters
+    ----------
+    fabric
+        The fabric.
+    demand
+        ``int64[N, N]`` whole bytes per ordered rank pair.
+    paths
+        Candidate paths compiled for ``fabric``.
+    spray_delta
+        ``None`` routes each pair over one path; a number ``delta >= 0`` sprays
+        a pair that has routable remote rails evenly over every rail whose
+        h-score lies within ``delta`` of ``m = max(gamma(G1), gamma(G2))``.
+    order
+        ``"size"`` (largest demand first, ties by pair index) or ``"pair"``
+        (pair index order).
+
+    Returns
+    -------
+    Plan
+        ``info["decisions"]`` counts pairs per decision (``intra``,
+        ``matched``, ``rd``, ``dr``, ``drd``, ``sprayed``, ``spine``,
+        ``fallback``, ``other``).
+
+    Raises
+    ------
+    PlanError
+        On an unknown ``order`` or a ``spray_delta`` that is not ``None`` or a
+        finite number >= 0.
+    """
+    delta = _check_options(spray_delta, order)
+    sf_end, core_lo, core_hi, df_lo = _segments(paths)
+    pairs, nbytes = nonzero_pairs(demand)
+    n = paths.num_ranks
+    src, dst = pairs // n, pairs % n
+    rank_node = fabric.vertex_node[fabric.rank_vertex]
+    first_rail = np.array([r[0] if r else -1 for r in paths.rank_rails], dtype=np.int64)
+    num_rails = len(fabric.rails)
+    # argsort of -bytes is stable, and pairs come in index order: ties by pair.
+    seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
+    load = np.zeros(fabric.num_links)
+    cap = pairs.size * (max(num_rails, 1) if delta >= 0 else 1)
+    out_pid = np.empty(cap, dtype=np.int64)
+    out_bytes = np.empty(cap, dtype=np.int64)
+    counts = np.zeros(_k.NUM_CODES, dtype=np.int64)
+    n_out = _k.route_kernel(
+        seq.astype(np.int64),
+        paths.pair_ptr[pairs],
+        paths.pair_ptr[pairs + 1],
+        nbytes,
+        rank_node[src] != rank_node[dst],
+        first_rail[src],
+        first_rail[dst],
+        paths.links,
+        paths.length,
+        paths.kind,
+        paths.via,
+        sf_end,
+        core_lo,
+        core_hi,
+        df_lo,
+        num_rails,
+        delta,
+        load,
+        out_pid,
+        out_bytes,
+        counts,
+    )
+    info = {
+        "order": order,
+        "spray_delta": spray_delta,
+        "decisions": dict(zip(DECISIONS, counts.tolist(), strict=True)),
+        "remote_pairs": int(counts[_k.CODE_REMOTE] + counts[_k.CODE_SPRAY]),
+    }
+    return plan_from_flows(
+        fabric, demand, paths, out_pid[:n_out], out_bytes[:n_out], "hscore", info
+    )

@@ -1,0 +1,282 @@
+"""Tests of the ``hscore`` planner: invariants, hand-computed decisions, spraying.
+
+Hand computations use the planner's h-score of a link for a message of
+``f`` bytes, ``H_e = f / (L_e + f)``, with ``L_e`` the bytes already on the
+link; a set of links scores its minimum (see ``pathweave.plan.hscore``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pathweave as pw
+from pathweave.errors import PlanError
+from pathweave.plan import _hscore_kernel as hk
+from pathweave.plan._flows import split_evenly
+
+MB = 10**6
+
+
+@pytest.fixture(scope="module")
+def h100() -> pw.fabric.Fabric:
+    return pw.fabric.preset("h100-2x4")
+
+
+@pytest.fixture(scope="module")
+def spine() -> pw.fabric.Fabric:
+    return pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2)
+
+
+def _fabric(name: str) -> pw.fabric.Fabric:
+    if name == "spine-cluster":
+        return pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2)
+    return pw.fabric.preset(name)
+
+
+def _demand(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    if kind == "hotspot":
+        return pw.traffic.hotspot(n, bytes_per_rank=256 << 20, ratio=0.7, hot=seed % n)
+    if kind == "random":
+        return pw.traffic.random_sparse(n, bytes_per_rank=256 << 20, density=0.3, seed=seed)
+    return pw.traffic.uniform(n, bytes_per_rank=(256 << 20) + 7)
+
+
+def _pairs(n: int, entries: dict[tuple[int, int], int]) -> np.ndarray:
+    d = np.zeros((n, n), dtype=np.int64)
+    for (s, t), b in entries.items():
+        d[s, t] = b
+    return d
+
+
+def _rail_score(fab: pw.fabric.Fabric, plan: pw.plan.Plan, pid: int, f: float) -> float:
+    """H(x) of the crossing of rail path ``pid`` under ``plan``'s loads."""
+    links = plan.paths.path_links(pid)
+    net = links[fab.link_kind[links] == int(pw.fabric.LinkKind.NETWORK)]
+    return f / (plan.link_load_bytes[net].max() + f)
+
+
+# ------------------------------------------------------------------ invariants
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster"])
+@pytest.mark.parametrize("kind", ["hotspot", "random", "uniform"])
+@pytest.mark.parametrize("opts", [{}, {"spray_delta": 0.2}, {"order": "pair"}])
+def test_plan_is_valid(fab_name: str, kind: str, opts: dict) -> None:
+    fab = _fabric(fab_name)
+    d = _demand(kind, fab.num_ranks, seed=3)
+    plan = pw.plan.make(fab, d, "hscore", **opts).validate()
+    assert plan.policy == "hscore"
+    assert sum(plan.info["decisions"].values()) == np.count_nonzero(d)
+    # Intra-node pairs take their direct path, whole.
+    g = fab.gpus_per_node
+    intra = [(s, t) for s, t in zip(*np.nonzero(d), strict=True) if s // g == t // g]
+    assert intra
+    for s, t in intra:
+        assert [r.kind for r in plan.routes(int(s), int(t))] == ["direct"]
+
+
+def test_unknown_and_bad_options(h100: pw.fabric.Fabric) -> None:
+    d = _pairs(8, {(0, 5): MB})
+    with pytest.raises(PlanError, match="unknown option 'bogus'"):
+        pw.plan.make(h100, d, policy="hscore", bogus=1)
+    with pytest.raises(PlanError, match="order"):
+        pw.plan.make(h100, d, policy="hscore", order="random")
+    for bad in (-0.1, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(PlanError, match="spray_delta"):
+            pw.plan.make(h100, d, policy="hscore", spray_delta=bad)
+
+
+def test_deterministic(h100: pw.fabric.Fabric) -> None:
+    d = _demand("random", 8, seed=11)
+    for opts in ({}, {"spray_delta": 0.3}):
+        a = pw.plan.make(h100, d, "hscore", **opts)
+        b = pw.plan.make(h100, d, "hscore", **opts)
+        assert np.array_equal(a.flow_path, b.flow_path)
+        assert np.array_equal(a.flow_bytes, b.flow_bytes)
+        assert a.info == b.info
+
+
+def test_empty_demand(h100: pw.fabric.Fabric) -> None:
+    plan = pw.plan.make(h100, np.zeros((8, 8)), "hscore").validate()
+    assert plan.fragments == 0 and plan.congestion_s == 0.0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_never_below_lp_optimum(h100: pw.fabric.Fabric, spine: pw.fabric.Fabric, seed: int) -> None:
+    # optimal is the LP lower bound over the same candidate paths; its plan is
+    # rounded to whole bytes, hence the relative slack of 1e-9.
+    for fab in (h100, spine):
+        d = _demand("random", fab.num_ranks, seed=seed)
+        opt = pw.plan.make(fab, d, "optimal")
+        for opts in ({}, {"spray_delta": 0.1}):
+            got = pw.plan.make(fab, d, "hscore", **opts).congestion_s
+            assert got >= opt.congestion_s * (1 - 1e-9)
+            assert got >= opt.info["optimum_s"] * (1 - 1e-9)
+
+
+# ------------------------------------------------------------ hand-computed
+def test_idle_message_takes_dr(h100: pw.fabric.Fabric) -> None:
+    # Rank 0 (node 0, rail 0) -> rank 5 (node 1, rail 1): g1 = 0, g2 = 1.
+    # Idle fabric: every link scores f / (0 + f) = 1, so
+    #   gamma(G1) = H(g1) / H(d1) = 1 / 1 = 1,  gamma(G2) = H(g2) / H(d2) = 1.
+    # Not gamma(G1) > gamma(G2): the tie goes to dr (NCCL's PXN path), and
+    # m = 1 leaves no routable rail (H(x) <= 1 is never > 1).
+    plan = pw.plan.make(h100, _pairs(8, {(0, 5): 64 * MB}), "hscore").validate()
+    (route,) = plan.routes(0, 5)
+    assert (route.kind, route.role, route.via) == ("rail", "dr", 1)
+    assert route.vertices[:3] == ("n0.gpu0", "n0.gpu1", "n0.nic1")
+    assert plan.info["decisions"]["dr"] == 1
+
+
+def test_idle_same_rail_is_matched(h100: pw.fabric.Fabric) -> None:
+    plan = pw.plan.make(h100, _pairs(8, {(2, 6): 5 * MB}), "hscore")
+    assert [(r.role, r.via) for r in plan.routes(2, 6)] == [("matched", 2)]
+
+
+# Pre-load for the remote-rail cases on h100-2x4 (order="size": routed in
+# this order, each on an idle rail of its own, so each takes its matched path):
+#   0 -> 4, 200 MB on rail 0;  1 -> 5, 150 MB on rail 1;  3 -> 7, 50 MB on rail 3.
+# Then 0 -> 5 with f = 40 MB: g1 = 0, g2 = 1, no NVLink carries anything.
+#   H(g1) = H(rail 0) = 40 / (200 + 40) = 1/6,   H(d1) = 1  ->  gamma(G1) = 1/6
+#   H(g2) = H(rail 1) = 40 / (150 + 40) = 4/19,  H(d2) = 1  ->  gamma(G2) = 4/19
+#   m = 4/19 ~ 0.2105;  H(rail 3) = 40 / (50 + 40) = 4/9,  H(rail 2) = 1.
+# Sorted rail scores: rail0 1/6, rail1 4/19, rail3 4/9, rail2 1. Routable
+# (H > m): rails 3 and 2; best fit = the lowest of them = rail 3 (drd).
+PRELOAD = {(0, 4): 200 * MB, (1, 5): 150 * MB, (3, 7): 50 * MB}
+F = 40 * MB
+
+
+def test_preloaded_scores_match_hand_values(h100: pw.fabric.Fabric) -> None:
+    pre = pw.plan.make(h100, _pairs(8, PRELOAD), "hscore")
+    assert [r.role for p in PRELOAD for r in pre.routes(*p)] == ["matched"] * 3
+    ps = pre.paths
+    by_rail = {int(ps.via[p]): p for p in ps.pair_paths(0, 5)}
+    want = {0: 1 / 6, 1: 4 / 19, 2: 1.0, 3: 4 / 9}
+    for x, h in want.items():
+        assert _rail_score(h100, pre, by_rail[x], F) == pytest.approx(h, rel=1e-12)
+    assert np.count_nonzero(pre.link_load_bytes[h100.link_kind == 0]) == 0  # no NVLink load
+
+
+def test_best_fit_remote_rail(h100: pw.fabric.Fabric) -> None:
+    plan = pw.plan.make(h100, _pairs(8, {**PRELOAD, (0, 5): F}), "hscore").validate()
+    (route,) = plan.routes(0, 5)
+    assert (route.role, route.via) == ("drd", 3)
+    hops = "n0.gpu0 -> n0.gpu3 -> n0.nic3 -> rail3 -> n1.nic3 -> n1.gpu3 -> n1.gpu1"
+    assert " -> ".join(route.vertices) == hops
+    assert plan.info["decisions"]["drd"] == 1 and plan.info["remote_pairs"] == 1
+    # The same inputs through the decision rule give the hand-computed ratios.
+    hx = np.array([1 / 6, 4 / 19, 1.0, 4 / 9])
+    ones = np.ones(4)
+    chosen = np.empty(4, dtype=np.int64)
+    n, code, g1, g2 = hk.decide(hx, ones, ones, np.arange(4), 0, 1, -1.0, chosen)
+    assert (n, code, chosen[0]) == (1, hk.CODE_REMOTE, 3)
+    assert (g1, g2) == pytest.approx((1 / 6, 4 / 19))
+
+
+def test_pair_order_routes_first_pairs_on_idle_rails(h100: pw.fabric.Fabric) -> None:
+    # order="pair": pair 0 -> 4 (index 4) then 0 -> 5 (index 5), before 1 -> 5.
+    # For 0 -> 5: gamma(G1) = (40/240) / 1 = 1/6, gamma(G2) = 1 / 1 = 1, so dr,
+    # and m = 1 leaves no routable rail.
+    plan = pw.plan.make(h100, _pairs(8, {**PRELOAD, (0, 5): F}), "hscore", order="pair")
+    assert [(r.role, r.via) for r in plan.routes(0, 5)] == [("dr", 1)]
+
+
+def test_spray_window(h100: pw.fabric.Fabric) -> None:
+    f = F + 2  # an odd split: 40000002 = 3 * 13333334 on three rails
+    d = _pairs(8, {**PRELOAD, (0, 5): f})
+    # delta = 0.25 around m = 4/19: [-0.039, 0.461] holds rails 0, 1, 3.
+    plan = pw.plan.make(h100, d, "hscore", spray_delta=0.25).validate()
+    routes = plan.routes(0, 5)
+    assert [(r.role, r.via) for r in routes] == [("rd", 0), ("dr", 1), ("drd", 3)]
+    assert [r.bytes for r in routes] == split_evenly(np.array([f]), np.array([3])).tolist()
+    assert plan.info["decisions"]["sprayed"] == 1
+    # A large delta holds every rail: four shares differing by at most 1 byte.
+    plan = pw.plan.make(h100, _pairs(8, {**PRELOAD, (0, 5): F + 3}), "hscore", spray_delta=10.0)
+    routes = plan.routes(0, 5)
+    assert [r.via for r in routes] == [0, 1, 2, 3]
+    sizes = [r.bytes for r in routes]
+    assert sum(sizes) == F + 3 and max(sizes) - min(sizes) <= 1
+    # Spraying never starts on an idle fabric: m = 1, no rail is routable.
+    plan = pw.plan.make(h100, _pairs(8, {(0, 5): F}), "hscore", spray_delta=10.0)
+    assert [r.role for r in plan.routes(0, 5)] == ["dr"]
+
+
+def test_spray_window_bounds_and_empty_window() -> None:
+    # Binary-exact scores: g1 = 0, g2 = 1, H(d1) = 1, H(d2) = 0.75.
+    #   gamma(G1) = 0.25 / 1 = 0.25, gamma(G2) = 0.375 / 0.75 = 0.5 = m.
+    hx = np.array([0.25, 0.375, 1.0, 0.75])
+    hsf = np.ones(4)
+    hdf = np.array([0.75, 1.0, 1.0, 1.0])
+    pid = np.arange(4)
+    chosen = np.empty(4, dtype=np.int64)
+    # Both bounds are inclusive: [0.25, 0.75] holds rails 0, 1, 3.
+    n, code, _, _ = hk.decide(hx, hsf, hdf, pid, 0, 1, 0.25, chosen)
+    assert code == hk.CODE_SPRAY and chosen[:n].tolist() == [0, 1, 3]
+    # [0.375, 0.625] holds rail 1 only.
+    n, code, _, _ = hk.decide(hx, hsf, hdf, pid, 0, 1, 0.125, chosen)
+    assert code == hk.CODE_SPRAY and chosen[:n].tolist() == [1]
+    # [0.4375, 0.5625] is empty: the best fit, rail 3 (0.75 is the lowest > m).
+    n, code, _, _ = hk.decide(hx, hsf, hdf, pid, 0, 1, 0.0625, chosen)
+    assert (n, code, chosen[0]) == (1, hk.CODE_REMOTE, 3)
+    # Without rail paths via 3 and 2 nothing is routable: dr (gamma(G2) is larger).
+    n, code, _, _ = hk.decide(hx, hsf, hdf, np.array([0, 1, -1, -1]), 0, 1, 0.25, chosen)
+    assert (n, code, chosen[0]) == (1, hk.CODE_DR, 1)
+
+
+# ------------------------------------------------------------------ corollary
+_score = st.floats(min_value=1e-6, max_value=1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hx=st.lists(_score, min_size=4, max_size=4),
+    hsf=st.lists(_score, min_size=4, max_size=4),
+    hdf=st.lists(_score, min_size=4, max_size=4),
+    ends=st.sampled_from([(0, 1), (1, 0), (2, 3), (3, 1)]),
+    delta=st.sampled_from([-1.0, 0.0, 0.1, 2.0]),
+)
+def test_corollary_no_drd_when_a_ratio_exceeds_one(hx, hsf, hdf, ends, delta) -> None:
+    g1, g2 = ends
+    hx, hsf, hdf = np.array(hx), np.array(hsf), np.array(hdf)
+    hsf[g1] = 1.0  # a GPU reaches its own rail without a forward
+    hdf[g2] = 1.0
+    chosen = np.empty(4, dtype=np.int64)
+    n, code, gamma1, gamma2 = hk.decide(hx, hsf, hdf, np.arange(4), g1, g2, delta, chosen)
+    assert gamma1 == hx[g1] / hsf[g2] and gamma2 == hx[g2] / hdf[g1]
+    m = max(gamma1, gamma2)
+    if gamma1 > 1 or gamma2 > 1:
+        assert n == 1 and code in (hk.CODE_RD, hk.CODE_DR)
+        assert chosen[0] in (g1, g2)
+    if code == hk.CODE_REMOTE:  # the remote-rail theorem's condition holds
+        x = int(chosen[0])
+        assert x not in (g1, g2) and hx[x] > m
+        assert not np.any((hx > m) & (hx < hx[x]))  # best fit: lowest above m
+    if code in (hk.CODE_REMOTE, hk.CODE_SPRAY):
+        assert m < 1
+    if code in (hk.CODE_RD, hk.CODE_DR):
+        assert chosen[0] == (g1 if gamma1 > gamma2 else g2)
+
+
+def test_corollary_on_fabric_and_spine_choice(h100, spine) -> None:
+    # Routed first (larger): 0 -> 1 with 300 MB and 4 -> 5 with 200 MB, both
+    # direct NVLinks. Then 0 -> 5 with f = 100 MB, every rail idle:
+    #   H(d1) = H(n0.gpu0 -> n0.gpu1) = 100 / 400 = 1/4  ->  gamma(G1) = 1 / (1/4) = 4
+    #   H(d2) = H(n1.gpu4 -> n1.gpu5) = 100 / 300 = 1/3  ->  gamma(G2) = 3
+    # gamma(G1) > 1: no drd (corollary), and 4 > 3 picks rd, product
+    # H(g1) * H(d2) = 1/3.
+    d = _pairs(8, {(0, 1): 300 * MB, (4, 5): 200 * MB, (0, 5): 100 * MB})
+    plan = pw.plan.make(h100, d, "hscore", spray_delta=1.0).validate()
+    assert [(r.role, r.via) for r in plan.routes(0, 5)] == [("rd", 0)]
+    assert plan.info["remote_pairs"] == 0
+    # With spines, spine 0's product H(g1) * H(S) * H(g2) = 1 * 1 * 1 beats 1/3.
+    plan = pw.plan.make(spine, d, "hscore").validate()
+    (route,) = plan.routes(0, 5)
+    assert (route.kind, route.via) == ("spine", 0)
+    assert plan.info["decisions"]["spine"] == 1
+
+
+def test_spine_loses_ties(spine) -> None:
+    # Idle: dr scores 1 * 1, a spine 1 * 1 * 1; only a strictly better spine wins.
+    plan = pw.plan.make(spine, _pairs(8, {(0, 5): MB}), "hscore")
+    assert [r.role for r in plan.routes(0, 5)] == ["dr"]
