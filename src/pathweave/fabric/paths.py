@@ -440,45 +440,21 @@ def compile_paths(
                     lk[rows[m], ls[m] + c] = vals[m]
                 blocks.append((ss, dd, PathKind.RAIL, np.full(ss.size, x), lk, ls + ld))
         if "spine" in kinds and spines.size and nrails:
+            # A spine path starts and ends on the endpoints' own NICs: the
+            # first two links of the rail path's source half and the last two
+            # of its destination half, where those halves need no forward.
             first_rail = np.array([rr[0] if rr else -1 for rr in rank_rails])
-            up = np.full(nr, -1)
-            down = np.full(nr, -1)
-            for r in range(nr):
-                if rank_nics[r]:
-                    x, e_up, _ = rank_nics[r][0]
-                    up[r] = e_up
-                    nic = int(fab.link_dst[e_up])
-                    down[r] = fab.link_id(nic, int(fab.rank_vertex[r]))
             rs, rd = first_rail[S], first_rail[D]
             ok = (rs >= 0) & (rd >= 0) & (rs != rd)
-            ss, dd = S[ok], D[ok]
-            rs, rd = rs[ok], rd[ok]
-            nic_up = np.array(
-                [
-                    fab.link_id(int(fab.link_dst[up[r]]), int(rail_vs[first_rail[r]]))
-                    if up[r] >= 0
-                    else -1
-                    for r in range(nr)
-                ]
-            )
-            nic_down = np.array(
-                [
-                    fab.link_id(int(rail_vs[first_rail[r]]), int(fab.link_dst[up[r]]))
-                    if up[r] >= 0
-                    else -1
-                    for r in range(nr)
-                ]
-            )
+            ss, dd, rs, rd = S[ok], D[ok], rs[ok], rd[ok]
             for k, sp in enumerate(spines.tolist()):
                 r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
                 r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
                 lk = np.full((ss.size, width), -1, dtype=np.int32)
-                lk[:, 0] = up[ss]
-                lk[:, 1] = nic_up[ss]
+                lk[:, 0:2] = src_seg[ss, rs, :2]
                 lk[:, 2] = r_up[rs]
                 lk[:, 3] = r_dn[rd]
-                lk[:, 4] = nic_down[dd]
-                lk[:, 5] = down[dd]
+                lk[:, 4:6] = dst_seg[dd, rd, :2]
                 blocks.append(
                     (ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, np.full(ss.size, 6))
                 )
