@@ -147,17 +147,20 @@ def test_mwu_is_close_to_optimal_on_skewed_exchanges():
             assert pw.plan.make(fab, D, "mwu").congestion_s <= 1.05 * o, (fab.name, ratio)
 
 
-def test_mwu_kernel_matches_the_reference():
+@pytest.mark.parametrize(
+    ("scale", "lam", "refine"), [(40 * MB, 0.4, 2), (600 * MB, 0.5, 1), (600 * MB, 0.75, 0)]
+)
+def test_mwu_kernel_matches_the_reference(scale, lam, refine):
     rng = np.random.default_rng(7)
     ps = pw.fabric.candidate_paths(H100)
-    D = np.floor(rng.random((8, 8)) * 40 * MB)
+    D = np.floor(rng.random((8, 8)) * scale)
     np.fill_diagonal(D, 0)
     pairs = np.flatnonzero(D.reshape(-1))
     dem = D.reshape(-1)[pairs].astype(np.int64)
     lo, hi = ps.pair_ptr[pairs], ps.pair_ptr[pairs + 1]
     pen = (ps.length - 1) * 1e-6
     inv = 1.0 / H100.capacity_Bps
-    args = (lo, hi, dem, ps.links, ps.length, pen, inv, 0.4, 1 << 20, 2 << 20, 2)
+    args = (lo, hi, dem, ps.links, ps.length, pen, inv, lam, 1 << 20, 2 << 20, refine)
     load_ref, flow_ref = route_reference(*args)
     load = np.zeros(H100.num_links)
     flow = np.zeros(int((hi - lo).sum()), dtype=np.int64)

@@ -10,6 +10,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+#: A refinement pass re-routes the pairs that use a link loaded to at least
+#: this share of the most loaded link's time.
+HOT_SHARE = 0.9
+#: Pairs smaller than this many chunks are left as phase 1 placed them.
+REFINE_MIN_CHUNKS = 4
+#: A visit is cut into pieces of at least this many chunks.
+PIECE_MIN_CHUNKS = 2
+
 
 @njit(cache=True, inline="always")
 def _step(rem: np.int64, total: np.int64, lam: float, chunk: np.int64, min_split: np.int64):
@@ -31,13 +39,14 @@ def _best_path(lo, hi, f, links, length, penalty_s, inv_cap, load):
     for p in range(lo, hi):
         # Bottleneck cost (NIMBLE Sec. IV-B): pipelined forwarding runs at the
         # speed of the path's busiest link, so a path costs its max link cost.
-        c = 0.0
+        c = penalty_s[p]
         for h in range(length[p]):
             e = links[p, h]
-            t = (load[e] + f) * inv_cap[e]
+            t = (load[e] + f) * inv_cap[e] + penalty_s[p]
             if t > c:
                 c = t
-        c += penalty_s[p]
+                if c >= best_cost:
+                    break  # NOTE: cannot win any more; saves a third of the work
         if c < best_cost:
             best_cost = c
             best = p
@@ -45,12 +54,14 @@ def _best_path(lo, hi, f, links, length, penalty_s, inv_cap, load):
 
 
 @njit(cache=True, inline="always")
-def _visit(k, f, lo, hi, off, chunk, links, length, penalty_s, inv_cap, load, flow):
+def _visit(f, lo, hi, off, chunk, links, length, penalty_s, inv_cap, load, flow):
     # One visit of a pair routes f bytes in up to (number of candidate paths)
     # pieces of whole chunks, each on the path that is cheapest at that
     # moment, so even a lone pair spreads over its paths within one visit.
     npaths = hi - lo
-    pieces = f // chunk
+    # Pieces of at least PIECE_MIN_CHUNKS chunks: late, small steps go whole
+    # (as in Algorithm 1), only the big early ones are spread.
+    pieces = f // (chunk * PIECE_MIN_CHUNKS)
     if pieces > npaths:
         pieces = npaths
     if pieces < 1:
@@ -68,6 +79,28 @@ def _visit(k, f, lo, hi, off, chunk, links, length, penalty_s, inv_cap, load, fl
             load[links[p, h]] += g
         flow[off + p - lo] += g
         left -= g
+
+
+@njit(cache=True, inline="always")
+def _advance(
+    r, total, lo, hi, off, lam, chunk, min_split, links, length, penalty_s, inv_cap, load, flow
+):
+    # One visit of a pair: route the next step of its residual r; returns it.
+    f = _step(r, total, lam, chunk, min_split)
+    _visit(
+        f,
+        lo,
+        hi,
+        off,
+        chunk if total >= min_split else f,
+        links,
+        length,
+        penalty_s,
+        inv_cap,
+        load,
+        flow,
+    )
+    return f
 
 
 @njit(cache=True)
@@ -110,14 +143,15 @@ def route_kernel(
             r = rem[k]
             if r == 0:
                 continue
-            f = _step(r, demand[k], lam, chunk, min_split)
-            _visit(
-                k,
-                f,
+            f = _advance(
+                r,
+                demand[k],
                 pair_lo[k],
                 pair_hi[k],
                 off[k],
-                chunk if demand[k] >= min_split else f,
+                lam,
+                chunk,
+                min_split,
                 links,
                 length,
                 penalty_s,
@@ -132,9 +166,29 @@ def route_kernel(
     # final load removes most of that order bias.
     for _ in range(refine):
         sweeps += 1
+        # Only pairs that touch a link near the current maximum can lower
+        # it; leaving the others in place halves the cost of a pass.
+        hot = 0.0
+        for e in range(load.shape[0]):
+            t = load[e] * inv_cap[e]
+            if t > hot:
+                hot = t
+        hot *= HOT_SHARE
         for k in range(k_pairs):
             d = demand[k]
-            if d == 0 or (d < min_split and pair_hi[k] - pair_lo[k] == 1):
+            # Pairs of a few chunks barely move the maximum; skipping them
+            # halves a pass on small fabrics.
+            if d < REFINE_MIN_CHUNKS * chunk or pair_hi[k] - pair_lo[k] == 1:
+                continue
+            touches = False
+            for j in range(pair_hi[k] - pair_lo[k]):
+                if flow[off[k] + j]:
+                    p = pair_lo[k] + j
+                    for h in range(length[p]):
+                        e = links[p, h]
+                        if load[e] * inv_cap[e] >= hot:
+                            touches = True
+            if not touches:
                 continue
             for j in range(pair_hi[k] - pair_lo[k]):
                 fj = flow[off[k] + j]
@@ -145,14 +199,15 @@ def route_kernel(
                     flow[off[k] + j] = 0
             r = d
             while r > 0:
-                f = _step(r, d, lam, chunk, min_split)
-                _visit(
-                    k,
-                    f,
+                f = _advance(
+                    r,
+                    d,
                     pair_lo[k],
                     pair_hi[k],
                     off[k],
-                    chunk if d >= min_split else f,
+                    lam,
+                    chunk,
+                    min_split,
                     links,
                     length,
                     penalty_s,
@@ -185,6 +240,50 @@ def compact_flows(pair_lo: np.ndarray, pair_hi: np.ndarray, flow: np.ndarray):
     return pid, fb
 
 
+@njit(cache=True)
+def route_demand(
+    demand_flat: np.ndarray,
+    pair_ptr: np.ndarray,
+    links: np.ndarray,
+    length: np.ndarray,
+    penalty_s: np.ndarray,
+    inv_cap: np.ndarray,
+    lam: float,
+    chunk: np.int64,
+    min_split: np.int64,
+    refine: np.int64,
+    num_links: np.int64,
+):
+    """Whole planner in one call: pairs with demand -> ``(path_ids, bytes, sweeps)``.
+
+    NOTE: one entry point instead of several numpy steps around the kernel,
+    because at 8 ranks the Python-side glue cost as much as the routing.
+    """
+    n = 0
+    for i in range(demand_flat.shape[0]):
+        if demand_flat[i] != 0:
+            n += 1
+    lo = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    dem = np.empty(n, dtype=np.int64)
+    m = 0
+    j = 0
+    for i in range(demand_flat.shape[0]):
+        if demand_flat[i] != 0:
+            lo[j] = pair_ptr[i]
+            hi[j] = pair_ptr[i + 1]
+            dem[j] = demand_flat[i]
+            m += hi[j] - lo[j]
+            j += 1
+    load = np.zeros(num_links)
+    flow = np.zeros(m, dtype=np.int64)
+    sweeps = route_kernel(
+        lo, hi, dem, links, length, penalty_s, inv_cap, lam, chunk, min_split, refine, load, flow
+    )
+    pid, fb = compact_flows(lo, hi, flow)
+    return pid, fb, sweeps
+
+
 def route_reference(
     pair_lo, pair_hi, demand, links, length, penalty_s, inv_cap, lam, chunk, min_split, refine
 ):
@@ -215,7 +314,7 @@ def route_reference(
 
     def visit(k, f, total):
         unit = chunk if total >= min_split else f
-        pieces = min(max(f // unit, 1), sizes[k])
+        pieces = min(max(f // (unit * PIECE_MIN_CHUNKS), 1), sizes[k])
         left = f
         for i in range(pieces):
             g = left if i == pieces - 1 else max((f // pieces) // unit * unit, unit)
@@ -230,9 +329,13 @@ def route_reference(
                 visit(k, f, int(demand[k]))
                 rem[k] -= f
     for _ in range(refine):
+        hot = float(np.max(load * inv_cap)) * HOT_SHARE
         for k in range(len(rem)):
             d = int(demand[k])
-            if d == 0 or (d < min_split and sizes[k] == 1):
+            if d < REFINE_MIN_CHUNKS * chunk or sizes[k] == 1:
+                continue
+            used = [int(pair_lo[k]) + j for j in range(sizes[k]) if flows[k][j]]
+            if not any(load[e] * inv_cap[e] >= hot for p in used for e in links[p, : length[p]]):
                 continue
             for j in range(sizes[k]):
                 if flows[k][j]:

@@ -37,12 +37,13 @@ the lowest path id, integer bytes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
-from pathweave.plan._flows import nonzero_pairs
-from pathweave.plan._mwu_kernel import compact_flows, route_kernel
+from pathweave.plan._mwu_kernel import route_demand
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 
@@ -84,7 +85,7 @@ def _extra_hops(paths: PathSet) -> np.ndarray:
 
 
 def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
-    ok = (value > lo if lo_open else value >= lo) and value <= hi and np.isfinite(value)
+    ok = (value > lo if lo_open else value >= lo) and value <= hi and math.isfinite(value)
     if not ok:
         interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
         raise PlanError(f"mwu option {name}={value!r} must lie in {interval}")
@@ -113,15 +114,9 @@ def mwu(
     _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
     _check("refine", refine, 0, 1000)
     penalty, inv_cap = _derived(paths, hop_penalty_s)
-    pairs, nbytes = nonzero_pairs(demand)
-    lo = paths.pair_ptr[pairs]
-    hi = paths.pair_ptr[pairs + 1]
-    load = np.zeros(fabric.num_links)
-    flow = np.zeros(int((hi - lo).sum()), dtype=np.int64)
-    sweeps = route_kernel(
-        lo,
-        hi,
-        nbytes,
+    pid, fb, sweeps = route_demand(
+        demand.reshape(-1),
+        paths.pair_ptr,
         paths.links,
         paths.length,
         penalty,
@@ -130,10 +125,8 @@ def mwu(
         np.int64(chunk_bytes),
         np.int64(min_split_bytes),
         np.int64(refine),
-        load,
-        flow,
+        np.int64(fabric.num_links),
     )
-    pid, fb = compact_flows(lo, hi, flow)
     pid.setflags(write=False)
     fb.setflags(write=False)
     # compact_flows yields ids sorted by pair and path without repeats: the

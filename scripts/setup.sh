@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Create or refresh the project's virtual environment in <repo>/.venv.
+#
+# Idempotent: a stamp file records the hash of pyproject.toml, and nothing
+# is reinstalled while it matches. Run it (`bash scripts/setup.sh`) or source
+# it from another script (`source scripts/setup.sh`); sourcing leaves the
+# caller's shell options untouched and sets PATHWEAVE_VENV.
+#
+# Steps: pick python3 (>= 3.10, python3.11 preferred), create .venv, upgrade
+# pip quietly, install torch==2.13.0 (later features need it; the planner
+# does not, so a missing wheel is reported and skipped), then
+# `pip install -e '.[test]'`.
+
+_pathweave_setup() (
+    set -euo pipefail
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    venv="$root/.venv"
+    stamp="$venv/.pathweave-setup"
+    want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+
+    if [[ -x "$venv/bin/python" && -f "$stamp" && "$(head -n1 "$stamp")" == "$want" ]]; then
+        echo "setup: .venv is up to date"
+        return 0
+    fi
+
+    python=""
+    for candidate in python3.11 python3 python3.12 python3.13 python3.10; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            python="$candidate"
+            break
+        fi
+    done
+    if [[ -z "$python" ]]; then
+        echo "setup: need Python >= 3.10 (tried python3.11, python3, python3.12, python3.13, python3.10)" >&2
+        return 1
+    fi
+
+    if [[ ! -x "$venv/bin/python" ]]; then
+        echo "setup: creating .venv with $("$python" --version 2>&1)"
+        "$python" -m venv "$venv"
+    fi
+    pip=("$venv/bin/python" -m pip)
+    "${pip[@]}" install --quiet --upgrade pip ||
+        echo "setup: could not upgrade pip; continuing with $("${pip[@]}" --version)"
+
+    if "${pip[@]}" install --quiet "torch==2.13.0"; then
+        torch="torch 2.13.0"
+    else
+        torch="no torch"
+        echo "setup: torch==2.13.0 is not installable here; continuing without it" \
+            "(planning does not need torch; the later distributed runtime does)" >&2
+    fi
+
+    echo "setup: installing pathweave (editable) with test extras"
+    "${pip[@]}" install --quiet -e "$root[test]"
+    printf '%s\n%s\n' "$want" "$torch" >"$stamp"
+    echo "setup: done ($torch)"
+)
+
+if _pathweave_setup; then
+    PATHWEAVE_VENV="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
+    export PATHWEAVE_VENV
+    unset -f _pathweave_setup
+else
+    unset -f _pathweave_setup
+    # `return` when sourced, `exit` when run as a script.
+    return 1 2>/dev/null || exit 1
+fi

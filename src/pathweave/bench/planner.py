@@ -1,0 +1,424 @@
+"""Planner benchmark: congestion and planning time of every policy, 8 to 1024 GPUs.
+
+What is measured
+----------------
+For every fabric and workload below, every registered policy plans the same
+demand matrix. A record holds the plan's congestion bound, the LP optimum
+over the same candidate paths (``optimal`` solved by HiGHS, ``None`` where
+it was skipped or not solved within the time limit) and the median planning
+time over several calls (:attr:`Plan.plan_s <pathweave.plan.Plan>`, which
+includes the demand checks but not the one-off path compilation: one call
+per policy and case runs first, untimed, to compile paths and load the numba
+kernel).
+
+Fabrics
+    ``h100-2x4`` (8 GPUs, the NIMBLE testbed) and ``dgx-h100`` with 8, 32
+    and 128 nodes (64, 256 and 1024 GPUs, NVSwitch nodes, 8 rails).
+Workloads (``bytes_per_rank`` = 256 MiB by default)
+    * ``hotspot:0.1``, ``hotspot:0.5``, ``hotspot:0.9``: every rank sends
+      that fraction of its payload to rank 0, the rest evenly to the others.
+    * ``moe``: one MoE dispatch, 2048 tokens per rank (16384 per 8 ranks),
+      hidden 4096 in bf16 (8 KiB per token copy), one expert per rank,
+      top-2 routing and a hot expert (expert 0) that 90 % of tokens pick.
+      Its size comes from the tokens, 32 MiB per rank, not from
+      ``bytes_per_rank``; 2048 tokens per GPU is a typical training
+      micro-batch and keeps the generator fast at 1024 ranks.
+    * ``many_to_few``: every other rank sends its payload to ``ranks / 8``
+      sinks, 8 ranks apart (rank 0 alone at 8 ranks; GPU 0 of every node on
+      the DGX fabrics): aggregation onto a few GPUs.
+    * ``stencil:dims=2``: a 2-D neighbour exchange whose boundary ranks send
+      four times as much.
+Repeats
+    Median of 200 calls at 8 ranks, 20 at 64, 5 at 256 and 3 at 1024 for
+    every policy but ``optimal``, which is solved once (``repeat`` overrides
+    the schedule).
+Quick mode
+    Skips the 1024-GPU fabric and the LP at 256 GPUs; under a minute.
+
+Targets (:func:`summarize`): ``mwu`` within 2 % of the optimum at the median
+and 5 % at worst; ``mwu`` median planning time at most 50 us, 5 ms, 100 ms and
+2 s at 8, 64, 256 and 1024 ranks; and, as a check of the fabric model
+against the NIMBLE paper, ``static`` at 3.8x and 2.7x the optimum for
+hotspot 0.9 and 0.5 on ``h100-2x4``.
+
+Examples
+--------
+>>> from pathweave.bench import planner
+>>> [c.workload for c in planner.cases(quick=True) if c.ranks == 8][:3]
+['hotspot:0.1', 'hotspot:0.5', 'hotspot:0.9']
+>>> planner.repeats_for(8), planner.repeats_for(64), planner.repeats_for(1024)
+(200, 20, 3)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pathweave import fabric as pwfabric
+from pathweave import plan as pwplan
+from pathweave import traffic
+from pathweave.errors import SolverError
+
+BYTES_PER_RANK = 256 << 20
+TIME_LIMIT_S = 120.0
+
+#: ``(preset, nodes)`` of each fabric; ``nodes=None`` keeps the preset's own.
+FABRICS: tuple[tuple[str, int | None], ...] = (
+    ("h100-2x4", None),
+    ("dgx-h100", 8),
+    ("dgx-h100", 32),
+    ("dgx-h100", 128),
+)
+
+#: Planning-time repeats by rank count: ``(most ranks, repeats)``; larger fabrics get 3.
+REPEATS: tuple[tuple[int, int], ...] = ((8, 200), (64, 20), (256, 5))
+REPEATS_LARGEST = 3
+
+#: ``mwu`` median planning-time targets in seconds, by rank count.
+MWU_TIME_TARGET_S: dict[int, float] = {8: 50e-6, 64: 5e-3, 256: 0.1, 1024: 2.0}
+RATIO_TARGET_MEDIAN = 1.02
+RATIO_TARGET_WORST = 1.05
+#: ``static / optimal`` on h100-2x4 that the NIMBLE paper's setting implies.
+STATIC_REFERENCE: dict[str, float] = {"hotspot:0.9": 3.8, "hotspot:0.5": 2.7}
+STATIC_REFERENCE_FABRIC = "h100-2x4"
+
+#: Keys of every record :func:`run` returns.
+RECORD_KEYS = (
+    "fabric", "ranks", "workload", "policy", "congestion_s", "optimal_s", "plan_s_median",
+)
+
+
+def repeats_for(ranks: int) -> int:
+    """Planning-time repeats for a fabric of ``ranks`` GPUs (see :data:`REPEATS`)."""
+    for most, reps in REPEATS:
+        if ranks <= most:
+            return reps
+    return REPEATS_LARGEST
+
+
+def workloads(ranks: int) -> list[str]:
+    """The benchmark's workload specs for ``ranks`` GPUs (see the module docstring)."""
+    return [
+        "hotspot:0.1",
+        "hotspot:0.5",
+        "hotspot:0.9",
+        f"moe:tokens={2048 * ranks},hidden=4096,experts={ranks},topk=2,hot=0.9",
+        _many_to_few(ranks),
+        "stencil:dims=2",
+    ]
+
+
+def _many_to_few(ranks: int) -> str:
+    # One sink per 8 ranks, 8 ranks apart: GPU 0 of every 8-GPU node, so each
+    # node has one hot receiver rather than all sinks sharing node 0's rails.
+    count = max(1, ranks // 8)
+    stride = ranks // count
+    return "many_to_few:sinks=" + ";".join(str(i * stride) for i in range(count)) + ";"
+
+
+def workload_label(spec: str) -> str:
+    """A short name for a benchmark workload spec, for tables and plots.
+
+    >>> workload_label("moe:tokens=16384,hidden=4096,experts=8,topk=2,hot=0.9")
+    'moe:topk=2,hot=0.9'
+    >>> workload_label("many_to_few:sinks=0;8;16;24;")
+    'many_to_few:4 sinks'
+    >>> workload_label("hotspot:0.5")
+    'hotspot:0.5'
+    """
+    name, _, rest = spec.partition(":")
+    items = [kv.split("=", 1) for kv in rest.split(",")] if rest else []
+    if name == "moe":
+        return "moe:" + ",".join(f"{k}={v}" for k, v in items if k in ("topk", "hot"))
+    if name == "many_to_few" and items and items[0][0] == "sinks" and ";" in items[0][1]:
+        count = len([x for x in items[0][1].split(";") if x])
+        return f"many_to_few:{count} sink" + ("s" if count > 1 else "")
+    return spec
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (fabric, workload) cell of the benchmark."""
+
+    preset: str
+    nodes: int | None
+    ranks: int
+    workload: str
+    solve_optimal: bool
+
+    def build_fabric(self) -> pwfabric.Fabric:
+        params = {} if self.nodes is None else {"nodes": self.nodes}
+        return pwfabric.preset(self.preset, **params)
+
+
+def _ranks(preset: str, nodes: int | None) -> int:
+    # Ranks without building the fabric: the 1024-GPU one takes seconds.
+    per_node = {"h100-2x4": 4, "dgx-h100": 8}[preset]
+    return per_node * (2 if nodes is None else nodes)
+
+
+def cases(quick: bool = False, lp_max_ranks: int | None = None) -> list[Case]:
+    """Every case of the benchmark.
+
+    ``quick`` drops the 1024-GPU fabric and the LP from 256 GPUs up;
+    ``lp_max_ranks`` skips the LP on fabrics with more ranks than that.
+    """
+    out = []
+    for preset, nodes in FABRICS:
+        ranks = _ranks(preset, nodes)
+        if quick and ranks > 256:
+            continue
+        solve = not (quick and ranks >= 256) and (lp_max_ranks is None or ranks <= lp_max_ranks)
+        out.extend(Case(preset, nodes, ranks, w, solve) for w in workloads(ranks))
+    return out
+
+
+def _policy_order(names: Iterable[str]) -> list[str]:
+    names = list(names)
+    return [n for n in names if n != "optimal"] + (["optimal"] if "optimal" in names else [])
+
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+def run(
+    *,
+    quick: bool = False,
+    repeat: int | None = None,
+    bytes_per_rank: float = BYTES_PER_RANK,
+    time_limit_s: float = TIME_LIMIT_S,
+    lp_max_ranks: int | None = None,
+    policies: Sequence[str] | None = None,
+    on_progress: ProgressFn | None = None,
+) -> list[dict[str, Any]]:
+    """Run the benchmark and return one record per (fabric, workload, policy).
+
+    Parameters
+    ----------
+    quick
+        Skip the 1024-GPU fabric and the LP at 256 GPUs.
+    repeat
+        Planning-time repeats for every policy but ``optimal``; default by
+        size (:func:`repeats_for`).
+    bytes_per_rank
+        Payload per rank of the sized workloads.
+    time_limit_s
+        HiGHS time limit per LP; a case not solved in time has
+        ``optimal_s = None``.
+    lp_max_ranks
+        Skip the LP on fabrics with more ranks (at 1024 ranks HiGHS needs
+        about 16 GB of memory and more than two minutes per case).
+    policies
+        Policies to run (default: every registered one). ``optimal`` is
+        always solved where the case allows it, since the ratios need it.
+    on_progress
+        Called as ``on_progress(done, total, description)`` before each step.
+
+    Returns
+    -------
+    list of dict
+        Records with the keys in :data:`RECORD_KEYS`: ``fabric`` (name),
+        ``ranks``, ``workload`` (spec string), ``policy``, ``congestion_s``
+        (congestion bound of the plan; ``None`` for an unsolved LP),
+        ``optimal_s`` (LP optimum of the case or ``None``) and
+        ``plan_s_median`` (median planning time; ``None`` where the LP was
+        skipped).
+    """
+    if repeat is not None and repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    names = _policy_order(pwplan.policies() if policies is None else policies)
+    for n in names:
+        pwplan.policy_info(n)
+    todo = cases(quick, lp_max_ranks)
+    total = len(todo) * len(names) + 1
+    done = 0
+
+    def step(text: str) -> None:
+        nonlocal done
+        if on_progress is not None:
+            on_progress(done, total, text)
+        done += 1
+
+    step("warm-up (numba compile)")
+    warm_up()
+    records: list[dict[str, Any]] = []
+    fab: pwfabric.Fabric | None = None
+    fab_key: tuple[str, int | None] | None = None
+    for case in todo:
+        # Cases come grouped by fabric: build each fabric once.
+        if fab is None or fab_key != (case.preset, case.nodes):
+            fab, fab_key = case.build_fabric(), (case.preset, case.nodes)
+        demand = traffic.parse_workload(
+            case.workload, fab.num_ranks, bytes_per_rank=bytes_per_rank,
+            gpus_per_node=fab.gpus_per_node,
+        )
+        reps = repeat if repeat is not None else repeats_for(fab.num_ranks)
+        results: dict[str, tuple[float | None, float | None]] = {}
+        optimum = None
+        for name in _policy_order([*names, "optimal"]):
+            if name == "optimal":
+                if name in names:
+                    step(f"{fab.name} {case.workload}: optimal")
+                if case.solve_optimal:
+                    results[name], optimum = _solve(fab, demand, time_limit_s)
+                else:
+                    results[name] = (None, None)
+                continue
+            step(f"{fab.name} {case.workload}: {name}")
+            results[name] = _time_policy(fab, demand, name, reps)
+        for name in names:
+            congestion, plan_s = results[name]
+            records.append(
+                {
+                    "fabric": fab.name,
+                    "ranks": fab.num_ranks,
+                    "workload": case.workload,
+                    "policy": name,
+                    "congestion_s": congestion,
+                    "optimal_s": optimum,
+                    "plan_s_median": plan_s,
+                }
+            )
+    if on_progress is not None:
+        on_progress(total, total, "done")
+    return records
+
+
+def warm_up() -> None:
+    """Load (or compile) the numba kernels once, so no timed call pays for it."""
+    fab = pwfabric.preset("h100-2x4")
+    pwplan.make(fab, traffic.hotspot(fab.num_ranks, 64 << 20, 0.5), "mwu")
+
+
+def _time_policy(
+    fab: pwfabric.Fabric, demand: np.ndarray, policy: str, reps: int
+) -> tuple[float, float]:
+    """Congestion and median planning time of ``reps`` calls after one untimed call."""
+    plan = pwplan.make(fab, demand, policy)  # compiles paths, fills caches
+    times = []
+    for _ in range(reps):
+        plan = pwplan.make(fab, demand, policy)
+        times.append(plan.plan_s)
+    return plan.congestion_s, statistics.median(times)
+
+
+def _solve(
+    fab: pwfabric.Fabric, demand: np.ndarray, time_limit_s: float
+) -> tuple[tuple[float | None, float | None], float | None]:
+    """``((congestion, solve time), optimum)`` of the LP; ``None`` where HiGHS failed."""
+    t0 = time.perf_counter()
+    try:
+        plan = pwplan.make(fab, demand, "optimal", time_limit_s=time_limit_s)
+    except SolverError:
+        return (None, time.perf_counter() - t0), None
+    return (plan.congestion_s, plan.plan_s), float(plan.info.get("optimum_s", plan.congestion_s))
+
+
+# ------------------------------------------------------------------ summary
+@dataclass(frozen=True)
+class Check:
+    """One target line: what was measured, the target, and whether it was met."""
+
+    name: str
+    value: float | None
+    target: float
+    passed: bool | None  # None: nothing to measure (e.g. the LP was skipped)
+    text: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Aggregates of a benchmark run (see :func:`summarize`)."""
+
+    ratios: dict[str, list[float]]  # policy -> congestion / optimum over solved cases
+    mwu_time_s: dict[int, float]  # ranks -> median over workloads of the median time
+    checks: list[Check] = field(default_factory=list)
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
+    """Ratios to the optimum, ``mwu`` planning times per size, and the target checks.
+
+    Examples
+    --------
+    >>> recs = [
+    ...     {"fabric": "h100-2x4", "ranks": 8, "workload": "hotspot:0.9", "policy": p,
+    ...      "congestion_s": c, "optimal_s": 1.0, "plan_s_median": t}
+    ...     for p, c, t in [("static", 3.79, 1e-5), ("mwu", 1.01, 4e-5), ("optimal", 1.0, 1e-2)]
+    ... ]
+    >>> s = summarize(recs)
+    >>> [c.passed for c in s.checks]
+    [True, True, True, None, None, None, True, None]
+    """
+    ratios: dict[str, list[float]] = {}
+    for r in records:
+        if r["optimal_s"] and r["congestion_s"] is not None:
+            ratios.setdefault(r["policy"], []).append(r["congestion_s"] / r["optimal_s"])
+    times: dict[int, list[float]] = {}
+    for r in records:
+        if r["policy"] == "mwu" and r["plan_s_median"] is not None:
+            times.setdefault(int(r["ranks"]), []).append(float(r["plan_s_median"]))
+    mwu_time = {n: statistics.median(ts) for n, ts in sorted(times.items())}
+    checks: list[Check] = []
+
+    mwu = ratios.get("mwu", [])
+    med = statistics.median(mwu) if mwu else None
+    worst = max(mwu) if mwu else None
+    checks.append(
+        Check(
+            "mwu/optimal median", med, RATIO_TARGET_MEDIAN,
+            None if med is None else med <= RATIO_TARGET_MEDIAN,
+            f"mwu/optimal median {med:.4f} over {len(mwu)} cases (target <= {RATIO_TARGET_MEDIAN})"
+            if med is not None else "mwu/optimal median: no case with an LP optimum",
+        )
+    )
+    checks.append(
+        Check(
+            "mwu/optimal worst", worst, RATIO_TARGET_WORST,
+            None if worst is None else worst <= RATIO_TARGET_WORST,
+            f"mwu/optimal worst  {worst:.4f} (target <= {RATIO_TARGET_WORST})"
+            if worst is not None else "mwu/optimal worst: no case with an LP optimum",
+        )
+    )
+    for ranks, target in MWU_TIME_TARGET_S.items():
+        t = mwu_time.get(ranks)
+        checks.append(
+            Check(
+                f"mwu time {ranks}", t, target, None if t is None else t <= target,
+                f"mwu planning time at {ranks:>4} ranks: "
+                + (f"{_fmt_time(t)} median" if t is not None else "not run")
+                + f" (target <= {_fmt_time(target)})",
+            )
+        )
+    for workload, ref in STATIC_REFERENCE.items():
+        got = [
+            r["congestion_s"] / r["optimal_s"]
+            for r in records
+            if r["fabric"] == STATIC_REFERENCE_FABRIC and r["workload"] == workload
+            and r["policy"] == "static" and r["optimal_s"] and r["congestion_s"] is not None
+        ]
+        v = got[0] if got else None
+        # A reference, not a target: pass within 5 % of the paper's figure.
+        checks.append(
+            Check(
+                f"static/optimal {workload}", v, ref,
+                None if v is None else abs(v / ref - 1) <= 0.05,
+                f"static/optimal at {STATIC_REFERENCE_FABRIC} {workload}: "
+                + (f"{v:.2f}x" if v is not None else "not measured")
+                + f" (reference {ref}x)",
+            )
+        )
+    return Summary(ratios, mwu_time, checks)

@@ -1,0 +1,118 @@
+"""``pathweave demo``: the project's main job at a glance, as a list of steps.
+
+Each :class:`DemoStep` reads and extends one :class:`DemoContext`, so later
+parts of pathweave (simulation, real execution) add a step to :data:`STEPS`
+without touching the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from pathweave import fabric as pwfabric
+from pathweave import traffic, viz
+from pathweave.cli._common import fmt_bytes, fmt_ms, ordered_policies
+from pathweave.cli._compare import Comparison, compare
+
+FABRIC = "h100-2x4"
+WORKLOAD = "hotspot:0.8"
+BYTES_PER_RANK = 256 << 20
+PLOT_NAME = "policies.png"
+
+
+@dataclass
+class DemoContext:
+    """What the steps share: inputs, intermediate results and the files written."""
+
+    out_dir: Path
+    console: Console
+    fabric_spec: str = FABRIC
+    workload: str = WORKLOAD
+    gloss: str = "80 % of every rank's payload goes to rank 0"
+    bytes_per_rank: int = BYTES_PER_RANK
+    fabric: pwfabric.Fabric | None = None
+    demand: np.ndarray | None = None
+    comparison: Comparison | None = None
+    files: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DemoStep:
+    """One step of the demo: a name, a heading, and what it does."""
+
+    name: str
+    heading: str
+    run: Callable[[DemoContext], None]
+
+
+def _plan_step(ctx: DemoContext) -> None:
+    ctx.fabric = pwfabric.resolve(ctx.fabric_spec)
+    fab = ctx.fabric
+    ctx.demand = traffic.parse_workload(
+        ctx.workload, fab.num_ranks, bytes_per_rank=ctx.bytes_per_rank,
+        gpus_per_node=fab.gpus_per_node,
+    )
+    ctx.console.print(
+        f"Each of the {fab.num_ranks} GPUs of [bold]{fab.name}[/] ({fab.num_nodes} nodes x "
+        f"{fab.gpus_per_node} GPUs, {fab.nvlink_kind}, {len(fab.rails)} NIC rails) sends "
+        f"{fmt_bytes(ctx.bytes_per_rank)}: workload [bold]{ctx.workload}[/]"
+        + (f" ({ctx.gloss})" if ctx.gloss else "")
+        + ". Every registered policy splits this demand over the candidate paths; the LP "
+        "optimum over the same paths is the yardstick."
+    )
+    ctx.comparison = compare(
+        fab, ctx.demand, ordered_policies(), workload=ctx.workload,
+        bytes_per_rank=ctx.bytes_per_rank,
+    )
+    ctx.console.print(ctx.comparison.table())
+    cmp = ctx.comparison
+    static, mwu = cmp.result("static").plan, cmp.result("mwu").plan
+    if static is not None and mwu is not None:
+        ctx.console.print(
+            f"static sends each pair over one fixed path, and the skew piles up on "
+            f"[bold]{fab.link_name(static.bottleneck_link)}[/] ({fmt_ms(static.congestion_s)} ms); "
+            f"mwu splits {mwu.split_pairs()} pairs over {mwu.paths_used} paths: "
+            f"{fmt_ms(mwu.congestion_s)} ms, {static.congestion_s / mwu.congestion_s:.2f}x less."
+        )
+
+
+def _plot_step(ctx: DemoContext) -> None:
+    cmp = ctx.comparison
+    assert cmp is not None  # the plan step ran first
+    plans = [p for p in (cmp.result("static").plan, cmp.result("mwu").plan) if p is not None]
+    out = viz.plot_policy_comparison(
+        {r.policy: r.congestion_s for r in cmp.results},
+        ctx.out_dir / PLOT_NAME,
+        optimum_s=cmp.optimum_s,
+        link_plans=plans,
+        title=f"{cmp.fabric.name}, {cmp.workload}, {fmt_bytes(cmp.bytes_per_rank)} per rank",
+    )
+    ctx.files.append(out)
+    ctx.console.print(f"wrote {out}")
+
+
+#: The demo, in order. Later stages append their own steps here.
+STEPS: list[DemoStep] = [
+    DemoStep("plan", "Plan a skewed all-to-all with every policy", _plan_step),
+    DemoStep("plot", "Plot congestion and per-link load", _plot_step),
+]
+
+
+def run_demo(
+    out_dir: Path, console: Console, steps: Sequence[DemoStep] | None = None
+) -> DemoContext:
+    """Run ``steps`` (default :data:`STEPS`) in order and return the shared context."""
+    ctx = DemoContext(out_dir=Path(out_dir), console=console)
+    steps = STEPS if steps is None else steps
+    for i, step in enumerate(steps, 1):
+        console.rule(f"[bold]{i}/{len(steps)}  {step.heading}", align="left")
+        step.run(ctx)
+    return ctx
+
+
+__all__ = ["STEPS", "DemoContext", "DemoStep", "run_demo"]

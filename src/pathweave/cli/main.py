@@ -1,0 +1,353 @@
+"""The ``pathweave`` typer application: ``topo``, ``plan``, ``bench``, ``demo``, ``policies``.
+
+Commands parse their arguments, call the library and render with rich.
+Errors pathweave raises on purpose become one red line on stderr and exit
+code 2 (``topo validate`` reports an invalid fabric with exit code 1);
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import pathweave
+from pathweave import fabric as pwfabric
+from pathweave import plan as pwplan
+from pathweave import traffic, viz
+from pathweave.cli._common import (
+    EXIT_BAD_INPUT,
+    console,
+    fail,
+    fmt_bytes,
+    fmt_duration,
+    fmt_ms,
+    handles_user_errors,
+    ordered_policies,
+    parse_policies,
+    write_json,
+)
+from pathweave.cli._compare import compare
+from pathweave.errors import PathweaveError
+
+app = typer.Typer(
+    name="pathweave",
+    help="Skew-aware multi-path planning for GPU communication.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+topo_app = typer.Typer(help="Inspect and check fabrics (presets or YAML/JSON files).",
+                       no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks of pathweave's own parts.", no_args_is_help=True)
+app.add_typer(topo_app, name="topo")
+app.add_typer(bench_app, name="bench")
+
+FabricArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="PRESET|FILE",
+        help="A preset spec (h100-2x4, dgx-h100:nodes=4, cluster:nodes=8,...) or a fabric "
+        "YAML/JSON file.",
+        show_default=False,
+    ),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        console().print(f"pathweave {pathweave.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Skew-aware multi-path planning for GPU all-to-all and send/recv."""
+
+
+def _progress() -> Progress:
+    # On stderr and transient, so stdout holds only the tables and can be piped.
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    )
+
+
+# ------------------------------------------------------------------- topo
+@topo_app.command("show")
+@handles_user_errors
+def topo_show(
+    fabric: FabricArg,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Also draw the fabric to this image file.")
+    ] = None,
+    max_nodes: Annotated[
+        int, typer.Option("--max-nodes", min=1, help="Most nodes to draw in --png.")
+    ] = 4,
+) -> None:
+    """Summarise a fabric: nodes, GPUs, NVLink, rails, spines, links and candidate paths."""
+    from pathweave.cli.topo import RAIL_ROLES_NOTE, summary_tables
+
+    fab = pwfabric.resolve(fabric)
+    paths = pwfabric.candidate_paths(fab)
+    out = console()
+    for table in summary_tables(fab, paths):
+        out.print(table)
+    if len(fab.rails) and fab.num_nodes > 1:
+        out.print(f"[dim]{RAIL_ROLES_NOTE}[/]")
+    if png is not None:
+        written = viz.draw_fabric(fab, png, max_nodes=max_nodes)
+        shown = min(fab.num_nodes, max_nodes)
+        note = f" ({shown} of {fab.num_nodes} nodes drawn)" if shown < fab.num_nodes else ""
+        out.print(f"wrote {written}{note}")
+
+
+@topo_app.command("validate")
+def topo_validate(fabric: FabricArg) -> None:
+    """Load a fabric and compile its candidate paths; print OK or the problem (exit 1)."""
+    try:
+        fab = pwfabric.resolve(fabric)
+        paths = pwfabric.candidate_paths(fab)
+    except (PathweaveError, OSError) as exc:
+        message = str(exc) if not isinstance(exc, OSError) else f"{exc.filename}: {exc.strerror}"
+        if fabric not in message:
+            message = f"{fabric}: {message}"  # always name what was checked
+        fail(f"invalid fabric: {message}", code=1)
+    console().print(
+        f"[green]OK[/] {fab.name}: {fab.num_nodes} nodes x {fab.gpus_per_node} GPUs, "
+        f"{fab.num_links} links, {paths.num_paths} candidate paths"
+    )
+
+
+# ------------------------------------------------------------------- plan
+@app.command("plan")
+@handles_user_errors
+def plan_cmd(
+    fabric: Annotated[
+        str, typer.Option("--fabric", "-f", metavar="PRESET|FILE", help="Preset spec or file.",
+                          show_default=False)
+    ],
+    workload: Annotated[
+        str, typer.Option("--workload", "-w", metavar="SPEC",
+                          help="Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
+                          "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...",
+                          show_default=False)
+    ],
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", metavar="P[,P...]",
+                          help="Policies to compare, comma-separated, or 'all'.")
+    ] = "all",
+    bytes_per_rank: Annotated[
+        str, typer.Option("--bytes", "-b", metavar="SIZE",
+                          help="Payload per rank (64M, 1GiB, 100MB, ...).")
+    ] = "256M",
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
+                            help="HiGHS time limit for the LP optimum.")
+    ] = 120.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+    ] = None,
+    png: Annotated[
+        Path | None, typer.Option("--png", metavar="FILE",
+                                  help="Bar chart of congestion per policy.")
+    ] = None,
+) -> None:
+    """Plan one workload with several policies and compare them with the LP optimum."""
+    names = parse_policies(policy)
+    size = traffic.parse_size(bytes_per_rank)
+    fab = pwfabric.resolve(fabric)
+    demand = traffic.parse_workload(
+        workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
+    )
+    with _progress() as progress:
+        task = progress.add_task("planning", total=len(names) + ("optimal" not in names))
+        cmp = compare(
+            fab, demand, names, workload=workload, bytes_per_rank=size, time_limit_s=time_limit,
+            on_policy=lambda n: progress.update(task, description=f"planning: {n}", advance=1),
+        )
+    out = console()
+    total = float(demand.sum())
+    out.print(
+        f"[bold]{fab.name}[/] ({fab.num_ranks} GPUs), workload [bold]{workload}[/], "
+        f"{fmt_bytes(size)} per rank, {fmt_bytes(total)} in all"
+    )
+    out.print(cmp.table())
+    if cmp.optimum_s is not None:
+        out.print(
+            f"congestion = max over links of load / capacity; x optimal = congestion / LP "
+            f"optimum ({fmt_ms(cmp.optimum_s)} ms)"
+        )
+    else:
+        out.print(f"[yellow]LP optimum not available:[/] {cmp.optimum_error}", soft_wrap=True)
+    if json_out is not None:
+        write_json(json_out, cmp.records())
+        out.print(f"wrote {json_out}")
+    if png is not None:
+        written = viz.plot_policy_comparison(
+            {r.policy: r.congestion_s for r in cmp.results}, png, optimum_s=cmp.optimum_s,
+            title=f"{fab.name}, {workload}, {fmt_bytes(size)} per rank",
+        )
+        out.print(f"wrote {written}")
+
+
+# ------------------------------------------------------------------ bench
+@bench_app.command("planner")
+@handles_user_errors
+def bench_planner(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Skip the 1024-GPU fabric and the LP at 256 GPUs.")
+    ] = False,
+    repeat: Annotated[
+        int | None, typer.Option("--repeat", min=1, metavar="N",
+                                 help="Timing repeats per policy and case "
+                                 "[default: 200/20/5/3 at 8/64/256/1024 GPUs].",
+                                 show_default=False)
+    ] = None,
+    bytes_per_rank: Annotated[
+        str, typer.Option("--bytes", "-b", metavar="SIZE", help="Payload per rank.")
+    ] = "256M",
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
+                            help="HiGHS time limit per LP.")
+    ] = 120.0,
+    lp_max_ranks: Annotated[
+        int, typer.Option("--lp-max-ranks", min=2, metavar="N",
+                          help="Skip the LP on fabrics with more GPUs than N. At 1024 GPUs "
+                          "HiGHS needed ~16 GB and ran past its 120 s limit here; raise N "
+                          "to try anyway.")
+    ] = 256,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", metavar="DIR",
+                                  help="Write bench_planner.png (ratio to optimal) here.")
+    ] = None,
+) -> None:
+    """Congestion and planning time of every policy on 8 to 1024 GPUs, against the LP."""
+    from pathweave.bench import planner
+
+    size = traffic.parse_size(bytes_per_rank)
+    with _progress() as progress:
+        task = progress.add_task("bench", total=None)
+
+        def on_progress(done: int, total: int, text: str) -> None:
+            progress.update(task, completed=done, total=total, description=text)
+
+        records = planner.run(
+            quick=quick, repeat=repeat, bytes_per_rank=size, time_limit_s=time_limit,
+            lp_max_ranks=lp_max_ranks, on_progress=on_progress,
+        )
+    out = console()
+    out.print(_bench_table(records))
+    summary = planner.summarize(records)
+    for check in summary.checks:
+        mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
+        out.print(f"{mark} {check.text}")
+    if json_out is not None:
+        write_json(json_out, records)
+        out.print(f"wrote {json_out}")
+    if out_dir is not None:
+        labels = {r["workload"]: planner.workload_label(r["workload"]) for r in records}
+        written = viz.plot_bench_ratios(records, Path(out_dir) / "bench_planner.png",
+                                        labels=labels)
+        out.print(f"wrote {written}")
+
+
+def _bench_table(records: list[dict]) -> Table:
+    """One row per (fabric, workload): each policy's congestion relative to the optimum."""
+    from pathweave.bench import planner
+
+    pols = [p for p in ordered_policies(list(dict.fromkeys(r["policy"] for r in records)))
+            if p != "optimal"]
+    table = Table(title="planner benchmark: congestion / LP optimum, and planning times",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    table.add_column("fabric", no_wrap=True)
+    table.add_column("GPUs", justify="right")
+    table.add_column("workload", no_wrap=True)
+    table.add_column("opt (ms)", justify="right", no_wrap=True)
+    for p in pols:
+        table.add_column(p, justify="right", no_wrap=True)
+    table.add_column("mwu time", justify="right", no_wrap=True)
+    table.add_column("LP time", justify="right", no_wrap=True)
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in records:
+        cells.setdefault((r["fabric"], r["workload"]), {})[r["policy"]] = r
+    for (fname, workload), row in cells.items():
+        first = next(iter(row.values()))
+        opt = first["optimal_s"]
+        got = {p: row[p]["congestion_s"] for p in pols if p in row}
+        known = [c for c in got.values() if c is not None]
+        # Without an LP optimum the best policy of the row stands in for it, marked "~".
+        base = opt or (min(known) if known else None)
+        ratios = []
+        for p in pols:
+            c = got.get(p)
+            if c is None or not base:
+                ratios.append("n/a")
+            else:
+                ratios.append(f"{c / base:.3f}" if opt else f"[dim]~{c / base:.3f}[/]")
+        mwu, lp = row.get("mwu"), row.get("optimal")
+        if lp is None:
+            lp_time = ""
+        elif lp["plan_s_median"] is None:
+            lp_time = "skipped"
+        else:
+            lp_time = fmt_duration(lp["plan_s_median"]) + ("" if opt else " failed")
+        table.add_row(
+            fname, str(first["ranks"]), planner.workload_label(workload), fmt_ms(opt), *ratios,
+            fmt_duration(mwu["plan_s_median"]) if mwu else "", lp_time,
+        )
+    table.caption = ("congestion / LP optimum, 1.000 = optimal; ~: no LP optimum, relative to "
+                     "the best policy of the row")
+    table.caption_justify = "left"
+    return table
+
+
+# ------------------------------------------------------------------- demo
+@app.command("demo")
+@handles_user_errors
+def demo(
+    out_dir: Annotated[
+        Path, typer.Option("--out", metavar="DIR", help="Where to write the plots.")
+    ] = Path("pathweave-demo"),
+) -> None:
+    """A skewed all-to-all on the NIMBLE testbed, planned by every policy, with plots."""
+    from pathweave.cli.demo import run_demo
+
+    ctx = run_demo(out_dir, console())
+    console().rule()
+    console().print("files: " + ", ".join(str(f) for f in ctx.files))
+
+
+# --------------------------------------------------------------- policies
+@app.command("policies")
+def policies_cmd() -> None:
+    """List the registered planning policies."""
+    table = Table(title="policies", title_justify="left")
+    table.add_column("policy", style="bold")
+    table.add_column("what it does")
+    table.add_column("options (defaults)")
+    for name in pwplan.policies():
+        info = pwplan.policy_info(name)
+        opts = ", ".join(f"{k}={v!r}" for k, v in info.options.items()) or "-"
+        table.add_row(name, info.summary, opts)
+    console().print(table)
+
+
+__all__ = ["EXIT_BAD_INPUT", "app"]
