@@ -752,3 +752,19 @@ def test_spec_keys_are_generator_parameters() -> None:
         accepted = set(inspect.signature(kind.func).parameters)
         assert set(kind.keys) <= accepted, name
         assert set(kind.aliases.values()) <= set(kind.keys), name
+
+
+def test_uniform_subsets_are_distinct_and_uniform():
+    from pathweave.traffic.generators import _uniform_subsets
+
+    rng = np.random.default_rng(11)
+    rows = _uniform_subsets(rng, 56_000, 8, 2)  # rejection path: 4 * 2 <= 8
+    assert rows.shape == (56_000, 2)
+    assert np.all(rows[:, 0] != rows[:, 1])
+    # 28 unordered pairs, 2000 expected each; the chi-square statistic with
+    # 27 degrees of freedom exceeds 60 with probability < 1e-3.
+    keys = np.sort(rows, axis=1) @ np.array([8, 1])
+    counts = np.bincount(keys, minlength=64)[np.bincount(keys, minlength=64) > 0]
+    assert counts.size == 28
+    chi2 = float(((counts - 2000.0) ** 2 / 2000.0).sum())
+    assert chi2 < 60.0, chi2

@@ -301,6 +301,30 @@ def _zipf_inverse_weights(num_experts: int, skew: float, hot_expert: int) -> np.
     return (position + 1.0) ** skew  # 1 / weight, weight = (position + 1) ** -skew
 
 
+def _uniform_subsets(rng: np.random.Generator, rows: int, pool: int, k: int) -> np.ndarray:
+    """``rows`` independent uniform ``k``-subsets of ``range(pool)``, as ``(rows, k)``.
+
+    With ``k`` small against ``pool`` (MoE top-k among many experts), draw
+    ``k`` values per row with replacement and redraw the rows that repeat
+    one: accepting only distinct rows makes every ordered distinct tuple, so
+    every subset, equally likely. That costs ``O(rows * k)`` instead of the
+    ``O(rows * pool)`` random keys of the general method below.
+    """
+    if k == 0:
+        return np.zeros((rows, 0), dtype=np.int64)
+    if 4 * k <= pool:
+        out = rng.integers(0, pool, size=(rows, k))
+        while True:
+            srt = np.sort(out, axis=1)
+            bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+            if bad.size == 0:
+                return out
+            out[bad] = rng.integers(0, pool, size=(bad.size, k))
+    # The k smallest of i.i.d. uniform keys form a uniform k-subset.
+    keys = rng.random((rows, pool))
+    return np.argpartition(keys, k - 1, axis=1)[:, :k]
+
+
 def _route_chunk(
     rng: np.random.Generator,
     num_tokens: int,
@@ -316,8 +340,7 @@ def _route_chunk(
     """
     if hot_ratio is None:
         if inverse_weights is None:
-            # The k smallest of i.i.d. uniform keys form a uniform k-subset.
-            keys = rng.random((num_tokens, num_experts))
+            return _uniform_subsets(rng, num_tokens, num_experts, top_k)
         else:
             # The k smallest of Exp(1) / weight are a weighted sample without
             # replacement (Efraimidis-Spirakis); exponentials are cheaper than
@@ -330,10 +353,7 @@ def _route_chunk(
     hit = rng.random(num_tokens) < hot_ratio
     width = min(top_k, others.size)
     if width > 0:
-        keys = rng.random((num_tokens, others.size))
-        # The first ``width`` columns of an argpartition at ``width - 1`` are a
-        # uniform random ``width``-subset of the non-hot experts.
-        cand = others[np.argpartition(keys, width - 1, axis=1)[:, :width]]
+        cand = others[_uniform_subsets(rng, num_tokens, others.size, width)]
         picks[:, : min(width, top_k - 1)] = cand[:, : min(width, top_k - 1)]
         if width == top_k:
             # Tokens that did not draw the hot expert take one more non-hot one.
