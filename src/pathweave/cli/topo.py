@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 from rich.table import Table
 
-from pathweave.fabric import Fabric, LinkKind, PathKind, PathSet, VertexKind
+from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
+from pathweave.fabric.paths import ROLES
 
 
 @dataclass(frozen=True)
@@ -66,22 +67,8 @@ def path_counts(paths: PathSet) -> list[tuple[str, int, int]]:
     [('direct', 24, 24), ('relay', 48, 24)]
     """
     n = paths.num_ranks
-    names = ["direct", "relay", "rail matched", "rail rd", "rail dr", "rail drd", "spine"]
-    label = np.full(paths.num_paths, -1, dtype=np.int64)
-    for k, i in ((PathKind.DIRECT, 0), (PathKind.RELAY, 1), (PathKind.SPINE, 6)):
-        label[paths.kind == int(k)] = i
-    # Rail roles, vectorised: does each end of the path own the rail it crosses?
-    rail = paths.kind == int(PathKind.RAIL)
-    if rail.any():
-        nrails = max((max(r) for r in paths.rank_rails if r), default=-1) + 1
-        own = np.zeros((n, max(nrails, 1)), dtype=bool)
-        for r, rails in enumerate(paths.rank_rails):
-            own[r, list(rails)] = True
-        via = np.where(rail, paths.via, 0)
-        own_s = own[paths.src, via]
-        own_d = own[paths.dst, via]
-        role = np.where(own_s & own_d, 0, np.where(own_s, 1, np.where(own_d, 2, 3)))
-        label[rail] = 2 + role[rail]
+    names = [r if r in ("direct", "relay", "spine") else f"rail {r}" for r in ROLES]
+    label = paths.role_code
     pair = paths.src.astype(np.int64) * n + paths.dst
     out = []
     for i, name in enumerate(names):
@@ -128,8 +115,10 @@ def summary_tables(fab: Fabric, paths: PathSet) -> list[Table]:
     links.add_column("GB/s each", justify="right")
     links.add_column("GB/s total", justify="right")
     for g in link_groups(fab):
-        each = _gbps(g.min_Bps) if g.min_Bps == g.max_Bps else (
-            f"{_gbps(g.min_Bps)}-{_gbps(g.max_Bps)}"
+        each = (
+            _gbps(g.min_Bps)
+            if g.min_Bps == g.max_Bps
+            else (f"{_gbps(g.min_Bps)}-{_gbps(g.max_Bps)}")
         )
         links.add_row(g.kind, g.between, str(g.links), each, _gbps(g.total_Bps))
 

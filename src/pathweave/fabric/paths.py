@@ -114,18 +114,30 @@ class PathSet:
         return names
 
     @cached_property
-    def role_code(self) -> np.ndarray:
-        """``int8[num_paths]``: index into :data:`ROLES` of each path's role."""
-        n = self.num_ranks
+    def first_rail(self) -> np.ndarray:
+        """``int64[num_ranks]``: each rank's lowest own rail (its NIC's), -1 if none."""
+        out = np.array([r[0] if r else -1 for r in self.rank_rails], dtype=np.int64)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def owns_rail(self) -> np.ndarray:
+        """``bool[num_ranks, num_rails]``: whether a rank has a NIC on each rail."""
         nr = max((max(r) for r in self.rank_rails if r), default=-1) + 1
-        own = np.zeros((n, max(nr, 1)), dtype=bool)
+        own = np.zeros((self.num_ranks, max(nr, 1)), dtype=bool)
         for r, rails in enumerate(self.rank_rails):
             own[r, list(rails)] = True
+        own.setflags(write=False)
+        return own
+
+    @cached_property
+    def role_code(self) -> np.ndarray:
+        """``int8[num_paths]``: index into :data:`ROLES` of each path's role."""
         code = np.where(self.kind == PathKind.RELAY, 1, 0).astype(np.int8)
         code[self.kind == PathKind.SPINE] = 6
         rail = self.kind == PathKind.RAIL
         x = np.where(rail, self.via, 0)
-        os_, od = own[self.src, x], own[self.dst, x]
+        os_, od = self.owns_rail[self.src, x], self.owns_rail[self.dst, x]
         code[rail & os_ & od] = 2
         code[rail & os_ & ~od] = 3
         code[rail & ~os_ & od] = 4

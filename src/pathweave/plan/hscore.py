@@ -201,7 +201,7 @@ def hscore(
     n = paths.num_ranks
     src, dst = pairs // n, pairs % n
     rank_node = fabric.vertex_node[fabric.rank_vertex]
-    first_rail = np.array([r[0] if r else -1 for r in paths.rank_rails], dtype=np.int64)
+    first_rail = paths.first_rail
     num_rails = len(fabric.rails)
     # argsort of -bytes is stable, and pairs come in index order: ties by pair.
     seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)

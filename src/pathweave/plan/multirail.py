@@ -30,11 +30,7 @@ from pathweave.plan.static import static_paths
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     pairs, nbytes = nonzero_pairs(demand)
-    n = paths.num_ranks
-    max_rail = max((max(r) for r in paths.rank_rails if r), default=-1) + 1
-    own = np.zeros((n, max(max_rail, 1)), dtype=bool)
-    for r, rails in enumerate(paths.rank_rails):
-        own[r, list(rails)] = True
+    own = paths.owns_rail
     is_rail = paths.kind == PathKind.RAIL
     via = np.where(is_rail, paths.via, 0)
     accept = is_rail & own[paths.src, via]

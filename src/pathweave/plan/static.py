@@ -22,13 +22,9 @@ from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 
 
-def _dst_rail(paths: PathSet) -> np.ndarray:
-    return np.array([r[0] if r else -1 for r in paths.rank_rails], dtype=np.int64)
-
-
 def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
     """The single path NCCL would use for each flat pair index."""
-    dst_rail = _dst_rail(paths)
+    dst_rail = paths.first_rail
     direct = paths.kind == PathKind.DIRECT
     pxn = (paths.kind == PathKind.RAIL) & (paths.via == dst_rail[paths.dst])
     pid = first_matching(paths, pairs, direct | pxn)
