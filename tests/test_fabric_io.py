@@ -423,3 +423,16 @@ def test_from_dict_without_source_still_names_key() -> None:
     d["vertices"][0]["kind"] = "cpu"
     with pytest.raises(FabricFileError, match=_pattern("key 'vertices[0].kind'", "'cpu'")):
         io.from_dict(d)
+
+
+def test_saved_files_get_umask_permissions_and_no_temp_left(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        path = io.save(preset("h100-2x4"), tmp_path / "f.yaml")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["f.yaml"]

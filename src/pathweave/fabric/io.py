@@ -34,7 +34,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pathweave._files import atomic_write
 from pathweave.errors import FabricError, FabricFileError
 from pathweave.fabric._core import NODE_LOCAL_KINDS, Fabric, LinkKind, VertexKind
 
@@ -242,21 +242,9 @@ def save(fab: Fabric, path: str | os.PathLike[str]) -> Path:
             f"unknown fabric file suffix {p.suffix!r}; use .yaml, .yml or .json", path=str(p)
         )
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        atomic_write(p, text.encode("utf-8"))
     except OSError as exc:
         raise FabricFileError(f"cannot write: {exc.strerror or exc}", path=str(p)) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return p
 
 

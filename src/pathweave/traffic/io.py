@@ -21,13 +21,13 @@ import io
 import json
 import numbers
 import os
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, overload
 
 import numpy as np
 
+from pathweave._files import atomic_write
 from pathweave.errors import WorkloadError
 
 __all__ = ["FORMAT_TAG", "FORMAT_VERSION", "load_demand", "save_demand", "validate_demand"]
@@ -129,22 +129,6 @@ def _json_number(value: float) -> int | float:
     return value
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    # A unique sibling opened with "x" (O_EXCL) rather than mkstemp, so the
-    # final file gets the usual umask-derived permissions, not mkstemp's 0600.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with tmp.open("xb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # Leave no temp file behind, whatever went wrong (including Ctrl-C).
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def save_demand(path: PathLike, D: Any, meta: dict[str, Any] | None = None) -> Path:
     """Write a demand matrix to ``.npz`` or ``.json``, atomically.
 
@@ -202,7 +186,7 @@ def save_demand(path: PathLike, D: Any, meta: dict[str, Any] | None = None) -> P
             meta=np.array(meta_text),
         )
         payload = buffer.getvalue()
-    _atomic_write(target, payload)
+    atomic_write(target, payload)
     return target
 
 
