@@ -32,9 +32,11 @@ spine index) so every process derives the same ids.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -54,6 +56,8 @@ class PathKind(IntEnum):
 
 
 ALL_KINDS = ("direct", "relay", "rail", "spine")
+
+T = TypeVar("T")
 
 #: Path roles: the kind, with rail paths split as in the h-score blog.
 ROLES = ("direct", "relay", "matched", "rd", "dr", "drd", "spine")
@@ -112,6 +116,17 @@ class PathSet:
         names = [fab.vertex_name(fab.link_src[lk[0]])]
         names.extend(fab.vertex_name(fab.link_dst[e]) for e in lk)
         return names
+
+    def derived(self, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()`` once per ``key``, then kept with this path set.
+
+        Planners keep their per-fabric tables here (read-only arrays), so a
+        repeated plan on the same fabric pays no set-up.
+        """
+        cache = self.__dict__.setdefault("_derived", {})
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]
 
     @cached_property
     def first_rail(self) -> np.ndarray:

@@ -116,8 +116,8 @@ def _segments(paths: PathSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     rail switch and its last link out of one (see
     :func:`~pathweave.plan._hscore_kernel.path_segments`).
     """
-    cache = paths.__dict__.setdefault("_hscore", {})
-    if "segments" not in cache:
+
+    def build() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         fab = paths.fabric
         rail_v = fab.vertex_kind == int(VertexKind.RAIL)
         into_rail = rail_v[fab.link_dst]
@@ -126,8 +126,9 @@ def _segments(paths: PathSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         _k.path_segments(paths.links, paths.length, into_rail, from_rail, *segs)
         for a in segs:
             a.setflags(write=False)
-        cache["segments"] = segs
-    return cache["segments"]
+        return segs
+
+    return paths.derived("hscore.segments", build)
 
 
 def _check_options(spray_delta: object, order: object) -> float:

@@ -67,31 +67,28 @@ DEFAULTS = {
 
 
 def _derived(paths: PathSet, hop_penalty_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per-path hop penalty (s) and per-link 1/capacity, cached on the path set."""
-    cache = paths.__dict__.setdefault("_derived", {})
-    key = ("penalty", float(hop_penalty_s))
-    if key not in cache:
-        cache[key] = _extra_hops(paths) * float(hop_penalty_s)
-        cache[key].setflags(write=False)
-    return cache[key], cache["inv_cap"]
+    """Per-path hop penalty (s) and per-link 1/capacity, kept with the path set."""
+    penalty = paths.derived(
+        ("mwu.penalty_s", float(hop_penalty_s)),
+        lambda: _readonly(_extra_hops(paths) * float(hop_penalty_s)),
+    )
+    inv_cap = paths.derived("inv_capacity", lambda: _readonly(1.0 / paths.fabric.capacity_Bps))
+    return penalty, inv_cap
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 def _extra_hops(paths: PathSet) -> np.ndarray:
-    cache = paths.__dict__.setdefault("_derived", {})
-    if "extra_hops" not in cache:
-        ln = paths.length.astype(np.int64)
-        starts = paths.pair_ptr[:-1]
-        nonempty = paths.pair_ptr[1:] > starts
-        mins = np.zeros(paths.pair_ptr.size - 1, dtype=np.int64)
-        mins[nonempty] = np.minimum.reduceat(ln, starts[nonempty])
-        counts = np.diff(paths.pair_ptr)
-        extra = ln - np.repeat(mins, counts)
-        extra.setflags(write=False)
-        cache["extra_hops"] = extra
-        inv = 1.0 / paths.fabric.capacity_Bps
-        inv.setflags(write=False)
-        cache["inv_cap"] = inv
-    return cache["extra_hops"]
+    """Links of each path beyond the shortest candidate of its pair."""
+    ln = paths.length.astype(np.int64)
+    starts = paths.pair_ptr[:-1]
+    nonempty = paths.pair_ptr[1:] > starts
+    mins = np.zeros(paths.pair_ptr.size - 1, dtype=np.int64)
+    mins[nonempty] = np.minimum.reduceat(ln, starts[nonempty])
+    return ln - np.repeat(mins, np.diff(paths.pair_ptr))
 
 
 def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
