@@ -5,6 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 
+# The emulator test needs ip and tc (iproute2) and sysctl (procps): install
+# them where they are missing and this runs as root on an apt system.
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null \
+    && ! { command -v ip && command -v tc && command -v sysctl; } >/dev/null; then
+    echo "== apt-get install iproute2 procps (for the emulator test)"
+    apt-get install -y -q iproute2 procps || { apt-get update -q && apt-get install -y -q iproute2 procps; }
+fi
+
 echo "== ruff check src tests"
 .venv/bin/ruff check src tests
 

@@ -49,3 +49,52 @@ class PlanError(PathweaveError, ValueError):
 
 class SolverError(PathweaveError, RuntimeError):
     """An optimisation backend failed or returned a non-optimal status."""
+
+
+class RankError(PathweaveError, RuntimeError):
+    """A rank of a locally launched job failed (raised, crashed or timed out).
+
+    Attributes
+    ----------
+    rank
+        The rank blamed: one that crashed if any did (the others' errors
+        follow from it), else the one that raised first.
+    traceback
+        That rank's remote traceback text (or why it stopped, if it crashed).
+    failures
+        ``{rank: traceback text or reason}`` for every rank that failed.
+    exc_type
+        Class name of the remote exception, ``""`` if the rank did not raise.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        traceback: str = "",
+        failures: dict[int, str] | None = None,
+        exc_type: str = "",
+    ):
+        super().__init__(message)
+        self.rank = rank
+        self.traceback = traceback
+        self.failures = dict(failures) if failures else {rank: traceback}
+        self.exc_type = exc_type
+
+    @property
+    def others_failed(self) -> bool:
+        """Whether ranks other than :attr:`rank` failed too."""
+        return any(r != self.rank for r in self.failures)
+
+
+class LaunchTimeoutError(RankError, TimeoutError):
+    """A locally launched job ran past its time limit; every process was killed."""
+
+
+class CommError(PathweaveError, RuntimeError):
+    """A data-plane transfer failed: a peer died, or an operation ran past its timeout."""
+
+
+class EmulatorError(PathweaveError, RuntimeError):
+    """The emulator cannot run here (no root, no ``ip``/``tc``) or a command failed."""

@@ -372,3 +372,72 @@ def _wrap_spec(spec: str) -> str:
     """Workload specs can be long; break them after the name and at commas."""
     name, _, rest = spec.partition(":")
     return name + ("\n" + rest.replace(",", ",\n") if rest else "")
+
+
+# ----------------------------------------------------------------- simulation
+def plot_link_utilisation(
+    results: Mapping[str, Any],
+    fabric: Fabric,
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> Path:
+    """Heatmap of link utilisation over time, one panel per policy (links x time).
+
+    Parameters
+    ----------
+    results
+        Policy name -> :class:`pathweave.sim.SimResult`; each needs
+        ``times_s`` (``float64[T + 1]`` breakpoints), ``link_util``
+        (``float64[T, L]``, the fraction of each link's capacity in use
+        between breakpoints) and ``makespan_s``.
+    fabric
+        The fabric the results were simulated on (names the links).
+    path
+        Output file.
+    title
+        Figure title.
+
+    Only links some policy uses are drawn, grouped by kind (NVLink, PCIe,
+    network) and then by name, the same rows in every panel; the panels
+    share the time axis, so a shorter makespan shows as a shorter band.
+    """
+    from matplotlib.colors import Normalize
+
+    if not results:
+        raise ValueError("plot_link_utilisation needs at least one result")
+    names = list(results)
+    used_mask = np.zeros(fabric.num_links, dtype=bool)
+    for r in results.values():
+        util = np.asarray(r.link_util, dtype=np.float64)
+        if util.ndim != 2 or util.shape[1] != fabric.num_links:
+            raise ValueError(
+                f"link_util has shape {util.shape}, expected (T, {fabric.num_links})"
+            )
+        used_mask |= util.max(axis=0, initial=0.0) > 0
+    used = sorted(np.flatnonzero(used_mask).tolist(),
+                  key=lambda e: (int(fabric.link_kind[e]), _natural(fabric.link_name(e))))
+    end_ms = max(float(r.makespan_s) for r in results.values()) * 1e3
+    fig = _figure(6.0 * len(names) + 1.0, max(3.5, 0.12 * len(used) + 1.6))
+    axes = np.atleast_1d(fig.subplots(1, len(names), sharey=True)).ravel()
+    norm = Normalize(0.0, 1.0)
+    mesh = None
+    for ax, name in zip(axes, names, strict=True):
+        r = results[name]
+        edges_ms = np.asarray(r.times_s, dtype=np.float64) * 1e3
+        util = np.asarray(r.link_util, dtype=np.float64)[:, used].T
+        if used and edges_ms.size > 1:
+            mesh = ax.pcolormesh(edges_ms, np.arange(len(used) + 1), util, cmap="viridis",
+                                 norm=norm, shading="flat")
+        ax.set_xlim(0.0, end_ms if end_ms > 0 else 1.0)
+        ax.set_xlabel("time (ms)")
+        ax.set_title(f"{name}: makespan {float(r.makespan_s) * 1e3:.2f} ms", fontsize=10)
+    axes[0].set_yticks(np.arange(len(used)) + 0.5,
+                       [fabric.link_name(e).replace(" -> ", ">") for e in used], fontsize=5)
+    axes[0].set_ylim(len(used), 0)
+    if mesh is not None:
+        fig.colorbar(mesh, ax=list(axes), label="link utilisation (fraction of capacity)",
+                     shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return _save(fig, path)

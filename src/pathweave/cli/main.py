@@ -33,6 +33,10 @@ from pathweave.cli._common import (
     write_json,
 )
 from pathweave.cli._compare import compare
+from pathweave.cli.dataplane import bench_dataplane
+from pathweave.cli.emulate import bench_emulate, emulate_app
+from pathweave.cli.moe import bench_moe
+from pathweave.cli.paper import bench_paper
 from pathweave.errors import PathweaveError
 
 app = typer.Typer(
@@ -47,6 +51,7 @@ topo_app = typer.Typer(help="Inspect and check fabrics (presets or YAML/JSON fil
 bench_app = typer.Typer(help="Benchmarks of pathweave's own parts.", no_args_is_help=True)
 app.add_typer(topo_app, name="topo")
 app.add_typer(bench_app, name="bench")
+app.add_typer(emulate_app, name="emulate")
 
 FabricArg = Annotated[
     str,
@@ -267,6 +272,77 @@ def bench_planner(
         written = viz.plot_bench_ratios(records, Path(out_dir) / "bench_planner.png",
                                         labels=labels)
         out.print(f"wrote {written}")
+
+
+@bench_app.command("sim")
+@handles_user_errors
+def bench_sim(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Only 64, 128 and 256 GPUs.")
+    ] = False,
+    ranks: Annotated[
+        str | None, typer.Option("--ranks", metavar="N,N,...",
+                                 help="GPU counts (multiples of 8) [default: 64,...,1024].",
+                                 show_default=False)
+    ] = None,
+    repeat: Annotated[
+        int | None, typer.Option("--repeat", min=1, metavar="N",
+                                 help="Timing repeats [default: 5/3/1 at <=64/<=256/more GPUs].",
+                                 show_default=False)
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+    ] = None,
+) -> None:
+    """Simulator wall time for a uniform all-to-all (mwu plan) on 64 to 1024 GPUs."""
+    from pathweave.bench import sim as bench_sim_mod
+
+    sizes = bench_sim_mod.QUICK_RANKS if quick else bench_sim_mod.RANKS
+    if ranks is not None:
+        try:
+            sizes = tuple(int(x) for x in ranks.split(",") if x.strip())
+        except ValueError:
+            fail(f"--ranks {ranks!r}: expected GPU counts like 64,128")
+        bad = [n for n in sizes if n <= 0 or n % bench_sim_mod.GPUS_PER_NODE]
+        if bad or not sizes:
+            fail(f"--ranks {ranks!r}: GPU counts must be positive multiples of "
+                 f"{bench_sim_mod.GPUS_PER_NODE}")
+    with _progress() as progress:
+        task = progress.add_task("bench", total=None)
+
+        def on_progress(done: int, total: int, text: str) -> None:
+            progress.update(task, completed=done, total=total, description=text)
+
+        records = bench_sim_mod.run(
+            sizes, repeat=repeat, on_progress=on_progress,
+        )
+    table = Table(title="simulator benchmark: uniform all-to-all, 256 MiB per rank, mwu plan",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("GPUs", "flows", "events", "sim (median)", "CPU", "makespan", "/ congestion",
+                "unbatched sim", "unbatched events"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in records:
+        table.add_row(
+            str(r["ranks"]), f"{r['flows']:,}", str(r["events"]), fmt_duration(r["sim_s_median"]),
+            fmt_duration(r["sim_cpu_s_median"]), fmt_ms(r["makespan_s"]) + " ms",
+            f"{r['makespan_over_congestion']:.3f}",
+            fmt_duration(r["exact_sim_s"]) if r["exact_sim_s"] is not None else "",
+            str(r["exact_events"] or ""),
+        )
+    out = console()
+    out.print(table)
+    for check in bench_sim_mod.summarize(records):
+        mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
+        out.print(f"{mark} {check.text}")
+    if json_out is not None:
+        write_json(json_out, records)
+        out.print(f"wrote {json_out}")
+
+
+bench_app.command("paper")(bench_paper)
+bench_app.command("dataplane")(bench_dataplane)
+bench_app.command("emulate")(bench_emulate)
+bench_app.command("moe")(bench_moe)
 
 
 def _bench_table(records: list[dict]) -> Table:

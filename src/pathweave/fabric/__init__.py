@@ -13,7 +13,7 @@ Fabric(name='h100-2x4', nodes=2, gpus_per_node=4, vertices=20, links=56)
 """
 
 from pathweave.fabric._core import Fabric, Link, LinkKind, Vertex, VertexKind
-from pathweave.fabric.builders import FabricBuilder, cluster
+from pathweave.fabric.builders import FabricBuilder, cluster, leaf_spine
 from pathweave.fabric.discovery import from_nccl_xml, from_nvidia_smi
 from pathweave.fabric.io import from_dict, load, save, to_dict
 from pathweave.fabric.paths import PathKind, PathSet, candidate_paths, compile_paths
@@ -35,6 +35,7 @@ __all__ = [
     "from_dict",
     "from_nccl_xml",
     "from_nvidia_smi",
+    "leaf_spine",
     "load",
     "preset",
     "resolve",

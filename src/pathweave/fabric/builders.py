@@ -380,3 +380,87 @@ def cluster(
     }
     info.update(meta or {})
     return b.build(meta=info)
+
+
+def leaf_spine(
+    leaves: int = 8,
+    hosts_per_leaf: int = 8,
+    spines: int = 4,
+    *,
+    host_Bps: float = 100e9 / 8,
+    spine_Bps: float | None = None,
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+    name: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Fabric:
+    """A two-tier leaf-spine data-centre fabric of single-GPU hosts.
+
+    Host ``h`` is node ``h`` (one GPU ``n{h}.gpu0`` and one NIC ``n{h}.nic0``)
+    under leaf ``h // hosts_per_leaf``; every spine joins every leaf. Leaves
+    are rail-switch vertices named ``leaf{j}``, so the path rules give a
+    same-leaf pair its one rail path through the shared leaf and a cross-leaf
+    pair one ``spine`` path per spine: the equal-cost group that ECMP hashes
+    over. Degrade a spine with :meth:`Fabric.with_links` for an asymmetric
+    fabric.
+
+    Parameters
+    ----------
+    leaves, hosts_per_leaf, spines
+        Size of the fabric; ``leaves * hosts_per_leaf`` ranks.
+    host_Bps
+        NIC line rate per direction (default 100 Gb/s).
+    spine_Bps
+        Each leaf-spine link per direction; default
+        ``hosts_per_leaf * host_Bps / spines`` (non-blocking).
+    pcie_Bps, latency_s
+        GPU-NIC capacity and the latency of every link.
+
+    Examples
+    --------
+    >>> from pathweave.fabric import candidate_paths
+    >>> from pathweave.fabric.builders import leaf_spine
+    >>> fab = leaf_spine(leaves=2, hosts_per_leaf=2, spines=2)
+    >>> fab.num_ranks, fab.rails
+    (4, ('leaf0', 'leaf1'))
+    >>> ps = candidate_paths(fab)
+    >>> len(ps.pair_paths(0, 1)), len(ps.pair_paths(0, 2))   # same leaf, cross leaf
+    (1, 2)
+    >>> ps.describe(ps.pair_paths(0, 2)[1])
+    'spine(spine1): n0.gpu0 -> n0.nic0 -> leaf0 -> spine1 -> leaf1 -> n2.nic0 -> n2.gpu0'
+    >>> slow = fab.with_links({(u, v): 0.1 for u, v in
+    ...     [("leaf0", "spine1"), ("spine1", "leaf0"), ("leaf1", "spine1"), ("spine1", "leaf1")]})
+    >>> float(slow.capacity_Bps[slow.link_id("leaf0", "spine1")]) / 1e9
+    1.25
+    """
+    for label, v in (("leaves", leaves), ("hosts_per_leaf", hosts_per_leaf), ("spines", spines)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise FabricError(f"{label} must be an integer >= 1, got {v!r}")
+    if leaves > 1 and spines < 1:
+        raise FabricError(f"spines must be >= 1 to join {leaves} leaves, got {spines}")
+    for label, c in (("host_Bps", host_Bps), ("pcie_Bps", pcie_Bps)):
+        if not (np.isfinite(c) and c > 0):
+            raise FabricError(f"{label} must be positive and finite, got {c!r}")
+    sb = hosts_per_leaf * host_Bps / spines if spine_Bps is None else float(spine_Bps)
+    if not (np.isfinite(sb) and sb > 0):
+        raise FabricError(f"spine_Bps must be positive and finite, got {spine_Bps!r}")
+    b = FabricBuilder(name or f"leaf-spine-{leaves}x{hosts_per_leaf}-s{spines}")
+    leaf_names = [f"leaf{j}" for j in range(leaves)]
+    for leaf in leaf_names:
+        b.vertex(leaf, VertexKind.RAIL)
+    for h in range(leaves * hosts_per_leaf):
+        add_gpus(b, h, 1)
+        (nic,) = add_nics(b, h, [[0]], pcie_Bps, latency_s)
+        b.duplex(nic, leaf_names[h // hosts_per_leaf], host_Bps, LinkKind.NETWORK, latency_s)
+    if leaves > 1:
+        add_spines(b, leaf_names, spines, sb, latency_s)
+    info = {
+        "builder": "leaf_spine",
+        "leaves": int(leaves),
+        "hosts_per_leaf": int(hosts_per_leaf),
+        "spines": int(spines),
+        "host_Bps": float(host_Bps),
+        "spine_Bps": float(sb),
+    }
+    info.update(meta or {})
+    return b.build(meta=info)

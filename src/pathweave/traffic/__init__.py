@@ -23,11 +23,13 @@ Examples
 from .generators import hotspot, many_to_few, moe, random_sparse, stencil, uniform, zipf
 from .io import FORMAT_TAG, FORMAT_VERSION, load_demand, save_demand, validate_demand
 from .spec import WORKLOAD_NAMES, WorkloadSpec, parse_size, parse_workload
+from .trace import FlowTrace, poisson_trace
 
 __all__ = [
     "FORMAT_TAG",
     "FORMAT_VERSION",
     "WORKLOAD_NAMES",
+    "FlowTrace",
     "WorkloadSpec",
     "hotspot",
     "load_demand",
@@ -35,6 +37,7 @@ __all__ = [
     "moe",
     "parse_size",
     "parse_workload",
+    "poisson_trace",
     "random_sparse",
     "save_demand",
     "stencil",

@@ -1,0 +1,340 @@
+"""``pathweave bench moe``: MoE dispatch+combine latency on local gloo ranks.
+
+Three implementations of the same expert-major round trip (dispatch, then
+combine of the unchanged rows, weighted), timed side by side in one job:
+
+* ``pathweave``: :class:`pathweave.moe.MoEAllToAll`, bytes moved by
+  :func:`pathweave.distributed.all_to_all_single`;
+* ``exact`` (baseline b): a count exchange, then torch's
+  ``all_to_all_single`` with the exact split sizes, there and back;
+* ``padded`` (baseline a, what pplx-kernels compares with): torch's
+  ``all_to_all_single`` with every rank pair padded to the most rows one
+  rank can send another (``m * min(k, L)``), plus a fixed-size count
+  exchange; no metadata round trip, but padding bytes on the wire.
+
+All three produce ``expert_x`` in the same layout and the same combined
+output; the benchmark checks the outputs agree bit for bit. A latency is the
+slowest rank's time of one round trip; a case reports the median over
+repeats and the ratios ``pathweave / exact`` and ``padded / pathweave``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MoECase", "cases", "run"]
+
+#: The largest padded buffers (send + receive, dispatch + combine) one rank may allocate.
+PADDED_LIMIT_BYTES = 1 << 30
+#: Cases whose exact-size buffers (all implementations together) would pass this per rank
+#: are skipped: every rank of the job shares the host's memory.
+CASE_LIMIT_BYTES = 3 << 29
+
+
+@dataclass(frozen=True)
+class MoECase:
+    """One benchmark case: tokens per rank, hidden size, routing."""
+
+    tokens: int
+    hidden: int
+    routing: str  # "uniform" or "hot" (90% of tokens name expert 0)
+
+    @property
+    def label(self) -> str:
+        return f"{self.tokens} tok, H={self.hidden}, {self.routing}"
+
+
+def cases(quick: bool = False) -> list[MoECase]:
+    """The grid: tokens 128..16K, hidden 1024..4096, uniform and hot routing.
+
+    >>> [c.label for c in cases(quick=True)][:2]
+    ['128 tok, H=1024, uniform', '128 tok, H=1024, hot']
+    >>> len(cases())
+    16
+    """
+    tokens = (128, 1024) if quick else (128, 1024, 4096, 16384)
+    hidden = (1024,) if quick else (1024, 4096)
+    return [MoECase(t, h, r) for t in tokens for h in hidden for r in ("uniform", "hot")]
+
+
+def _routing(case: MoECase, rank: int, num_experts: int, k: int, seed: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    m = case.tokens
+    # Top-k distinct experts per token: the k smallest of random keys.
+    keys = torch.rand(m, num_experts, generator=g)
+    if case.routing == "hot":
+        hot = torch.rand(m, generator=g) < 0.9
+        keys[hot, 0] = -1.0  # expert 0 wins slot 0 for ~90% of tokens
+    return torch.topk(keys, k, dim=1, largest=False).indices
+
+
+class _Exact:
+    """Baseline (b): counts by all-to-all, then exact-split torch all_to_all_single."""
+
+    padded = False
+
+    def __init__(self, moe: Any):
+        self.moe = moe
+        self.bufs: dict[str, Any] = {}
+
+    def _buf(self, name: str, rows: int, width: int, dtype: Any) -> Any:
+        import torch
+
+        b = self.bufs.get(name)
+        if b is None or b.numel() < rows * width:
+            b = torch.empty(max(rows * width, 1), dtype=dtype)
+            self.bufs[name] = b
+        return b[: rows * width].view(rows, width)
+
+    def round_trip(self, x: Any, idx: Any, w: Any) -> tuple[Any, int]:
+        """Dispatch ``x`` and combine it back unchanged; returns (out, bytes sent)."""
+        import torch
+        import torch.distributed as dist
+
+        from pathweave.moe import _routing as R
+
+        moe = self.moe
+        n, H, k = moe.num_ranks, moe.hidden_dim, moe.experts_per_token
+        L, cap = moe.num_local_experts, moe.expert_capacity
+        m = x.shape[0]
+        idx_np = idx.numpy()
+        plan = R.send_plan(idx_np, moe.placement, moe.local_index, n)
+        # Counts per (destination, local expert): every rank has L local experts here.
+        cnt = np.zeros((n, L), dtype=np.int64)
+        np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
+                        moe.local_index[idx_np[idx_np >= 0]]), 1)
+        recv_cnt = torch.empty(n * L, dtype=torch.int64)
+        dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
+        block = recv_cnt.numpy().reshape(n, L)
+        send_rows = cnt.sum(1)
+        pad = m * min(k, L) if self.padded else 0
+        tok = torch.from_numpy(plan.row_token)
+        recv_rows = block.sum(1)
+        starts_out = np.concatenate(([0], np.cumsum(send_rows)))
+        starts_in = np.concatenate(([0], np.cumsum(recv_rows)))
+        es = x.element_size()
+        expert_x = torch.empty(L, cap, H, dtype=x.dtype)
+        flat = expert_x.view(L * cap, H)
+        pos = torch.from_numpy(R.expert_major_positions(block, cap))
+        ret = self._buf("ret", int(send_rows.sum()), H, x.dtype)
+        if self.padded:
+            # Every pair block is `pad` rows; only the first `count` rows carry tokens.
+            send = self._buf("send", n * pad, H, x.dtype).view(n, pad, H)
+            for q in range(n):
+                a, b = starts_out[q], starts_out[q + 1]
+                torch.index_select(x, 0, tok[a:b], out=send[q, : b - a])
+            recv = self._buf("recv", n * pad, H, x.dtype).view(n, pad, H)
+            dist.all_to_all_single(recv.view(n * pad, H), send.view(n * pad, H))
+            for s_ in range(n):
+                a, b = starts_in[s_], starts_in[s_ + 1]
+                flat.index_copy_(0, pos[a:b], recv[s_, : b - a])
+            # Combine: the same rows back, padded the same way.
+            csend = self._buf("csend", n * pad, H, x.dtype).view(n, pad, H)
+            for s_ in range(n):
+                a, b = starts_in[s_], starts_in[s_ + 1]
+                torch.index_select(flat, 0, pos[a:b], out=csend[s_, : b - a])
+            crecv = self._buf("crecv", n * pad, H, x.dtype).view(n, pad, H)
+            dist.all_to_all_single(crecv.view(n * pad, H), csend.view(n * pad, H))
+            for q in range(n):
+                a, b = starts_out[q], starts_out[q + 1]
+                ret[a:b].copy_(crecv[q, : b - a])
+            sent = 2 * n * pad * H * es
+        else:
+            send = self._buf("send", int(send_rows.sum()), H, x.dtype)
+            torch.index_select(x, 0, tok, out=send)
+            recv = self._buf("recv", int(recv_rows.sum()), H, x.dtype)
+            dist.all_to_all_single(recv, send, recv_rows.tolist(), send_rows.tolist())
+            flat.index_copy_(0, pos, recv)
+            # Combine: the same rows back, in arrival order.
+            back = self._buf("back", int(recv_rows.sum()), H, x.dtype)
+            torch.index_select(flat, 0, pos, out=back)
+            dist.all_to_all_single(ret, back, send_rows.tolist(), recv_rows.tolist())
+            sent = 2 * int(send_rows.sum()) * H * es
+        acc = torch.zeros(m, H, dtype=torch.float32)
+        slot = plan.ret_slot
+        for j in range(k):
+            sel = torch.from_numpy(np.flatnonzero(slot == j))
+            c = int(sel.numel())
+            if not c:
+                continue
+            t = tok.index_select(0, sel)
+            lo = self._buf("lo", c, H, x.dtype)
+            torch.index_select(ret, 0, sel, out=lo)
+            part = self._buf("part", c, H, torch.float32)
+            part.copy_(lo)
+            part.mul_(w[:, j].index_select(0, t).unsqueeze(1))
+            acc.index_add_(0, t, part)
+        return acc.to(x.dtype), sent
+
+
+class _Padded(_Exact):
+    padded = True
+
+
+def _pathweave_round_trip(moe: Any) -> Callable[[Any, Any, Any], tuple[Any, int]]:
+    def run(x: Any, idx: Any, w: Any) -> tuple[Any, int]:
+        ex, _, handle = moe.dispatch(x, idx)
+        out = moe.combine(ex, handle, w)
+        # Summed over ranks, rows sent back equal rows dispatched: count each twice.
+        rows = int(handle.ret_gather.numel())
+        sent = 2 * rows * x.shape[1] * x.element_size()
+        return out, sent
+    return run
+
+
+def _job(rank: int, world: int, specs: list[MoECase], opts: dict[str, Any]) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    import pathweave as pw
+    from pathweave.moe import MoEAllToAll
+
+    torch.set_num_threads(1)
+    E, k = opts["num_experts"], opts["k"]
+    dtype = getattr(torch, opts["dtype"])
+    orch = pw.Orchestrator(fabric=opts["fabric"]) if opts["fabric"] else None
+    records = []
+    for ci, case in enumerate(specs):
+        # Send and receive buffers of both directions, for two implementations, plus expert_x.
+        need = 9 * case.tokens * k * case.hidden * torch.empty(0, dtype=dtype).element_size()
+        if need > opts["case_limit"]:
+            records.append({
+                "tokens": case.tokens, "hidden": case.hidden, "routing": case.routing,
+                "ranks": world, "num_experts": E, "k": k, "dtype": opts["dtype"],
+                "skipped": f"needs about {need / 2**30:.1f} GiB per rank "
+                           f"(limit {opts['case_limit'] / 2**30:.1f} GiB)",
+            })
+            continue
+        moe = MoEAllToAll(E, k, case.hidden, case.tokens, dtype, orchestrator=orch)
+        g = torch.Generator().manual_seed(ci * 31 + rank)
+        x = torch.randn(case.tokens, case.hidden, generator=g).to(dtype)
+        idx = _routing(case, rank, E, k, ci)
+        w = torch.rand(case.tokens, k, generator=g)
+        L = moe.num_local_experts
+        pad_bytes = 4 * world * case.tokens * min(k, L) * case.hidden * x.element_size()
+        impls: dict[str, Callable[..., tuple[Any, int]]] = {
+            "pathweave": _pathweave_round_trip(moe),
+            "exact": _Exact(moe).round_trip,
+        }
+        if pad_bytes <= opts["padded_limit"]:
+            impls["padded"] = _Padded(moe).round_trip
+        outs: dict[str, Any] = {}
+        sent: dict[str, int] = {}
+        for name, fn in impls.items():  # warm-up, and the outputs to compare
+            outs[name], sent[name] = fn(x, idx, w)
+        # Every rank runs the same number of repeats: size them on the slowest rank.
+        t = torch.tensor([0.0], dtype=torch.float64)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for fn in impls.values():
+            fn(x, idx, w)
+        t[0] = time.perf_counter() - t0
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        reps = int(min(opts["max_repeat"], max(opts["min_repeat"],
+                                                opts["budget_s"] // max(float(t[0]), 1e-6))))
+        times: dict[str, list[float]] = {name: [] for name in impls}
+        for _ in range(reps):
+            for name, fn in impls.items():  # interleaved: drifts in load hit all alike
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn(x, idx, w)
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                times[name].append(float(dt[0]))
+        same = all(torch.equal(outs[n].view(torch.uint8), outs["exact"].view(torch.uint8))
+                   for n in outs)
+        ok = torch.tensor([int(same)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        byt = torch.tensor([sent.get(n, 0) for n in ("pathweave", "exact", "padded")])
+        dist.all_reduce(byt)
+        med = {n: statistics.median(v) for n, v in times.items()}
+        stats = orch.stats if orch is not None else pw.distributed.default_orchestrator().stats
+        records.append({
+            "tokens": case.tokens, "hidden": case.hidden, "routing": case.routing,
+            "ranks": world, "num_experts": E, "k": k, "dtype": opts["dtype"], "repeats": reps,
+            "pathweave_s": med["pathweave"], "exact_s": med["exact"],
+            "padded_s": med.get("padded"),
+            "pathweave_over_exact": med["pathweave"] / med["exact"],
+            "padded_over_pathweave": (med["padded"] / med["pathweave"]) if "padded" in med
+            else None,
+            "bytes_pathweave": int(byt[0]), "bytes_exact": int(byt[1]),
+            "bytes_padded": int(byt[2]) if "padded" in med else None,
+            "outputs_equal": bool(ok[0]),
+            "multipath_calls": stats.multipath_calls, "calls": stats.calls,
+        })
+    return records
+
+
+def run(
+    *,
+    quick: bool = False,
+    world_size: int = 4,
+    num_experts: int = 32,
+    k: int = 4,
+    dtype: str = "bfloat16",
+    fabric: str | None = None,
+    budget_s: float = 3.0,
+    min_repeat: int = 5,
+    max_repeat: int = 25,
+    specs: Sequence[MoECase] | None = None,
+    padded_limit_bytes: int = PADDED_LIMIT_BYTES,
+    case_limit_bytes: int = CASE_LIMIT_BYTES,
+    timeout_s: float = 3600.0,
+) -> list[dict[str, Any]]:
+    """Run the grid on ``world_size`` local gloo ranks; one record per case.
+
+    ``fabric``: the pathweave orchestrator's fabric (default: from the launch
+    environment, one node of ``world_size`` GPUs); ``budget_s``: timing
+    budget per case (repeats between ``min_repeat`` and ``max_repeat``);
+    cases whose padded buffers exceed ``padded_limit_bytes`` per rank skip
+    the padded baseline (``padded_s`` is ``None``); cases that would need more
+    than ``case_limit_bytes`` per rank are skipped (a record with ``skipped``).
+    """
+    from pathweave.runtime.launch import run_local
+
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2, got {world_size}")
+    if num_experts % world_size:
+        raise ValueError(
+            f"num_experts ({num_experts}) must be a multiple of world_size ({world_size})"
+        )
+    if not 1 <= k <= num_experts:
+        raise ValueError(f"k must be in [1, num_experts={num_experts}], got {k}")
+    specs = list(specs) if specs is not None else cases(quick)
+    opts = {
+        "num_experts": num_experts, "k": k, "dtype": dtype, "fabric": fabric,
+        "budget_s": budget_s, "min_repeat": min_repeat, "max_repeat": max_repeat,
+        "padded_limit": padded_limit_bytes, "case_limit": case_limit_bytes,
+    }
+    return run_local(_job, world_size, (specs, opts), timeout_s=timeout_s)[0]
+
+
+def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The targets: balanced cases within 10% of exact; faster than padded where it pads.
+
+    >>> summary([{"routing": "uniform", "pathweave_over_exact": 1.05,
+    ...           "padded_over_pathweave": 2.0, "bytes_padded": 9, "bytes_pathweave": 3,
+    ...           "outputs_equal": True}])["balanced_ok"]
+    True
+    """
+    records = [r for r in records if "skipped" not in r]
+    bal = [r["pathweave_over_exact"] for r in records if r["routing"] == "uniform"]
+    pad = [r["padded_over_pathweave"] for r in records
+           if r.get("padded_over_pathweave") is not None
+           and r["bytes_padded"] > r["bytes_pathweave"]]
+    return {
+        "worst_balanced_ratio": max(bal) if bal else math.nan,
+        "balanced_ok": bool(bal) and max(bal) <= 1.10,
+        "worst_padded_speedup": min(pad) if pad else math.nan,
+        "padded_ok": bool(pad) and min(pad) > 1.0,
+        "outputs_equal": all(r["outputs_equal"] for r in records),
+    }

@@ -1,0 +1,179 @@
+"""Reproductions of the NIMBLE paper's evaluation: one module per figure or table.
+
+Every figure module has a ``NAME``, a ``TITLE`` and
+``run(out_dir, *, quick=False, progress=None) -> FigureResult`` (see
+:mod:`pathweave.bench.paper._common`). :data:`FIGURES` names them in the
+paper's order; a module is imported only when its figure runs, so one that
+is missing or broken fails on its own and leaves the others runnable.
+
+``pathweave bench paper <name>|all`` is the command-line front end.
+
+Examples
+--------
+>>> from pathweave.bench import paper
+>>> list(paper.FIGURES)
+['fig6', 'fig7', 'fig8', 'table1', 'hopper']
+>>> paper.figure_module("fig9")
+Traceback (most recent call last):
+...
+ValueError: unknown figure 'fig9'; known figures: fig6, fig7, fig8, table1, hopper
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from pathweave._files import atomic_write
+from pathweave.bench.paper._common import (
+    Comparison,
+    FigureResult,
+    Progress,
+    no_progress,
+    write_csv,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+#: Figure name -> module, in the paper's order (``hopper`` is our addition).
+FIGURES: dict[str, str] = {
+    "fig6": "pathweave.bench.paper.fig6",
+    "fig7": "pathweave.bench.paper.fig7",
+    "fig8": "pathweave.bench.paper.fig8",
+    "table1": "pathweave.bench.paper.table1",
+    "hopper": "pathweave.bench.paper.hopper",
+}
+
+#: Where ``pathweave bench paper`` writes when no ``--out`` is given.
+DEFAULT_OUT_DIR = Path("pathweave-paper")
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or name not in FIGURES:
+        known = ", ".join(FIGURES)
+        raise ValueError(f"unknown figure {name!r}; known figures: {known}")
+    return name
+
+
+def figure_module(name: str) -> ModuleType:
+    """Import and return the module of figure ``name``.
+
+    Raises ``ValueError`` naming ``name`` and the known figures when it is
+    not registered; an import error of a registered module propagates.
+    """
+    return importlib.import_module(FIGURES[_check_name(name)])
+
+
+def run_figure(
+    name: str,
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT_DIR,
+    *,
+    quick: bool = False,
+    progress: Progress | None = None,
+) -> FigureResult:
+    """Run one figure, writing ``<name>.csv`` and ``<name>.png`` into ``out_dir``.
+
+    Parameters
+    ----------
+    name
+        A key of :data:`FIGURES`.
+    out_dir
+        Folder for the files; created if missing.
+    quick
+        Fewer points and repeats (for tests and a first look).
+    progress
+        ``progress(done, total, what)``, called as the figure makes headway.
+    """
+    module = figure_module(name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return module.run(out, quick=bool(quick), progress=progress or no_progress)
+
+
+@dataclass(frozen=True)
+class FigureFailure:
+    """A figure that raised: its name, the exception and the formatted traceback."""
+
+    name: str
+    error: BaseException
+    traceback: str
+
+    @property
+    def message(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+@dataclass
+class RunAllResult:
+    """Every figure's outcome: results of those that ran, failures of those that raised."""
+
+    results: list[FigureResult] = field(default_factory=list)
+    failures: list[FigureFailure] = field(default_factory=list)
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def run_all(
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT_DIR,
+    *,
+    quick: bool = False,
+    progress: Progress | None = None,
+    names: Sequence[str] | None = None,
+    on_figure: Callable[[int, int, str], None] | None = None,
+) -> RunAllResult:
+    """Run every figure (or ``names``), keeping going past a figure that fails.
+
+    A figure that raises (an ``Exception``, including a module that does not
+    import) is recorded in :attr:`RunAllResult.failures` with its traceback;
+    the others still run and write their files. ``on_figure(index, count,
+    name)`` is called before each figure, ``progress`` is passed to each.
+    """
+    todo = list(FIGURES) if names is None else [_check_name(n) for n in names]
+    outcome = RunAllResult()
+    for i, name in enumerate(todo):
+        if on_figure is not None:
+            on_figure(i, len(todo), name)
+        t0 = time.perf_counter()
+        try:
+            outcome.results.append(run_figure(name, out_dir, quick=quick, progress=progress))
+        except Exception as exc:  # one broken figure must not lose the others
+            outcome.failures.append(FigureFailure(name, exc, traceback.format_exc()))
+        outcome.wall_s[name] = time.perf_counter() - t0
+    return outcome
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Render a matplotlib figure to ``path`` atomically (format from the suffix)."""
+    out = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=out.suffix.lstrip(".") or "png", dpi=130)
+    atomic_write(out, buf.getvalue())
+    return out
+
+
+__all__ = [
+    "DEFAULT_OUT_DIR",
+    "FIGURES",
+    "Comparison",
+    "FigureFailure",
+    "FigureResult",
+    "Progress",
+    "RunAllResult",
+    "figure_module",
+    "run_all",
+    "run_figure",
+    "save_figure",
+    "write_csv",
+]

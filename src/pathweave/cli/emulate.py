@@ -1,0 +1,234 @@
+"""``pathweave emulate up|down|status|run`` and ``pathweave bench emulate``.
+
+The emulator needs root; without it every command says so in one red line
+(exit code 2). ``run`` and ``bench emulate`` bring their own emulator up and
+always take it down again, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from pathweave._files import atomic_write
+from pathweave.cli._common import (
+    console,
+    fail,
+    fmt_bytes,
+    fmt_duration,
+    handles_user_errors,
+    parse_policies,
+)
+
+emulate_app = typer.Typer(
+    help="Emulate a fabric on this machine (network namespaces + tc; needs root) and run "
+    "the data plane over it.",
+    no_args_is_help=True,
+)
+
+FabricOpt = Annotated[str, typer.Option("--fabric", metavar="PRESET|FILE",
+                                        help="Fabric preset spec or YAML/JSON file.")]
+ScaleOpt = Annotated[float, typer.Option(
+    "--scale", help="Capacity scale: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total "
+    "well under what the machine's cores move (about 1 GB/s on 2 cores).")]
+PrefixOpt = Annotated[str, typer.Option(
+    "--prefix", help="Name prefix of everything created (pw + up to 4 of [a-z0-9]).")]
+
+
+def _policies(text: str) -> list[str]:
+    """Registered policies (``all`` allowed) plus ``torch``, in the order given."""
+    out: list[str] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        for name in ["torch"] if item == "torch" else parse_policies(item):
+            if name not in out:
+                out.append(name)
+    if not out:
+        fail(f"--policy {text!r} names no policy")
+    return out
+
+
+@emulate_app.command("up")
+@handles_user_errors
+def up_cmd(
+    fabric: FabricOpt = "h100-2x4",
+    scale: ScaleOpt = 1e-4,
+    prefix: PrefixOpt = "pw",
+) -> None:
+    """Create the emulated fabric and leave it up (take it down with `emulate down`)."""
+    from pathweave.emulate import Emulator
+
+    emu = Emulator(fabric, scale, prefix=prefix, persistent=True)
+    emu.up()
+    lay = emu.layout
+    out = console()
+    out.print(
+        f"[green]up:[/] {emu.fabric.name} x {scale:g}: {len(lay.namespaces)} namespaces, "
+        f"{len(lay.shaped)} shaped links, {len(lay.routes)} routes; total shaped capacity "
+        f"{lay.total_payload_Bps() / 1e6:.1f} MB/s"
+    )
+    out.print(_rank_table(emu))
+    out.print(f"run a program in rank 0's namespace: ip netns exec {lay.rank_ns[0]} ...")
+
+
+def _rank_table(emu: Any) -> Table:
+    lay = emu.layout
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title="ranks", title_justify="left")
+    t.add_column("rank", justify="right")
+    t.add_column("vertex")
+    t.add_column("namespace")
+    t.add_column("address")
+    for r in range(lay.num_ranks):
+        t.add_row(str(r), emu.fabric.vertex_name(emu.fabric.rank_vertex[r]), lay.rank_ns[r],
+                  lay.rank_address[r])
+    return t
+
+
+@emulate_app.command("down")
+@handles_user_errors
+def down_cmd(
+    prefix: Annotated[str | None, typer.Option(
+        "--prefix", help="Only this prefix; default: every pathweave emulator, stale or not.")]
+    = None,
+) -> None:
+    """Remove emulator namespaces (and with them every veth, bridge and qdisc)."""
+    from pathweave.emulate import cleanup
+
+    gone = cleanup(prefix)
+    console().print(f"removed {len(gone)} namespaces" + (f": {', '.join(gone)}" if gone else ""))
+
+
+@emulate_app.command("status")
+@handles_user_errors
+def status_cmd(
+    prefix: Annotated[str | None, typer.Option("--prefix", help="Only this prefix.")] = None,
+) -> None:
+    """List emulator namespaces, who made them, and their shaped links."""
+    from pathweave.emulate import status
+
+    recs = status(prefix)
+    out = console()
+    if not recs:
+        out.print("no pathweave emulator is up")
+        return
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title="emulator namespaces",
+              title_justify="left")
+    for c in ("namespace", "owner", "fabric", "shaped links", "tbf rates (Mbit/s)"):
+        t.add_column(c)
+    for r in recs:
+        rates = sorted({round(int(p["wire_Bps"]) * 8 / 1e6, 1) for p in r["ports"]
+                        if p["wire_Bps"] is not None})
+        t.add_row(r["ns"], r["owner"] or "[yellow]stale[/]",
+                  f"{r['fabric']} x {r['scale']:g}" if r["fabric"] else "?",
+                  str(len(r["ports"])), ", ".join(f"{x:g}" for x in rates))
+    out.print(t)
+
+
+def result_table(res: Any) -> Table:
+    """Per policy: measured median, simulated, congestion bound, their ratios, speed-ups."""
+    t = Table(
+        title=f"{res.fabric} emulated at x{res.scale:g}, {res.workload}, "
+        f"{fmt_bytes(res.bytes_per_rank)} per rank, median of {res.repeat}",
+        title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+    )
+    for c in ("policy", "measured", "simulated", "bound", "meas/sim", "meas/bound",
+              "speed-up meas", "speed-up sim", "bytes"):
+        t.add_column(c, justify="left" if c in ("policy", "bytes") else "right", no_wrap=True)
+    base = res.policies[0]
+    for p in res.policies:
+        t.add_row(
+            p.policy, fmt_duration(p.measured_s), fmt_duration(p.predicted_s),
+            fmt_duration(p.bound_s), f"{p.vs_predicted:.3f}", f"{p.vs_bound:.3f}",
+            f"{base.measured_s / p.measured_s:.2f}x", f"{base.predicted_s / p.predicted_s:.2f}x",
+            "[green]verified[/]" if p.verified else "[red]WRONG[/]",
+        )
+    t.caption = ("measured: first rank's start to last rank's end; simulated: "
+                 "pathweave.sim on the scaled fabric (emulator model); bound: congestion bound")
+    t.caption_justify = "left"
+    return t
+
+
+@emulate_app.command("run")
+@handles_user_errors
+def run_cmd(
+    fabric: FabricOpt = "h100-2x4",
+    scale: ScaleOpt = 1e-4,
+    workload: Annotated[str, typer.Option("--workload", help="Workload spec.")] = "hotspot:0.8",
+    bytes_per_rank: Annotated[int, typer.Option("--bytes", help="Payload per rank, bytes.")]
+    = 8 << 20,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="Comma-separated policies; `torch` is torch's own all_to_all_single."
+    )] = "static,mwu",
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per policy.")] = 3,
+    chunk_bytes: Annotated[int, typer.Option("--chunk", help="Data-plane chunk, bytes.")]
+    = 512 << 10,
+    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE",
+                                                  help="Also write the results as JSON.")]
+    = None,
+    prefix: PrefixOpt = "pw",
+) -> None:
+    """Run the all-to-all per policy over the emulated fabric, beside the simulator's prediction.
+
+    Prints, per policy, the measured makespan (median), the simulator's
+    prediction for the scaled fabric, the congestion bound and the speed-ups.
+    """
+    from pathweave.emulate import run_emulated
+
+    out = console()
+    res = run_emulated(
+        fabric, scale=scale, workload=workload, bytes_per_rank=bytes_per_rank,
+        policies=_policies(policy), repeat=repeat, chunk_bytes=chunk_bytes, prefix=prefix,
+        progress=lambda s: out.print(f"[dim]{s}[/]"),
+    )
+    out.print(result_table(res))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(json_out, (json.dumps(res.to_dict(), indent=2) + "\n").encode())
+        out.print(f"wrote {json_out}")
+
+
+@handles_user_errors
+def bench_emulate(
+    fabric: FabricOpt = "h100-2x4",
+    scale: ScaleOpt = 1e-4,
+    bytes_per_rank: Annotated[int, typer.Option("--bytes", help="Payload per rank, bytes.")]
+    = 4 << 20,
+    policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")]
+    = "static,mwu",
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point.")] = 3,
+    quick: Annotated[bool, typer.Option("--quick", help="Ratios 0, 0.5, 0.9 only, once each.")]
+    = False,
+    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", help="Where CSV/PNG go.")]
+    = Path("bench-results"),
+    prefix: PrefixOpt = "pw",
+) -> None:
+    """Sweep hotspot 0..0.9 over the emulated fabric: measured vs simulated (CSV + PNG)."""
+    from pathweave.bench import emulate as bench
+
+    out = console()
+    records = bench.run(
+        fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
+        bytes_per_rank=bytes_per_rank, policies=_policies(policy),
+        repeat=1 if quick else repeat, prefix=prefix,
+        progress=lambda s: out.print(f"[dim]{s}[/]"),
+    )
+    t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, "
+              f"{fmt_bytes(bytes_per_rank)} per rank", title_justify="left",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    for c in ("ratio", "policy", "measured", "simulated", "bound", "meas/sim", "speed-up meas",
+              "speed-up sim"):
+        t.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
+    for r in records:
+        t.add_row(f"{r['ratio']:g}", r["policy"], fmt_duration(r["measured_s"]),
+                  fmt_duration(r["predicted_s"]), fmt_duration(r["bound_s"]),
+                  f"{r['measured_vs_predicted']:.3f}", f"{r['speedup_measured']:.2f}x",
+                  f"{r['speedup_predicted']:.2f}x")
+    out.print(t)
+    files = bench.write_outputs(records, out_dir)
+    out.print("wrote " + ", ".join(str(f) for f in files))

@@ -1,0 +1,153 @@
+"""Drop-in collectives that spread skewed traffic over every path of the fabric.
+
+Same names, argument order and return conventions as ``torch.distributed``;
+inside a job started with ``torchrun``::
+
+    import pathweave.distributed as pwd
+    pwd.all_to_all_single(out, inp, out_splits, in_splits)
+
+Each function uses a per-group default :class:`~pathweave.Orchestrator`
+(created on first use with the fabric from ``PATHWEAVE_FABRIC`` or the launch
+environment, see :func:`pathweave.runtime.orchestrator.default_fabric`), or
+the one passed as ``orchestrator=``.
+
+``batch_isend_irecv`` is a **collective** here: every rank of the group calls
+it, possibly with an empty list. A large message is split over several paths,
+some through forwarding ranks, and those ranks must take part in the step
+even if they send nothing themselves (NIMBLE hooks into NCCL group calls the
+same way). torch's own ``batch_isend_irecv`` only needs the ranks that have
+messages.
+
+Examples
+--------
+>>> import pathweave.distributed as pwd
+>>> pwd.P2POp is __import__("torch").distributed.P2POp
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import P2POp, irecv, isend
+
+from pathweave.runtime.orchestrator import Orchestrator
+
+__all__ = [
+    "Orchestrator",
+    "P2POp",
+    "all_to_all_single",
+    "batch_isend_irecv",
+    "default_orchestrator",
+    "irecv",
+    "isend",
+    "set_default_orchestrator",
+]
+
+_DEFAULTS: dict[Any, Orchestrator] = {}
+
+
+def _key(group: Any) -> Any:
+    return None if group is None or group is dist.group.WORLD else group
+
+
+def default_orchestrator(group: Any = None) -> Orchestrator:
+    """The default orchestrator of ``group`` (created with default settings on first use)."""
+    key = _key(group)
+    orch = _DEFAULTS.get(key)
+    if orch is None:
+        orch = _DEFAULTS[key] = Orchestrator()
+    return orch
+
+
+def set_default_orchestrator(orchestrator: Orchestrator | None, group: Any = None) -> None:
+    """Make ``orchestrator`` the default of ``group`` (``None``: forget it)."""
+    if orchestrator is not None and not isinstance(orchestrator, Orchestrator):
+        raise TypeError(f"orchestrator must be an Orchestrator, got {type(orchestrator).__name__}")
+    key = _key(group)
+    if orchestrator is None:
+        _DEFAULTS.pop(key, None)
+    else:
+        _DEFAULTS[key] = orchestrator
+
+
+def _resolve(orchestrator: Orchestrator | None, group: Any) -> Orchestrator:
+    if orchestrator is None:
+        return default_orchestrator(group)
+    if not isinstance(orchestrator, Orchestrator):
+        raise TypeError(f"orchestrator must be an Orchestrator, got {type(orchestrator).__name__}")
+    return orchestrator
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    orchestrator: Orchestrator | None = None,
+) -> Any:
+    """Split ``input``, scatter the pieces to all ranks, gather theirs into ``output``.
+
+    Same semantics as :func:`torch.distributed.all_to_all_single`: rows
+    (first dimension) ``input_split_sizes[j]`` go to rank ``j``, rows from
+    rank ``i`` land in ``output`` in rank order; ``None`` splits the first
+    dimension equally. Every dtype moves as bytes, so bool, bfloat16 and fp8
+    (as ``uint8``) work on every backend.
+
+    Parameters
+    ----------
+    output, input
+        Tensors on the group's device (CPU for gloo, CUDA for NCCL) with the
+        same dtype and row shape on every rank.
+    output_split_sizes, input_split_sizes
+        Rows per peer; ``None``: equal split.
+    group
+        Process group (``None``: the default group).
+    async_op
+        Return a handle whose ``wait()`` completes the exchange. Plans with
+        forwarding ranks complete before returning (the handle is then
+        already complete); direct-only plans and torch's path overlap.
+    orchestrator
+        The :class:`~pathweave.Orchestrator` to use; default: the group's.
+
+    Returns
+    -------
+    None, or a handle with ``wait()`` when ``async_op`` is true.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad arguments on any rank, raised on every rank before data moves;
+        the message names the rank, the pair and the numbers.
+    pathweave.errors.CommError
+        A transfer failed or ran past the orchestrator's ``timeout_s``.
+    """
+    orch = _resolve(orchestrator, group)
+    return orch.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
+
+
+def batch_isend_irecv(
+    p2p_op_list: Sequence[P2POp], group: Any = None, *, orchestrator: Orchestrator | None = None
+) -> list[Any]:
+    """Send and receive a batch of messages as one collective step over many paths.
+
+    Every rank of ``group`` must call it (an empty list is fine). Ops are
+    ``P2POp(isend | irecv, tensor, peer, group, tag)`` (torch's own type, also
+    exported here); a send matches the receive on its peer with the same tag,
+    in list order, and both must have the same byte size and dtype.
+
+    Returns
+    -------
+    list
+        One handle per op, like torch's; ``wait()`` on any completes all.
+    """
+    orch = _resolve(orchestrator, group)
+    return orch.batch_isend_irecv(p2p_op_list, group=group)

@@ -1,0 +1,736 @@
+"""Run the data plane inside an emulated fabric and set it beside the simulator.
+
+:func:`run_emulated` starts one process per rank inside that rank's namespace
+(``ip netns exec NS python -m pathweave.emulate._worker worker ...``; gloo binds to
+the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
+rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
+per policy, checks every received byte, and collects per call the span from
+the first rank's start to the last rank's end (one monotonic clock: one
+kernel). Beside each median it puts
+
+* the simulator's prediction for the scaled fabric: the fragments the data
+  plane actually sends (the policy's plan of the quantised demand, applied to
+  the exact bytes with the same size threshold, as the
+  :class:`~pathweave.runtime.orchestrator.Orchestrator` does), simulated with
+  :func:`emulator_model`;
+* the congestion bound of those fragments (the least time they can take).
+
+Policies are registered names run through the pathweave data plane, plus
+``torch``: torch's own ``all_to_all_single``, every pair straight over the
+kernel's routes (the static paths).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pathweave.emulate._ip import EmulatorError
+from pathweave.emulate.emulator import Emulator
+from pathweave.fabric import Fabric, resolve
+
+__all__ = [
+    "EmulationResult",
+    "PolicyResult",
+    "emulator_model",
+    "expected_bytes",
+    "forward_delay_s",
+    "pattern_bytes",
+    "predict",
+    "probe_transfer",
+    "run_emulated",
+    "run_workloads",
+]
+
+#: Default capacity scale: 120 GB/s NVLink -> 12 MB/s, 50 GB/s rail -> 5 MB/s.
+DEFAULT_SCALE = 1e-4
+#: Pipeline chunk of forwarded transfers in the emulator: 0.1 s on a 5 MB/s rail. Smaller
+#: chunks mean more rounds of the data plane's schedule, and each round costs idle time
+#: here (docs/emulator.md: 256 KiB measured 13 % slower on h100-2x4, hotspot 0.8).
+DEFAULT_CHUNK_BYTES = 512 * 1024
+#: Size threshold of splitting in the emulator.
+DEFAULT_MIN_SPLIT_BYTES = 64 * 1024
+_MASTER_PORT = 29517  # rank 0's namespace is private: no clash with anything outside
+
+
+def emulator_model(fabric: Fabric | None = None, pipeline_bytes: int = 0) -> Any:
+    """The :class:`~pathweave.sim.SimModel` of the emulator for the scaled ``fabric``.
+
+    The emulated links deliver exactly their scaled capacity in payload (the
+    framing is added to the tbf rate), forwarding ranks lose no throughput
+    and links have no modelled latency: the fluid model. Its one addition is
+    the pipeline fill: a forwarding rank passes bytes on in units of
+    ``pipeline_bytes`` (a round of the data plane's schedule), so each
+    forwarding rank on a path delays the flow's start by one unit over a
+    node-local hop (``relay_setup_s``; see :func:`forward_delay_s`). A start
+    delay, not an end delay: while one flow fills its pipeline, others keep
+    a shared bottleneck busy, as on the wire. NICs are kernel forwarding
+    here, not store-and-forward stages, so the model's ``chunk_bytes`` is 0.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> from pathweave.emulate import scale_fabric
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> m = emulator_model(fab, 1_200_000)      # 1.2 MB over a 12 MB/s NVLink
+    >>> round(m.relay_setup_s, 6), m.chunk_bytes, m.relay_efficiency
+    (0.1, 0, 1.0)
+    """
+    from pathweave.sim import SimModel
+
+    delay = 0.0 if fabric is None else forward_delay_s(fabric, pipeline_bytes)
+    return SimModel.ideal(relay_setup_s=delay)
+
+
+def forward_delay_s(fabric: Fabric, pipeline_bytes: int) -> float:
+    """Time one pipeline unit takes over the slowest node-local hop out of a GPU.
+
+    The segments a forwarding rank joins are node-local hops (NVLink,
+    NVSwitch, PCIe), or rails, which are then the bottleneck that the fill
+    does not add to; 0 for a fabric without node-local GPU links.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> forward_delay_s(pw.fabric.preset("h100-2x4"), 120_000_000)
+    0.001
+    """
+    from pathweave.fabric import LinkKind, VertexKind
+
+    if pipeline_bytes <= 0:
+        return 0.0
+    gpu = fabric.vertex_kind == VertexKind.GPU
+    nic = fabric.vertex_kind == VertexKind.NIC
+    local = (gpu[fabric.link_src] & ~nic[fabric.link_dst]
+             & (fabric.link_kind != LinkKind.NETWORK))
+    if not local.any():
+        return 0.0
+    return float(pipeline_bytes) / float(fabric.capacity_Bps[local].min())
+
+
+def pattern_bytes(src: int, dst: int, nbytes: int) -> np.ndarray:
+    """The bytes rank ``src`` sends rank ``dst`` in a run: a ramp mod 251 offset by the pair.
+
+    Chunks are powers of two long and 251 is prime, so a chunk written at a
+    wrong offset (a shift that is never a multiple of 251) does not match.
+
+    Examples
+    --------
+    >>> pattern_bytes(1, 2, 5).tolist()
+    [33, 34, 35, 36, 37]
+    """
+    return ((np.arange(int(nbytes), dtype=np.int64) + 7 * src + 13 * dst) % 251).astype(np.uint8)
+
+
+def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
+    """What rank ``dst`` must hold after the all-to-all: each source's pattern in rank order."""
+    parts = [pattern_bytes(s, dst, int(nb)) for s, nb in enumerate(column)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+
+
+# ------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class PolicyResult:
+    """One policy's measurements and predictions (seconds).
+
+    ``makespans_s``: each timed call; ``measured_s`` their median;
+    ``predicted_s``: the simulator's makespan of the same fragments on the
+    scaled fabric; ``bound_s``: their congestion bound; ``verified``: every
+    rank received exactly the expected bytes in every call;
+    ``path_kind_bytes``: bytes per path role the data plane sent (per call).
+    """
+
+    policy: str
+    makespans_s: tuple[float, ...]
+    measured_s: float
+    predicted_s: float
+    bound_s: float
+    verified: bool
+    path_kind_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def vs_predicted(self) -> float:
+        """measured / predicted."""
+        return self.measured_s / self.predicted_s if self.predicted_s > 0 else math.nan
+
+    @property
+    def vs_bound(self) -> float:
+        """measured / congestion bound."""
+        return self.measured_s / self.bound_s if self.bound_s > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class EmulationResult:
+    """Everything :func:`run_emulated` measured, with its settings."""
+
+    fabric: str
+    scale: float
+    workload: str
+    bytes_per_rank: int
+    total_bytes: int
+    repeat: int
+    chunk_bytes: int
+    window: int
+    min_split_bytes: int
+    policies: tuple[PolicyResult, ...]
+    wall_s: float
+
+    def policy(self, name: str) -> PolicyResult:
+        for p in self.policies:
+            if p.policy == name:
+                return p
+        have = [p.policy for p in self.policies]
+        raise KeyError(f"no policy {name!r} in this run; it has {have}")
+
+    def speedup(self, policy: str, baseline: str | None = None) -> tuple[float, float]:
+        """(measured, predicted) speed-up of ``policy`` over ``baseline`` (default: the first)."""
+        base = self.policy(baseline or self.policies[0].policy)
+        p = self.policy(policy)
+        return base.measured_s / p.measured_s, base.predicted_s / p.predicted_s
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat JSON-ready row per policy."""
+        base = self.policies[0]
+        rows = []
+        for p in self.policies:
+            rows.append({
+                "fabric": self.fabric, "scale": self.scale, "workload": self.workload,
+                "bytes_per_rank": self.bytes_per_rank, "policy": p.policy,
+                "measured_s": p.measured_s, "predicted_s": p.predicted_s, "bound_s": p.bound_s,
+                "measured_vs_predicted": p.vs_predicted, "measured_vs_bound": p.vs_bound,
+                "speedup_measured": base.measured_s / p.measured_s,
+                "speedup_predicted": base.predicted_s / p.predicted_s,
+                "verified": p.verified, "repeat": self.repeat,
+                "makespans_s": list(p.makespans_s),
+            })
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["records"] = self.records()
+        return d
+
+
+# --------------------------------------------------------------- prediction
+def predict(
+    fabric: Fabric,
+    demand: np.ndarray,
+    policy: str,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    window: int = 4,
+    min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
+    model: Any = None,
+) -> tuple[float, float, Any]:
+    """Simulated makespan and congestion bound of what the data plane sends for ``policy``.
+
+    Returns ``(predicted_s, bound_s, plan)`` where ``plan`` holds the
+    fragments (the policy's plan of the quantised demand applied to the exact
+    bytes, pairs below ``min_split_bytes`` whole on their heaviest path).
+    ``model`` defaults to :func:`emulator_model` with a round of the data
+    plane's schedule, ``chunk_bytes * (window // 2)``, as the pipeline unit.
+    ``torch`` is predicted as ``static`` (its kernel routes are the static
+    paths) without pipelining.
+
+    Examples
+    --------
+    >>> import numpy as np, pathweave as pw
+    >>> from pathweave.emulate import scale_fabric
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> D = np.zeros((8, 8), dtype=np.int64); D[0, 1] = 12_000_000
+    >>> sim_s, bound_s, _ = predict(fab, D, "static")
+    >>> round(bound_s, 6), round(sim_s, 6)        # 12 MB over a 12 MB/s link
+    (1.0, 1.0)
+
+    Across nodes ``static`` forwards through GPU 1 to its 5 MB/s rail; the
+    rail starts once a round of two 256 KiB chunks crossed the 12 MB/s NVLink:
+
+    >>> D[:] = 0; D[0, 5] = 5_000_000
+    >>> sim_s, bound_s, _ = predict(fab, D, "static", chunk_bytes=262144)
+    >>> round(bound_s, 6), round(sim_s - bound_s, 6), round(2 * 262144 / 12e6, 6)
+    (1.0, 0.043691, 0.043691)
+    """
+    from pathweave.fabric import candidate_paths
+    from pathweave.plan import Plan, make
+    from pathweave.runtime.orchestrator import quantise
+    from pathweave.runtime.schedule import split_fragments
+    from pathweave.sim import simulate
+
+    d = np.asarray(demand, dtype=np.int64)
+    n = fabric.num_ranks
+    ps = candidate_paths(fabric)
+    name = "static" if policy == "torch" else policy
+    q = quantise(d)
+    np.fill_diagonal(q, 0)
+    plan = make(fabric, q, name, paths=ps)
+    keep = plan.flow_bytes > 0
+    fp = plan.flow_path[keep].astype(np.int64)
+    pair = ps.src[fp].astype(np.int64) * n + ps.dst[fp]
+    first = ps.pair_ptr[:-1].astype(np.int64).copy()
+    first[:: n + 1] = 0
+    _, fpath, fbytes = split_fragments(
+        pair, fp, plan.flow_bytes[keep].astype(np.float64), d,
+        min_split_bytes=int(min_split_bytes), default_path=first,
+    )
+    dd = d.copy()
+    np.fill_diagonal(dd, 0)
+    eff = Plan(fabric=fabric, paths=ps, demand=dd, flow_path=fpath.astype(np.int64),
+               flow_bytes=fbytes.astype(np.int64), policy=policy)
+    eff.validate()
+    if model is None:
+        # The data plane's schedule moves hop h of chunk c in round
+        # c // (window // 2) + h (pathweave.runtime.schedule): a forwarding rank
+        # passes on a round's worth of chunks at a time, the pipeline unit.
+        unit = 0 if policy == "torch" else int(chunk_bytes) * max(1, int(window) // 2)
+        model = emulator_model(fabric, unit)
+    res = simulate(fabric, eff, model)
+    return float(res.makespan_s), float(eff.congestion_s), eff
+
+
+# -------------------------------------------------------------------- runs
+def _launch(emu: Emulator, argv_of: Callable[[int], list[str]], env_of: Callable[[int], dict],
+            log_dir: Path, timeout_s: float, ranks: Sequence[int]) -> None:
+    """Start one process per rank in its namespace; wait; kill all on any failure."""
+    procs: dict[int, subprocess.Popen] = {}
+    logs = {}
+    try:
+        for r in ranks:
+            logs[r] = (log_dir / f"rank{r}.log").open("wb")
+            procs[r] = subprocess.Popen(
+                emu.exec_argv(r, argv_of(r)), env=env_of(r), stdout=logs[r],
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = {r: p.poll() for r, p in procs.items()}
+            bad = [r for r, c in codes.items() if c not in (None, 0)]
+            if bad:
+                r = bad[0]
+                raise EmulatorError(
+                    f"rank {r} exited with code {codes[r]}; its log ends:\n"
+                    + _tail(log_dir / f"rank{r}.log")
+                )
+            if all(c == 0 for c in codes.values()):
+                return
+            if time.monotonic() > deadline:
+                waiting = [r for r, c in codes.items() if c is None]
+                raise EmulatorError(
+                    f"ranks {waiting} still running after {timeout_s:.0f} s; rank "
+                    f"{waiting[0]}'s log ends:\n" + _tail(log_dir / f"rank{waiting[0]}.log")
+                )
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for f in logs.values():
+            f.close()
+
+
+def _tail(path: Path, nchars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-nchars:]
+    except OSError:
+        return "(no log)"
+
+
+def run_emulated(
+    fabric: Fabric | str,
+    *,
+    scale: float = DEFAULT_SCALE,
+    workload: str = "hotspot:0.8",
+    bytes_per_rank: int = 8 << 20,
+    policies: Sequence[str] = ("static", "mwu"),
+    repeat: int = 3,
+    warmup: int = 1,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    window: int = 4,
+    min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
+    timeout_s: float = 600.0,
+    prefix: str = "pw",
+    emulator: Emulator | None = None,
+    model: Any = None,
+    demand: np.ndarray | None = None,
+    progress: Callable[[str], None] | None = None,
+    nice: int = 0,
+) -> EmulationResult:
+    """Emulate ``fabric`` at ``scale`` and run the all-to-all of ``workload`` per policy.
+
+    Parameters
+    ----------
+    fabric
+        Fabric, preset spec or file.
+    scale
+        Capacity scale (see :class:`~pathweave.emulate.Emulator`).
+    workload, bytes_per_rank
+        A :func:`pathweave.traffic.parse_workload` spec and payload per rank;
+        or pass ``demand`` (``int64[N, N]`` bytes) directly.
+    policies
+        Registered policy names for the pathweave data plane, or ``torch``.
+    repeat, warmup
+        Timed and untimed calls per policy (the first call plans and connects).
+    chunk_bytes, window, min_split_bytes
+        Data-plane settings (:class:`~pathweave.runtime.orchestrator.Orchestrator`).
+    timeout_s
+        Limit of the whole run; every rank is killed past it.
+    prefix, emulator
+        Use a running :class:`Emulator` of this fabric and scale, or make one
+        with ``prefix`` (torn down at the end).
+    model
+        :class:`~pathweave.sim.SimModel` for the predictions; default
+        :func:`emulator_model`.
+    progress
+        Called with one line per stage.
+    nice
+        Scheduling priority of the ranks (see :func:`run_workloads`).
+
+    Raises
+    ------
+    EmulatorError
+        Not root, tools missing, a rank failed or timed out, or any output
+        differed from the expected bytes.
+    """
+    wl = workload if demand is None else "custom"
+    return run_workloads(
+        fabric, [wl], scale=scale, bytes_per_rank=bytes_per_rank, policies=policies,
+        repeat=repeat, warmup=warmup, chunk_bytes=chunk_bytes, window=window,
+        min_split_bytes=min_split_bytes, timeout_s=timeout_s, prefix=prefix,
+        emulator=emulator, model=model, demands=None if demand is None else [demand],
+        progress=progress, nice=nice,
+    )[0]
+
+
+def run_workloads(
+    fabric: Fabric | str,
+    workloads: Sequence[str],
+    *,
+    scale: float = DEFAULT_SCALE,
+    bytes_per_rank: int = 8 << 20,
+    policies: Sequence[str] = ("static", "mwu"),
+    repeat: int = 3,
+    warmup: int = 1,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    window: int = 4,
+    min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
+    timeout_s: float = 600.0,
+    prefix: str = "pw",
+    emulator: Emulator | None = None,
+    model: Any = None,
+    demands: Sequence[np.ndarray] | None = None,
+    progress: Callable[[str], None] | None = None,
+    nice: int = 0,
+) -> list[EmulationResult]:
+    """:func:`run_emulated` for several workloads with one emulator and one launch of the ranks.
+
+    ``demands``, if given, replaces the workload specs (one matrix per entry
+    of ``workloads``, which then only label them). ``nice`` (-20..19) runs the
+    ranks at that scheduling priority: a negative value (root) keeps other
+    work on a shared machine from stalling the forwarding ranks.
+    """
+    from pathweave.fabric.io import save
+    from pathweave.plan import policy_info
+    from pathweave.traffic import parse_workload
+
+    t_start = time.monotonic()
+    fab = resolve(fabric)
+    pols = [str(p) for p in policies]
+    if not pols:
+        raise ValueError("policies must name at least one policy")
+    for p in pols:
+        if p != "torch":
+            policy_info(p)
+    if int(repeat) < 1 or int(warmup) < 0:
+        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
+    if not -20 <= int(nice) <= 19:
+        raise ValueError(f"nice must lie in [-20, 19], got {nice}")
+    n = fab.num_ranks
+    mats = []
+    for k, wl in enumerate(workloads):
+        if demands is None:
+            d = np.asarray(parse_workload(wl, n, bytes_per_rank=bytes_per_rank), dtype=np.int64)
+        else:
+            d = np.array(demands[k], dtype=np.int64)
+            if d.shape != (n, n) or (d < 0).any():
+                raise ValueError(
+                    f"demand {k} must be a non-negative int64[{n}, {n}], got shape {d.shape}"
+                )
+        np.fill_diagonal(d, 0)
+        mats.append(d)
+    if not mats:
+        raise ValueError("workloads must name at least one workload")
+    say = progress or (lambda s: None)
+    own = emulator is None
+    emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
+    if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
+        raise ValueError("the emulator given runs another fabric or scale than asked for")
+    sfab = emu.layout.scaled_fabric()
+    lay = emu.layout
+    with tempfile.TemporaryDirectory(prefix="pathweave-emu-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        fab_file = save(sfab, work / "fabric.json")
+        spec = {
+            "fabric_file": str(fab_file), "demands": [d.tolist() for d in mats],
+            "policies": pols, "repeat": int(repeat), "warmup": int(warmup),
+            "chunk_bytes": int(chunk_bytes), "window": int(window),
+            "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
+            "out_dir": str(work),
+        }
+        (work / "spec.json").write_text(json.dumps(spec))
+
+        def argv_of(r: int) -> list[str]:
+            argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
+                    str(work / "spec.json"), str(r)]
+            return ["nice", "-n", str(int(nice)), *argv] if nice else argv
+
+        def env_of(r: int) -> dict:
+            env = dict(os.environ)
+            env.update({
+                "MASTER_ADDR": lay.rank_address[0], "MASTER_PORT": str(_MASTER_PORT),
+                "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r % fab.gpus_per_node),
+                "LOCAL_WORLD_SIZE": str(fab.gpus_per_node), "GLOO_SOCKET_IFNAME": "id0",
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            })
+            env.pop("PATHWEAVE_FABRIC", None)
+            return env
+
+        if own:
+            say(f"emulator up: {fab.name} x {scale:g} ({len(lay.namespaces)} namespaces, "
+                f"{len(lay.shaped)} shaped links)")
+            emu.__enter__()
+        try:
+            say(f"running {n} ranks: {len(mats)} workload(s) x {', '.join(pols)}, "
+                f"{warmup} + {repeat} calls each")
+            _launch(emu, argv_of, env_of, work, timeout_s, range(n))
+        finally:
+            if own:
+                emu.__exit__(None, None, None)
+                say("emulator down")
+        per_rank = [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
+    say("predicting with the simulator")
+    out = []
+    for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
+        results = []
+        for p in pols:
+            recs = [pr[k][p] for pr in per_rank]
+            spans = [max(rc["times"][i][1] for rc in recs) - min(rc["times"][i][0] for rc in recs)
+                     for i in range(int(repeat))]
+            bad = [r for r, rc in enumerate(recs) if not rc["ok"]]
+            if bad:
+                raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
+                                    "wrong bytes")
+            pred_s, bound_s, _ = predict(sfab, d, p, chunk_bytes=chunk_bytes, window=window,
+                                         min_split_bytes=min_split_bytes, model=model)
+            results.append(PolicyResult(
+                p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
+                {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
+            ))
+        out.append(EmulationResult(
+            fabric=fab.name, scale=float(emu.scale), workload=wl,
+            bytes_per_rank=int(bytes_per_rank), total_bytes=int(d.sum()), repeat=int(repeat),
+            chunk_bytes=int(chunk_bytes), window=int(window),
+            min_split_bytes=int(min_split_bytes), policies=tuple(results),
+            wall_s=time.monotonic() - t_start,
+        ))
+    return out
+
+
+# ------------------------------------------------------------------- probes
+def probe_transfer(emu: Emulator, src: int, dst: int, nbytes: int = 3 << 20,
+                   *, skip_bytes: int = 256 * 1024, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Send ``nbytes`` over plain TCP from rank ``src`` to rank ``dst`` along the kernel routes.
+
+    Returns ``{"rate_Bps", "bytes", "ok"}``: the payload rate after the first
+    ``skip_bytes`` (the token bucket's initial burst) and whether the bytes
+    received equal :func:`pattern_bytes` ``(src, dst, nbytes)``.
+    """
+    lay = emu.layout
+    with tempfile.TemporaryDirectory(prefix="pathweave-probe-") as tmp:
+        out = Path(tmp) / "recv.json"
+        addr = lay.rank_address[dst]
+        recv = subprocess.Popen(
+            emu.exec_argv(dst, [sys.executable, "-m", "pathweave.emulate._worker", "probe-recv",
+                                addr, str(src), str(dst), str(nbytes), str(skip_bytes),
+                                str(out)]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            # The receiver prints one line once it listens.
+            line = recv.stdout.readline() if recv.stdout else b""
+            if b"listening" not in line:
+                raise EmulatorError(f"probe receiver did not start: {line!r}")
+            emu.run_in(src, [sys.executable, "-m", "pathweave.emulate._worker", "probe-send", addr,
+                             str(src), str(dst), str(nbytes)], timeout_s=timeout_s)
+            recv.wait(timeout=timeout_s)
+            if recv.returncode != 0:
+                rest = recv.stdout.read().decode(errors="replace") if recv.stdout else ""
+                raise EmulatorError(f"probe receiver failed: {rest}")
+            return json.loads(out.read_text())
+        finally:
+            if recv.poll() is None:
+                os.killpg(recv.pid, signal.SIGKILL)
+                recv.wait()
+
+
+_PROBE_PORT = 29611
+#: Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); Python's socket module does not export it.
+_SO_TIMESTAMPNS = 35
+
+
+def _probe_recv(addr: str, src: int, dst: int, nbytes: int, skip: int, out: str) -> None:
+    import socket
+    import struct
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # A receive buffer that holds the whole transfer and kernel arrival times
+    # (SO_TIMESTAMPNS): the rate measured is the link's, even when this
+    # process is scheduled late on a busy machine.
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, max(nbytes, 1 << 20))
+    srv.bind((addr, _PROBE_PORT))
+    srv.listen(1)
+    print("listening", flush=True)
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    got, t_skip, at_skip, t_end = 0, None, 0, None
+    anc_size = socket.CMSG_SPACE(16)
+    while got < nbytes:
+        k, anc, _, _ = conn.recvmsg_into([view[got:]], anc_size)
+        if k == 0:
+            break
+        got += k
+        stamp = None
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+                sec, nsec = struct.unpack("qq", data[:16])
+                stamp = sec + nsec * 1e-9
+        if stamp is None:
+            stamp = time.time()
+        if t_skip is None and got >= skip:
+            t_skip, at_skip = stamp, got
+        t_end = stamp
+    conn.close()
+    srv.close()
+    ok = got == nbytes and bytes(buf) == pattern_bytes(src, dst, nbytes).tobytes()
+    rate = 0.0
+    if t_skip is not None and t_end is not None and t_end > t_skip:
+        rate = (got - at_skip) / (t_end - t_skip)
+    Path(out).write_text(json.dumps({"rate_Bps": rate, "bytes": got, "ok": ok}))
+
+
+def _probe_send(addr: str, src: int, dst: int, nbytes: int) -> None:
+    import socket
+
+    data = pattern_bytes(src, dst, nbytes).tobytes()
+    for _ in range(100):
+        try:
+            conn = socket.create_connection((addr, _PROBE_PORT), timeout=30)
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise EmulatorError(f"cannot connect to {addr}:{_PROBE_PORT}")
+    conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+    conn.recv(1)  # wait for the receiver to close: all bytes are in
+    conn.close()
+
+
+# ------------------------------------------------------------------ worker
+def _worker(spec_path: str, rank: int) -> None:
+    """One rank: init gloo over the identity interface, run every policy, write times."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from pathweave.fabric.io import load
+    from pathweave.runtime.orchestrator import Orchestrator
+
+    torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    fab = load(spec["fabric_file"])
+    n = fab.num_ranks
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=n, timeout=timedelta(seconds=spec["timeout_s"]),
+    )
+    clock = time.monotonic
+    res: list[dict[str, Any]] = []
+    for dm in spec["demands"]:
+        d = np.asarray(dm, dtype=np.int64)
+        row, col = d[rank], d[:, rank]
+        inp = torch.from_numpy(np.concatenate(
+            [pattern_bytes(rank, j, int(b)) for j, b in enumerate(row)]
+        ))
+        expected = torch.from_numpy(expected_bytes(rank, col.tolist()))
+        out = torch.zeros_like(expected)
+        in_splits, out_splits = [int(x) for x in row], [int(x) for x in col]
+        case: dict[str, Any] = {}
+        for pol in spec["policies"]:
+            orch = None
+            if pol != "torch":
+                # A fresh orchestrator per workload, so each plans its own
+                # demand (no hysteresis carried over); the warm-up call plans
+                # and every timed call hits the plan cache, as in a training loop.
+                orch = Orchestrator(
+                    fab, policy=pol, enabled=True, chunk_bytes=spec["chunk_bytes"],
+                    window=spec["window"], min_split_bytes=spec["min_split_bytes"],
+                    timeout_s=spec["timeout_s"],
+                )
+            times, ok = [], True
+            for i in range(spec["warmup"] + spec["repeat"]):
+                out.zero_()
+                dist.barrier()
+                t0 = clock()
+                if orch is None:
+                    dist.all_to_all_single(out, inp, out_splits, in_splits)
+                else:
+                    orch.all_to_all_single(out, inp, out_splits, in_splits)
+                t1 = clock()
+                ok = ok and bool(torch.equal(out, expected))
+                if i >= spec["warmup"]:
+                    times.append((t0, t1))
+            kinds = {}
+            if orch is not None:
+                calls = spec["warmup"] + spec["repeat"]
+                kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
+            case[pol] = {"times": times, "ok": ok, "kinds": kinds}
+        res.append(case)
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(res))
+
+
+def _main(argv: Sequence[str]) -> None:
+    cmd, *args = argv
+    if cmd == "worker":
+        _worker(args[0], int(args[1]))
+    elif cmd == "probe-recv":
+        _probe_recv(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]), args[5])
+    elif cmd == "probe-send":
+        _probe_send(args[0], int(args[1]), int(args[2]), int(args[3]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+

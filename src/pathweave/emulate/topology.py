@@ -1,0 +1,545 @@
+"""A :class:`~pathweave.fabric.Fabric` as Linux network pieces: pure data, no root needed.
+
+:func:`build_layout` maps a fabric, scaled in capacity, onto
+
+* one network namespace per rank (``{prefix}-r{rank}``) and per spine
+  (``{prefix}-s{k}``): these are the *routers*, each with an identity /32
+  address on a veth (``id0``) whose peer (``id1``) stays in the namespace
+  (the kernels this runs on have no dummy interfaces);
+* one bridge per switch vertex (NVSwitch, PCIe host, rail switch, a NIC
+  shared by several GPUs), all in one namespace ``{prefix}-sw``;
+* one veth pair per duplex cable of the fabric: a GPU-GPU NVLink joins two
+  rank namespaces; a GPU-NVSwitch link is a port of the GPU into the
+  NVSwitch bridge; a NIC that serves one GPU is folded into its GPU, so its
+  network cable becomes a port of the GPU into the rail bridge, shaped at the
+  smaller of the PCIe and network capacities of each direction (both carry
+  exactly the same bytes); spine links are ports of the spine into rail
+  bridges;
+* a ``tbf`` qdisc on the egress of every veth end, one per directed link:
+  the interface ``l{link_id}`` shapes fabric link ``link_id``;
+* host routes in every router so that traffic to a rank leaves on the link
+  the fabric says: each ordered rank pair follows the path the ``static``
+  policy gives it (direct inside a node, PXN across nodes), installed as
+  per-destination next hops (``ip route add DST/32 dev l.. via NEXT onlink``).
+
+Rates: the emulated link carries ``capacity_Bps * scale`` bytes of TCP
+payload per second. ``tbf`` counts wire bytes, so the configured rate adds
+the framing of full segments, ``(mtu + 14) / (mtu - 52)`` (Ethernet header;
+IPv4 + TCP with timestamps): on a 1500-byte MTU, 4.6 % more.
+
+Examples
+--------
+>>> import pathweave as pw
+>>> from pathweave.emulate.topology import build_layout
+>>> lay = build_layout(pw.fabric.preset("h100-2x4"), scale=1e-4)
+>>> lay.rank_ns[:2], lay.rank_address[5]
+(('pw-r0', 'pw-r1'), '10.211.0.6')
+>>> len(lay.veths), len(lay.shaped)     # 12 NVLink cables + 8 NIC ports; 2 ends each
+(20, 40)
+>>> [lay.ns_name(s) for s in lay.pair_stops[0][5]]   # PXN: over GPU 1's NIC on rail 1
+['pw-r0', 'pw-r1', 'pw-r5']
+>>> round(lay.payload_Bps(lay.fabric.link_id("n0.nic1", "rail1")) / 1e6, 3)   # MB/s
+5.0
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pathweave.errors import FabricError
+from pathweave.fabric import Fabric, VertexKind
+
+__all__ = [
+    "DEFAULT_BURST_BYTES",
+    "DEFAULT_LATENCY_S",
+    "PREFIX_RE",
+    "Layout",
+    "Port",
+    "Route",
+    "Veth",
+    "build_layout",
+    "framing_factor",
+]
+
+#: Smallest token-bucket depth: a 64 KiB TSO segment must always fit.
+DEFAULT_BURST_BYTES = 128 * 1024
+#: tbf queue latency. A 50 ms queue starved one direction of a busy link here.
+DEFAULT_LATENCY_S = 5e-3
+#: Identity networks: ranks in 10.211/16, spines in 10.212/16.
+_RANK_NET, _SPINE_NET = 211, 212
+#: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
+PREFIX_RE = re.compile(r"^pw[a-z0-9]{0,4}$")
+#: Names of every namespace an emulator creates, for any prefix.
+NS_RE = re.compile(r"^(pw[a-z0-9]{0,4})-(r\d+|s\d+|sw)$")
+
+_ROUTER_KINDS = (VertexKind.GPU, VertexKind.SPINE)
+
+
+def framing_factor(mtu: int) -> float:
+    """Wire bytes per TCP payload byte for full segments on ``mtu``.
+
+    Examples
+    --------
+    >>> round(framing_factor(1500), 4)
+    1.0456
+    """
+    if mtu < 576:
+        raise ValueError(f"mtu must be >= 576, got {mtu}")
+    return (mtu + 14) / (mtu - 52)
+
+
+@dataclass(frozen=True)
+class Port:
+    """One end of a veth pair.
+
+    ``links`` are the fabric links this end's egress carries (a folded NIC
+    port carries its PCIe and network link); ``payload_Bps`` their smallest
+    scaled capacity; ``bridge`` the bridge it is a port of (in the switch
+    namespace), if any.
+    """
+
+    ns: str
+    dev: str
+    links: tuple[int, ...]
+    payload_Bps: float
+    bridge: str | None = None
+
+
+@dataclass(frozen=True)
+class Veth:
+    """A duplex cable: two ports, one per direction."""
+
+    a: Port
+    b: Port
+
+
+@dataclass(frozen=True)
+class Route:
+    """``ip route add DST/32 dev DEV [via VIA onlink] src SRC`` in namespace ``ns``."""
+
+    ns: str
+    dst: str
+    dev: str
+    via: str | None
+    src: str
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Everything an emulator of ``fabric`` creates, as data.
+
+    Attributes
+    ----------
+    fabric, scale, prefix, mtu, burst_bytes, latency_s
+        The inputs.
+    routers
+        Vertex ids that get a namespace (GPUs, then spines), in that order.
+    namespaces
+        Every namespace name, routers first, then the switch namespace (if any).
+    rank_ns, rank_address
+        Namespace and identity address of each rank.
+    bridges
+        ``(vertex id, bridge device)`` of each switch vertex; all live in
+        ``switch_ns``.
+    veths
+        The cables.
+    routes
+        Host routes, in installation order.
+    pair_stops
+        ``pair_stops[a][b]``: the router vertices traffic from rank ``a`` to
+        rank ``b`` passes, ends included, as installed.
+    link_dev
+        ``link_dev[link id] = (namespace, interface)`` whose egress shapes it.
+    """
+
+    fabric: Fabric
+    scale: float
+    prefix: str
+    mtu: int
+    burst_bytes: int
+    latency_s: float
+    routers: tuple[int, ...]
+    router_ns: dict[int, str]
+    router_address: dict[int, str]
+    namespaces: tuple[str, ...]
+    switch_ns: str | None
+    bridges: tuple[tuple[int, str], ...]
+    veths: tuple[Veth, ...]
+    routes: tuple[Route, ...]
+    pair_stops: tuple[tuple[tuple[int, ...], ...], ...]
+    link_dev: dict[int, tuple[str, str]] = field(repr=False)
+
+    # ---------------------------------------------------------------- views
+    @property
+    def num_ranks(self) -> int:
+        return self.fabric.num_ranks
+
+    @property
+    def rank_ns(self) -> tuple[str, ...]:
+        fab = self.fabric
+        return tuple(self.router_ns[int(v)] for v in fab.rank_vertex)
+
+    @property
+    def rank_address(self) -> tuple[str, ...]:
+        fab = self.fabric
+        return tuple(self.router_address[int(v)] for v in fab.rank_vertex)
+
+    def ns_name(self, vertex: int) -> str:
+        """Namespace of a router vertex."""
+        return self.router_ns[int(vertex)]
+
+    @property
+    def shaped(self) -> tuple[Port, ...]:
+        """Every shaped veth end."""
+        return tuple(p for v in self.veths for p in (v.a, v.b))
+
+    def payload_Bps(self, link: int) -> float:
+        """Bytes of TCP payload per second the emulated ``link`` carries."""
+        ns, dev = self.link_dev[int(link)]
+        for p in self.shaped:
+            if p.ns == ns and p.dev == dev:
+                return p.payload_Bps
+        raise KeyError(link)  # unreachable: link_dev only names shaped ports
+
+    def wire_rate_bps(self, port: Port) -> int:
+        """The tbf rate of ``port`` in bits per second of wire traffic."""
+        return max(8, round(port.payload_Bps * 8 * framing_factor(self.mtu)))
+
+    def burst_for(self, port: Port) -> int:
+        """tbf bucket depth: at least :data:`DEFAULT_BURST_BYTES` and 4 ms of traffic."""
+        return max(self.burst_bytes, round(port.payload_Bps * framing_factor(self.mtu) * 4e-3))
+
+    def scaled_fabric(self) -> Fabric:
+        """The fabric with every capacity multiplied by ``scale``: what the emulator carries."""
+        return scale_fabric(self.fabric, self.scale)
+
+    def total_payload_Bps(self) -> float:
+        """Sum of all shaped capacities (each direction counted)."""
+        return float(sum(p.payload_Bps for p in self.shaped))
+
+    # ------------------------------------------------------------ commands
+    def setup_commands(self) -> list[list[str]]:
+        """The argv lists that build the emulator, in order (see :mod:`._ip`)."""
+        from pathweave.emulate import _ip
+
+        cmds: list[list[str]] = []
+        for ns in self.namespaces:
+            cmds.append(_ip.netns_add(ns))
+            cmds.append(_ip.link_up(ns, "lo"))
+        for v in self.routers:
+            ns = self.router_ns[v]
+            # Routers forward others' traffic (PXN, spines); routes are
+            # asymmetric by design, so reverse-path filtering must be off.
+            cmds.append(_ip.sysctl(ns, {
+                "net.ipv4.ip_forward": 1,
+                "net.ipv4.conf.all.rp_filter": 0,
+                "net.ipv4.conf.default.rp_filter": 0,
+                "net.ipv4.conf.all.send_redirects": 0,
+                "net.ipv4.conf.default.send_redirects": 0,
+            }))
+            cmds.append(_ip.veth_add(ns, "id0", ns, "id1"))
+            cmds.append(_ip.addr_add(ns, "id0", f"{self.router_address[v]}/32"))
+            cmds.append(_ip.link_up(ns, "id0"))
+            cmds.append(_ip.link_up(ns, "id1"))
+        for _, br in self.bridges:
+            assert self.switch_ns is not None
+            cmds.append(_ip.bridge_add(self.switch_ns, br))
+            cmds.append(_ip.link_up(self.switch_ns, br))
+        for cable in self.veths:
+            cmds.append(_ip.veth_add(cable.a.ns, cable.a.dev, cable.b.ns, cable.b.dev,
+                                     mtu=self.mtu))
+            for p in (cable.a, cable.b):
+                if p.bridge is not None:
+                    cmds.append(_ip.link_master(p.ns, p.dev, p.bridge))
+                cmds.append(_ip.tbf(p.ns, p.dev, self.wire_rate_bps(p), self.burst_for(p),
+                                    self.latency_s))
+                cmds.append(_ip.link_up(p.ns, p.dev))
+        for r in self.routes:
+            cmds.append(_ip.route_add(r.ns, r.dst, r.dev, via=r.via, src=r.src))
+        return cmds
+
+
+def scale_fabric(fabric: Fabric, scale: float) -> Fabric:
+    """A copy of ``fabric`` with every capacity multiplied by ``scale`` (0 < scale <= 1).
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> float(fab.capacity_Bps[0]) / 1e6
+    12.0
+    """
+    s = _scale_arg(scale)
+    return fabric.with_links({i: s for i in range(fabric.num_links)},
+                             name=f"{fabric.name}-x{s:g}")
+
+
+def _scale_arg(scale: float) -> float:
+    s = float(scale)
+    if not (0 < s <= 1) or not np.isfinite(s):
+        raise ValueError(f"scale must lie in (0, 1], got {scale!r}")
+    return s
+
+
+def _address(net: int, index: int) -> str:
+    if index >= 250 * 256:
+        raise FabricError(f"the emulator numbers at most {250 * 256} routers, got index {index}")
+    return f"10.{net}.{index // 250}.{index % 250 + 1}"
+
+
+def build_layout(
+    fabric: Fabric,
+    scale: float,
+    *,
+    prefix: str = "pw",
+    mtu: int = 1500,
+    burst_bytes: int = DEFAULT_BURST_BYTES,
+    latency_s: float = DEFAULT_LATENCY_S,
+    routes: Sequence[Sequence[int]] | None = None,
+) -> Layout:
+    """The namespaces, bridges, cables, shaping and routes that emulate ``fabric``.
+
+    Parameters
+    ----------
+    fabric
+        Any fabric whose links come in duplex pairs; NVLink meshes, NVSwitch
+        and PCIe-host nodes, rails and spines are supported. A NIC serving one
+        GPU is folded into that GPU's namespace; a NIC shared by several GPUs
+        becomes a bridge.
+    scale
+        Capacity scale in ``(0, 1]``: a 120 GB/s link becomes 12 MB/s at 1e-4.
+    prefix
+        Start of every name created (``pw``, or ``pw`` and up to 4 more
+        lower-case letters or digits), so stale pieces can be found.
+    mtu, burst_bytes, latency_s
+        Interface MTU; tbf bucket depth (at least 128 KiB) and queue latency.
+    routes
+        Optional ``routes[a][b]``: a path id (of
+        ``pathweave.fabric.candidate_paths(fabric)``) per ordered pair that the
+        kernel's routes follow; default: the ``static`` policy's paths.
+
+    Raises
+    ------
+    FabricError
+        A link without its reverse, a NIC joined to two networks, a loop of
+        bridges (spines must be the only switches with several uplinks).
+    ValueError
+        Bad ``scale``, ``prefix``, ``mtu``, ``burst_bytes`` or ``latency_s``.
+    """
+    s = _scale_arg(scale)
+    if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
+        raise ValueError(f"prefix must be 'pw' followed by up to 4 of [a-z0-9], got {prefix!r}")
+    framing_factor(mtu)
+    if int(burst_bytes) < DEFAULT_BURST_BYTES:
+        raise ValueError(
+            f"burst_bytes must be >= {DEFAULT_BURST_BYTES} (a TSO segment must fit), "
+            f"got {burst_bytes}"
+        )
+    if not latency_s > 0:
+        raise ValueError(f"latency_s must be > 0, got {latency_s!r}")
+    fab = fabric
+    kind = fab.vertex_kind
+    cap = fab.capacity_Bps * s
+
+    # ---- who is a router, a bridge, or folded into a router
+    gpus = [int(v) for v in fab.rank_vertex]
+    spines = [int(v) for v in fab.vertices_of_kind(VertexKind.SPINE)]
+    routers = tuple(gpus + spines)
+    router_ns = {v: f"{prefix}-r{r}" for r, v in enumerate(gpus)}
+    router_ns.update({v: f"{prefix}-s{k}" for k, v in enumerate(spines)})
+    router_address = {v: _address(_RANK_NET, r) for r, v in enumerate(gpus)}
+    router_address.update({v: _address(_SPINE_NET, k) for k, v in enumerate(spines)})
+
+    reverse: dict[tuple[int, int], int] = {}
+    for lid in range(fab.num_links):
+        reverse[(int(fab.link_src[lid]), int(fab.link_dst[lid]))] = lid
+    for (u, v), lid in reverse.items():
+        if (v, u) not in reverse:
+            raise FabricError(
+                f"link {fab.link_name(lid)} has no reverse link; the emulator needs duplex cables"
+            )
+    neighbours: dict[int, list[int]] = {}
+    for u, v in reverse:
+        neighbours.setdefault(u, []).append(v)
+
+    owner: dict[int, int] = {}  # folded NIC -> its GPU
+    for nic in fab.vertices_of_kind(VertexKind.NIC).tolist():
+        nb = neighbours.get(nic, [])
+        gpu_nb = [x for x in nb if kind[x] == VertexKind.GPU]
+        net_nb = [x for x in nb if kind[x] != VertexKind.GPU]
+        if len(gpu_nb) == 1 and len(net_nb) <= 1:
+            owner[nic] = gpu_nb[0]
+    bridge_vertices = [
+        v for v in range(fab.num_vertices)
+        if v not in owner and kind[v] not in _ROUTER_KINDS and neighbours.get(v)
+    ]
+    switch_ns = f"{prefix}-sw" if bridge_vertices else None
+    bridges = tuple((v, f"b{v}") for v in bridge_vertices)
+    bridge_dev = dict(bridges)
+
+    def entity(v: int) -> int:
+        return owner.get(v, v)
+
+    # ---- cables: each duplex pair once; folded NIC cables merged with PCIe
+    link_dev: dict[int, tuple[str, str]] = {}
+    veths: list[Veth] = []
+    done: set[int] = set()
+
+    def end(at: int, links: tuple[int, ...]) -> Port:
+        """The port at entity ``at`` whose egress carries ``links`` (in path order).
+
+        It is named after the last of them that leaves ``at`` itself (not a
+        NIC folded into the far end), which is unique per direction.
+        """
+        dev = f"l{[lid for lid in links if entity(int(fab.link_src[lid])) == at][-1]}"
+        if at in router_ns:
+            p = Port(router_ns[at], dev, links, float(min(cap[list(links)])))
+        else:
+            assert switch_ns is not None
+            p = Port(switch_ns, dev, links, float(min(cap[list(links)])), bridge_dev[at])
+        for lid in links:
+            link_dev[lid] = (p.ns, p.dev)
+        return p
+
+    bridge_graph: dict[int, set[int]] = {}
+    for lid in range(fab.num_links):
+        if lid in done:
+            continue
+        u, v = int(fab.link_src[lid]), int(fab.link_dst[lid])
+        back = reverse[(v, u)]
+        done.update((lid, back))
+        if (u in owner and v == owner[u]) or (v in owner and u == owner[v]):
+            continue  # the GPU-NIC PCIe hop of a folded NIC: merged into the NIC's cable
+        out_a: tuple[int, ...] = (lid,)
+        out_b: tuple[int, ...] = (back,)
+        # A folded NIC at an end: that end's egress also carries the PCIe hop
+        # before it, and the other end's egress the PCIe hop after it.
+        if u in owner:
+            g = owner[u]
+            out_a = (reverse[(g, u)], lid)
+            out_b = (back, reverse[(u, g)])
+        if v in owner:
+            g = owner[v]
+            out_a = (*out_a, reverse[(v, g)])
+            out_b = (reverse[(g, v)], *out_b)
+        ea, eb = entity(u), entity(v)
+        if ea == eb:
+            raise FabricError(f"link {fab.link_name(lid)} joins a GPU to itself through a NIC")
+        pa = end(ea, out_a)
+        pb = end(eb, out_b)
+        veths.append(Veth(pa, pb))
+        if ea not in router_ns and eb not in router_ns:
+            bridge_graph.setdefault(ea, set()).add(eb)
+            bridge_graph.setdefault(eb, set()).add(ea)
+    _check_forest(bridge_graph, fab)
+
+    # ---- routes: per destination next hops along the chosen pair paths
+    paths = _pair_paths(fab, routes)
+    n = fab.num_ranks
+    table: dict[tuple[int, int], tuple[str, int]] = {}  # (router, dst rank) -> (dev, next router)
+    order = sorted(((len(st), a, b, st, devs) for (a, b), (st, devs) in
+                    ((k, _stops(fab, p, entity, link_dev, router_ns)) for k, p in paths.items())))
+    for _, _a, b, st, devs in order:
+        for i in range(len(st) - 1):
+            table.setdefault((st[i], b), (devs[i], st[i + 1]))
+    route_list: list[Route] = []
+    for (rv, b), (dev, nxt) in sorted(table.items()):
+        dst_v = int(fab.rank_vertex[b])
+        route_list.append(Route(
+            router_ns[rv], router_address[dst_v], dev,
+            None if nxt == dst_v else router_address[nxt], router_address[rv],
+        ))
+    pair_stops: list[tuple[tuple[int, ...], ...]] = []
+    for a in range(n):
+        row = []
+        for b in range(n):
+            if a == b:
+                row.append((int(fab.rank_vertex[a]),))
+                continue
+            cur, dst_v, seen = int(fab.rank_vertex[a]), int(fab.rank_vertex[b]), []
+            while cur != dst_v:
+                seen.append(cur)
+                if len(seen) > len(routers) or (cur, b) not in table:
+                    raise FabricError(f"routes from rank {a} to rank {b} do not reach it")
+                cur = table[(cur, b)][1]
+            row.append((*seen, dst_v))
+        pair_stops.append(tuple(row))
+
+    namespaces = tuple(router_ns[v] for v in routers) + ((switch_ns,) if switch_ns else ())
+    return Layout(
+        fabric=fab, scale=s, prefix=prefix, mtu=int(mtu), burst_bytes=int(burst_bytes),
+        latency_s=float(latency_s), routers=routers, router_ns=router_ns,
+        router_address=router_address, namespaces=namespaces, switch_ns=switch_ns,
+        bridges=bridges, veths=tuple(veths), routes=tuple(route_list),
+        pair_stops=tuple(pair_stops), link_dev=link_dev,
+    )
+
+
+def _check_forest(graph: dict[int, set[int]], fab: Fabric) -> None:
+    """Bridges joined to bridges must form no loop (no spanning tree runs here)."""
+    seen: set[int] = set()
+    for start in sorted(graph):
+        if start in seen:
+            continue
+        stack = [(start, -1)]
+        while stack:
+            v, parent = stack.pop()
+            if v in seen:
+                raise FabricError(
+                    f"switches around {fab.vertex_name(v)} form a loop of bridges; "
+                    "the emulator needs loop-free switching (spines route, they do not bridge)"
+                )
+            seen.add(v)
+            stack.extend((w, v) for w in graph[v] if w != parent)
+
+
+def _pair_paths(fab: Fabric, routes: Sequence[Sequence[int]] | None) -> dict:
+    from pathweave.fabric import candidate_paths
+
+    ps = candidate_paths(fab)
+    n = fab.num_ranks
+    out: dict[tuple[int, int], np.ndarray] = {}
+    if routes is None:
+        from pathweave.plan import make
+
+        demand = np.ones((n, n), dtype=np.int64) << 20
+        np.fill_diagonal(demand, 0)
+        plan = make(fab, demand, "static", paths=ps)
+        best: dict[int, tuple[int, int]] = {}
+        for pid, nb in zip(plan.flow_path.tolist(), plan.flow_bytes.tolist(), strict=True):
+            key = int(ps.src[pid]) * n + int(ps.dst[pid])
+            if key not in best or nb > best[key][0]:
+                best[key] = (nb, pid)
+        chosen = {k: v[1] for k, v in best.items()}
+    else:
+        chosen = {}
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    pid = int(routes[a][b])
+                    if not (0 <= pid < ps.num_paths) or ps.src[pid] != a or ps.dst[pid] != b:
+                        raise FabricError(f"routes[{a}][{b}] = {pid} is not a path from {a} to {b}")
+                    chosen[a * n + b] = pid
+    for key, pid in chosen.items():
+        row = ps.links[pid]
+        out[(key // n, key % n)] = row[row >= 0].astype(np.int64)
+    return out
+
+
+def _stops(fab: Fabric, links: np.ndarray, entity, link_dev, router_ns) -> tuple:
+    """Routers a path passes and the device each of them sends on."""
+    src = entity(int(fab.link_src[links[0]]))
+    stops, devs = [src], []
+    for lid in links.tolist():
+        su, dv = entity(int(fab.link_src[lid])), entity(int(fab.link_dst[lid]))
+        ns, dev = link_dev[lid]
+        # The stop's own egress port (not the bridge-side port of a link into it).
+        if su == stops[-1] and len(devs) < len(stops) and ns == router_ns[su]:
+            devs.append(dev)
+        if dv in router_ns and dv != stops[-1]:
+            stops.append(dv)
+    return tuple(stops), tuple(devs)

@@ -1,0 +1,946 @@
+"""``MoEAllToAll``: expert-parallel dispatch and combine on the multi-path data plane.
+
+One object per MoE layer shape (experts, top-k, hidden size, token budget,
+payload dtype), shared by every call of that layer. A call is:
+
+1. **metadata**: every rank checks its arguments and writes, in one
+   ``int64`` row, any local problem, its token count, a digest of its
+   routing table and the pairs it sends to each expert; one small exchange
+   gives every rank every row, so all ranks raise the same error for bad
+   input (:mod:`pathweave.moe._checks`) and agree on every size and offset
+   (:mod:`pathweave.moe._routing`) before any data moves;
+2. **pack**: the rows to send (token payload as bytes, block scales, the
+   source token id, in ``compact`` layout the local expert ids) are
+   gathered into one byte buffer in the documented order;
+3. **move**: one :func:`pathweave.distributed.all_to_all_single` with the
+   exact split sizes, so a hot expert's bytes are spread over the fabric's
+   relay and rail paths by the :class:`~pathweave.Orchestrator`;
+4. **unpack**: rows land in ``expert_x`` grouped by local expert
+   (``expert-major``) or stay grouped by source rank (``compact``).
+
+Combine sends each expert output row back to its source rank (every rank of
+the source's DP group) with one more ``all_to_all_single``, and sums the
+``k`` contributions of each token in float32 in top-k slot order.
+
+Byte buffers used only inside a call are kept and reused: first-touch page
+faults of freshly allocated buffers cost more than the copies themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pathweave.moe import _routing as R
+from pathweave.moe._checks import (
+    ERR_FIELDS,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    MoEArgError,
+    dtype_code,
+    dtype_name,
+    raise_first,
+    shape_nums,
+    type_code,
+)
+
+__all__ = ["CombineWork", "DispatchWork", "MoEAllToAll", "MoEHandle"]
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TAG_BYTES = 4  # source token id (int32) carried by every dispatched row
+_ID_BYTES = 4  # one local expert id (int32) per top-k slot, compact layout only
+
+
+def _np_bytes(a: np.ndarray, rows: int) -> torch.Tensor:
+    """``a`` (``rows`` rows) as int32 bytes: ``uint8[rows, 4 * columns]``."""
+    cols = a.size // rows if rows else (a.shape[1] if a.ndim == 2 else 1)
+    b = np.ascontiguousarray(a, dtype=np.int32).reshape(rows, cols).view(np.uint8)
+    return torch.from_numpy(b)
+
+
+def _byte_rows(t: torch.Tensor, rows: int, nbytes: int) -> torch.Tensor:
+    """A contiguous tensor's bytes as ``uint8[rows, nbytes]`` (a view; empty tensors too)."""
+    if t.numel() == 0:  # torch cannot reinterpret an empty tensor's dtype
+        return torch.empty(rows, nbytes, dtype=torch.uint8, device=t.device)
+    return t.view(torch.uint8).view(rows, nbytes)
+
+
+def _u8_as(raw: np.ndarray, dtype: Any, out: Any = np.int64) -> np.ndarray:
+    """``uint8[rows, cols]`` read as ``dtype[rows, cols / itemsize]``, returned as ``out``."""
+    raw = np.ascontiguousarray(raw)
+    width = raw.shape[1] // np.dtype(dtype).itemsize
+    return raw.view(dtype).reshape(raw.shape[0], width).astype(out)
+
+
+def _dtype_ok(t: torch.Tensor, names: Sequence[str]) -> bool:
+    return str(t.dtype).removeprefix("torch.") in names
+
+
+def _i64(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+class _Pool:
+    """Reusable byte buffers, one per role; a role in use by a pending call is never shared."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self.busy: set[str] = set()
+
+    def get(self, role: str, rows: int, row_bytes: int, device: torch.device) -> torch.Tensor:
+        need = rows * row_bytes
+        if role in self.busy:
+            return torch.empty(rows, row_bytes, dtype=torch.uint8, device=device)
+        buf = self._bufs.get((role, device))
+        if buf is None or buf.numel() < need:
+            buf = torch.empty(max(need, 1) * 5 // 4 + 64, dtype=torch.uint8, device=device)
+            self._bufs[(role, device)] = buf
+        return buf[:need].view(rows, row_bytes)
+
+
+@dataclass(eq=False)
+class MoEHandle:
+    """What one dispatch recorded for its combine (and for the caller to inspect).
+
+    Attributes
+    ----------
+    layout
+        ``"expert-major"`` or ``"compact"``.
+    num_tokens
+        Tokens ``m`` of this rank's ``x``.
+    expert_num_tokens
+        ``int64[L]`` (numpy): rows received per local expert.
+    expert_x_scale
+        Block scales that travelled with the rows (``float32``, shaped like
+        ``expert_x`` with ``S`` columns instead of ``H``), or ``None``.
+    expert_ids
+        ``compact`` only: ``int64[R, k]``, the local expert of each top-k
+        slot of each received row, -1 for slots served elsewhere.
+    expert_rows, expert_offsets
+        ``compact`` only: the (row, local expert) pairs grouped by local
+        expert: pairs of expert ``l`` are ``expert_offsets[l]:expert_offsets[l+1]``
+        and ``expert_rows`` gives the row of ``expert_x`` of each. Combine
+        takes one output row per pair in this order.
+    """
+
+    owner: Any
+    layout: str
+    num_tokens: int
+    expert_num_tokens: np.ndarray
+    recv_src_rank: np.ndarray  # per received row, in arrival order
+    recv_src_token: np.ndarray
+    positions: np.ndarray | None  # expert-major: row of expert_x (flat) per received row
+    expert_x_scale: torch.Tensor | None = None
+    expert_ids: np.ndarray | None = None
+    expert_rows: np.ndarray | None = None
+    expert_offsets: np.ndarray | None = None
+    # combine: what this rank sends back and what it receives
+    ret_gather: torch.Tensor | None = None
+    ret_send_splits: list[int] = field(default_factory=list)
+    ret_recv_splits: list[int] = field(default_factory=list)
+    slot_rows: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def num_pairs(self) -> int:
+        """(row, local expert) pairs this rank received: rows ``expert_y`` has in compact layout."""
+        return int(self.expert_num_tokens.sum())
+
+    @property
+    def expert_src(self) -> np.ndarray:
+        """Source ``(rank, token)`` of every row of ``expert_x``; -1 on padding rows.
+
+        ``int64[L, capacity, 2]`` (expert-major) or ``int64[R, 2]`` (compact).
+        With ``dp_size > 1`` the rank is the DP group's member that sent the row.
+        """
+        src = np.stack([self.recv_src_rank, self.recv_src_token], axis=1)
+        if self.layout == "compact":
+            return src
+        owner = self.owner
+        out = np.full((owner.num_local_experts * owner.expert_capacity, 2), -1, dtype=np.int64)
+        out[self.positions] = src
+        return out.reshape(owner.num_local_experts, owner.expert_capacity, 2)
+
+
+class DispatchWork:
+    """A dispatch in flight; :meth:`wait` returns ``(expert_x, expert_num_tokens, handle)``."""
+
+    def __init__(self, work: Any, finish: Any):
+        self._work = work
+        self._finish = finish
+        self._result: tuple[torch.Tensor, torch.Tensor, MoEHandle] | None = None
+
+    def is_completed(self) -> bool:
+        return self._result is not None or self._work is None or self._work.is_completed()
+
+    def wait(self) -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
+        if self._result is None:
+            if self._work is not None:
+                self._work.wait()
+            self._result = self._finish()
+        return self._result
+
+
+class CombineWork:
+    """A combine in flight; :meth:`wait` returns ``out [m, H]``."""
+
+    def __init__(self, work: Any, finish: Any):
+        self._work = work
+        self._finish = finish
+        self._result: torch.Tensor | None = None
+
+    def is_completed(self) -> bool:
+        return self._result is not None or self._work is None or self._work.is_completed()
+
+    def wait(self) -> torch.Tensor:
+        if self._result is None:
+            if self._work is not None:
+                self._work.wait()
+            self._result = self._finish()
+        return self._result
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class MoEAllToAll:
+    """Dispatch tokens to their experts and combine the experts' outputs, over many paths.
+
+    Every rank of ``group`` builds one with the same arguments and calls
+    :meth:`dispatch` and :meth:`combine` in the same order.
+
+    Parameters
+    ----------
+    num_experts
+        Experts ``E`` of the layer, over all ranks.
+    experts_per_token
+        Top-k ``k``: columns of ``topk_idx``.
+    hidden_dim
+        Row length ``H`` of ``x`` (and of the expert outputs).
+    max_num_tokens
+        Most tokens ``m`` a rank dispatches in one call.
+    dtype
+        dtype of ``x`` (e.g. ``torch.bfloat16``; ``torch.uint8`` for fp8
+        payloads with ``x_scale``).
+    group
+        Process group (``None``: the default group); ``W`` ranks.
+    dp_size
+        Ranks per DP group: ranks ``g*dp_size .. g*dp_size+dp_size-1`` hold
+        identical tokens; each (token, expert) pair is sent once per group
+        (member ``d`` sends the tokens ``i`` with ``i % dp_size == d``) and
+        every member receives the combined result.
+    orchestrator
+        :class:`~pathweave.Orchestrator` that moves the bytes (default: the
+        group's default, see :mod:`pathweave.distributed`).
+    layout
+        ``"expert-major"``: ``expert_x`` is ``[L, capacity, H]`` (as
+        pplx-kernels and DeepEP's low-latency mode); ``"compact"``: one row
+        per (token, destination rank), grouped by source rank (as DeepEP's
+        normal mode).
+    placement
+        Rank of each expert (length ``E``); default ``E / W`` experts per
+        rank in order (expert ``e`` on rank ``e // (E / W)``). Local experts
+        of a rank are numbered in increasing global id.
+    expert_capacity
+        Rows per local expert in ``expert_x`` (expert-major);
+        default ``max_num_tokens * W / dp_size``, which no routing exceeds.
+        A smaller value saves memory; a call that would exceed it raises on
+        every rank before data moves.
+
+    Examples
+    --------
+    >>> from pathweave.runtime.launch import run_local
+    >>> from pathweave.moe.layer import _doc_example
+    >>> run_local(_doc_example, 2)
+    [[2, 2], [2, 2]]
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        experts_per_token: int,
+        hidden_dim: int,
+        max_num_tokens: int,
+        dtype: torch.dtype,
+        group: Any = None,
+        dp_size: int = 1,
+        orchestrator: Any = None,
+        layout: str = "expert-major",
+        *,
+        placement: Sequence[int] | np.ndarray | None = None,
+        expert_capacity: int | None = None,
+    ):
+        self.num_experts = _positive("num_experts", num_experts)
+        self.experts_per_token = _positive("experts_per_token", experts_per_token)
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token ({experts_per_token}) must be <= num_experts ({num_experts})"
+            )
+        self.hidden_dim = _positive("hidden_dim", hidden_dim)
+        self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if dtype_code(dtype) == 0 or dtype.is_complex or dtype == torch.bool:
+            raise TypeError(f"dtype {dtype} is not supported as a payload dtype")
+        self.dtype = dtype
+        if layout not in R.LAYOUTS:
+            raise ValueError(f"layout must be one of {R.LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        if orchestrator is not None:
+            from pathweave.runtime.orchestrator import Orchestrator
+
+            if not isinstance(orchestrator, Orchestrator):
+                raise TypeError(
+                    "orchestrator must be a pathweave.Orchestrator, got "
+                    f"{type(orchestrator).__name__}"
+                )
+        self.orchestrator = orchestrator
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: call init_process_group first "
+                "(or start the job with torchrun or pathweave.runtime.launch.run_local)"
+            )
+        self.group = group
+        pg = group if group is not None else dist.group.WORLD
+        self.num_ranks = dist.get_world_size(pg)
+        self.rank = dist.get_rank(pg)
+        self._nccl = "nccl" in str(dist.get_backend(pg)).lower()
+        self.dp_size = _positive("dp_size", dp_size)
+        if self.num_ranks % self.dp_size:
+            raise ValueError(
+                f"dp_size ({dp_size}) must divide the group size ({self.num_ranks})"
+            )
+        self.num_dp_groups = self.num_ranks // self.dp_size
+        if placement is None:
+            place = R.default_placement(self.num_experts, self.num_ranks)
+        else:
+            place = np.asarray(placement)
+            if place.shape != (self.num_experts,) or place.dtype.kind not in "iu":
+                raise ValueError(
+                    f"placement must be {self.num_experts} integer ranks (one per expert), got "
+                    f"shape {place.shape} dtype {place.dtype}"
+                )
+            place = place.astype(np.int64)
+            bad = np.flatnonzero((place < 0) | (place >= self.num_ranks))
+            if bad.size:
+                e = int(bad[0])
+                raise ValueError(
+                    f"placement[{e}] = {int(place[e])} is not a rank of the group "
+                    f"[0, {self.num_ranks})"
+                )
+        self.placement = place
+        self.placement.setflags(write=False)
+        self.local_index, self.experts_per_rank = R.local_experts(place, self.num_ranks)
+        self.local_expert_ids = np.flatnonzero(place == self.rank)
+        self.num_local_experts = int(self.local_expert_ids.size)
+        worst = self.max_num_tokens * self.num_dp_groups
+        self.expert_capacity = (
+            worst if expert_capacity is None else _positive("expert_capacity", expert_capacity)
+        )
+        self._member = self.rank % self.dp_size
+        self._group_first = self.rank - self._member
+        self._fields = {
+            "k": self.experts_per_token,
+            "E": self.num_experts,
+            "H": self.hidden_dim,
+            "max_m": self.max_num_tokens,
+            "cap": self.expert_capacity,
+        }
+        self._pool = _Pool()
+        # Payload rows are copied as integers of the same width: bit-exact, and every
+        # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
+        self._move_dtype = _INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
+        self.scale_block = 128
+
+    def __repr__(self) -> str:
+        return (
+            f"MoEAllToAll(num_experts={self.num_experts}, experts_per_token="
+            f"{self.experts_per_token}, hidden_dim={self.hidden_dim}, max_num_tokens="
+            f"{self.max_num_tokens}, dtype={self.dtype}, ranks={self.num_ranks}, "
+            f"dp_size={self.dp_size}, layout={self.layout!r})"
+        )
+
+    # ------------------------------------------------------------ helpers
+    def _exchange(self, row: np.ndarray) -> Any:
+        """Start an all-gather of one ``int64`` row per rank; returns a function that waits.
+
+        gloo: an all-to-all of the row repeated (one step, where gloo's ring
+        all-gather takes ``W - 1``); NCCL: an all-gather. The caller does
+        local work (packing) while the rows travel.
+        """
+        n = self.num_ranks
+        mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))
+        if self._nccl:
+            dev = torch.device("cuda", torch.cuda.current_device())
+            out = torch.empty(n * row.size, dtype=torch.int64, device=dev)
+            work = dist.all_gather_into_tensor(out, mine.to(dev), group=self.group,
+                                               async_op=True)
+        else:
+            out = torch.empty(n * row.size, dtype=torch.int64)
+            work = dist.all_to_all_single(out, mine.repeat(n), group=self.group, async_op=True)
+
+        def wait() -> np.ndarray:
+            work.wait()
+            return out.cpu().numpy().reshape(n, row.size)
+
+        return wait
+
+    def _a2a(
+        self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+        in_splits: list[int], async_op: bool,
+    ) -> Any:
+        from pathweave import distributed as pwd
+
+        return pwd.all_to_all_single(
+            out, inp, out_splits, in_splits, group=self.group, async_op=async_op,
+            orchestrator=self.orchestrator,
+        )
+
+    def _check_dispatch(
+        self, x: Any, topk_idx: Any, x_scale: Any
+    ) -> tuple[np.ndarray, int]:
+        """Local checks; returns the routing table as numpy and the scale columns (-1: none)."""
+        if not isinstance(x, torch.Tensor):
+            raise MoEArgError(1, type_code(x))
+        if x.dtype != self.dtype:
+            raise MoEArgError(2, dtype_code(x.dtype), dtype_code(self.dtype))
+        if x.dim() != 2 or x.shape[1] != self.hidden_dim:
+            raise MoEArgError(3, *shape_nums(x))
+        m = int(x.shape[0])
+        if m > self.max_num_tokens:
+            raise MoEArgError(4, m)
+        if not isinstance(topk_idx, torch.Tensor):
+            raise MoEArgError(5, type_code(topk_idx))
+        if not _dtype_ok(topk_idx, INDEX_DTYPES):
+            raise MoEArgError(6, dtype_code(topk_idx.dtype))
+        if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, self.experts_per_token):
+            raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
+        cols = -1
+        if x_scale is not None:
+            if not isinstance(x_scale, torch.Tensor):
+                raise MoEArgError(10, type_code(x_scale))
+            if x_scale.dtype != torch.float32:
+                raise MoEArgError(11, dtype_code(x_scale.dtype))
+            if x_scale.dim() != 2 or x_scale.shape[0] != m or x_scale.shape[1] < 1:
+                raise MoEArgError(12, *shape_nums(x_scale), 0, 0, m)
+            if x_scale.device != x.device:
+                raise MoEArgError(13, 2)
+            cols = int(x_scale.shape[1])
+        idx = topk_idx.detach().to("cpu", torch.int64).numpy()
+        bad = R.check_topk(idx, self.num_experts)
+        if bad is not None:
+            code, i, j, v = bad
+            raise MoEArgError(8 if code == 1 else 9, i, j, v)
+        return idx, cols
+
+    # ------------------------------------------------------------ dispatch
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        x_scale: torch.Tensor | None = None,
+        *,
+        async_op: bool = False,
+    ) -> Any:
+        """Send every token to the ranks of its experts.
+
+        Parameters
+        ----------
+        x
+            ``[m, H]`` tokens of this rank, ``m <= max_num_tokens``, dtype
+            ``self.dtype``.
+        topk_idx
+            ``[m, k]`` integer expert ids; -1 means "no expert" (skipped).
+            A token may not name the same expert twice.
+        x_scale
+            Optional ``[m, S]`` float32 per-token block scales (fp8 payloads:
+            ``S = ceil(H / 128)``), carried with their rows; all ranks pass
+            scales or none do, with the same ``S``.
+        async_op
+            Return a :class:`DispatchWork` at once; its ``wait()`` gives the
+            result. Metadata and checks still complete before the call
+            returns, so errors are raised here.
+
+        Returns
+        -------
+        expert_x
+            ``expert-major``: ``[L, expert_capacity, H]``; rows
+            ``[0, expert_num_tokens[l])`` of expert ``l`` are valid, grouped
+            by source rank, then in the source's token order (the rest is
+            unspecified). ``compact``: ``[R, H]``, one row per (token, this
+            rank), grouped by source rank, then token.
+        expert_num_tokens
+            ``int64[L]`` on ``x``'s device: tokens received per local expert.
+        handle
+            :class:`MoEHandle` for :meth:`combine` (scales, source ids, and
+            in compact layout the local expert ids per row).
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad arguments on any rank: raised on every rank, naming the
+            rank and the values, before any data moves.
+        """
+        k = self.experts_per_token
+        n = self.num_ranks
+        E = self.num_experts
+        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        idx = np.zeros((0, k), dtype=np.int64)
+        cols, m, plan = -1, 0, None
+        try:
+            idx, cols = self._check_dispatch(x, topk_idx, x_scale)
+            m = idx.shape[0]
+            plan = R.send_plan(
+                idx, self.placement, self.local_index, n, layout=self.layout,
+                dp_size=self.dp_size, member=self._member,
+            )
+        except MoEArgError as exc:
+            err = exc.row()
+        # Row: error | m, digest, scale columns | pairs per expert | rows per rank.
+        row = np.zeros(ERR_FIELDS + 3 + E + n, dtype=np.int64)
+        row[:ERR_FIELDS] = err
+        if plan is not None:
+            row[ERR_FIELDS : ERR_FIELDS + 3] = (m, R.fingerprint(idx), cols)
+            row[ERR_FIELDS + 3 : ERR_FIELDS + 3 + E] = plan.pairs_per_expert
+            row[ERR_FIELDS + 3 + E :] = np.diff(plan.row_ptr)
+        wait = self._exchange(row)
+        packed = None if plan is None else self._pack(x, x_scale, plan, cols)
+        meta = wait()
+        raise_first(meta, self._fields)
+        ms, digests, scols = meta[:, ERR_FIELDS], meta[:, ERR_FIELDS + 1], meta[:, ERR_FIELDS + 2]
+        pairs = meta[:, ERR_FIELDS + 3 : ERR_FIELDS + 3 + E]  # [src, expert]
+        rows = meta[:, ERR_FIELDS + 3 + E :]  # [src, dst]
+        self._check_global(ms, digests, scols, pairs)
+        assert plan is not None and packed is not None
+        return self._dispatch_data(x, idx, plan, pairs, rows, cols, packed, async_op)
+
+    def _check_global(
+        self, ms: np.ndarray, digests: np.ndarray, scols: np.ndarray, pairs: np.ndarray
+    ) -> None:
+        """Checks over all ranks' rows (the same outcome on every rank)."""
+        if (scols != scols[0]).any():
+            r = int(np.flatnonzero(scols != scols[0])[0])
+
+            def say(c: int) -> str:
+                return "no x_scale" if c < 0 else f"x_scale with {c} columns"
+
+            raise ValueError(
+                f"rank 0 passed {say(int(scols[0]))} but rank {r} passed {say(int(scols[r]))}; "
+                "all ranks must pass scales of the same width, or none"
+            )
+        dp = self.dp_size
+        if dp > 1:
+            for g in range(self.num_dp_groups):
+                lo = g * dp
+                for r in range(lo + 1, lo + dp):
+                    if ms[r] != ms[lo] or digests[r] != digests[lo]:
+                        what = (
+                            f"{int(ms[lo])} and {int(ms[r])} tokens" if ms[r] != ms[lo]
+                            else "different topk_idx"
+                        )
+                        raise ValueError(
+                            f"ranks {lo} and {r} are in one DP group (dp_size={dp}) but hold "
+                            f"{what}; ranks of a DP group must pass identical tokens and routing"
+                        )
+        load = pairs.sum(axis=0)
+        over = np.flatnonzero(load > self.expert_capacity)
+        if over.size and self.layout == "expert-major":
+            e = int(over[0])
+            raise ValueError(
+                f"expert {e} (rank {int(self.placement[e])}) would receive {int(load[e])} tokens, "
+                f"more than expert_capacity={self.expert_capacity}"
+            )
+
+    def _member_plans(self, idx: np.ndarray, own: R.SendPlan) -> list[R.SendPlan]:
+        """Send plans of every member of this rank's DP group (identical routing tables)."""
+        if self.dp_size == 1:
+            return [own]
+        return [
+            own if d == self._member else R.send_plan(
+                idx, self.placement, self.local_index, self.num_ranks, layout=self.layout,
+                dp_size=self.dp_size, member=d,
+            )
+            for d in range(self.dp_size)
+        ]
+
+    def _row_bytes(self, x: torch.Tensor, cols: int) -> tuple[int, int, int]:
+        """Byte widths of a dispatched row: payload, metadata (scales, tag, ids), whole row.
+
+        The metadata width is a multiple of 8 so that every chunk's payload
+        starts aligned for any dtype.
+        """
+        hb = self.hidden_dim * x.element_size()
+        sb = 4 * cols if cols > 0 else 0
+        extra = _ID_BYTES * self.experts_per_token if self.layout == "compact" else 0
+        mb = -(-(sb + _TAG_BYTES + extra) // 8) * 8
+        return hb, mb, hb + mb
+
+    def _chunks(
+        self, buf: torch.Tensor, counts: Sequence[int], hb: int, mb: int, dtype: torch.dtype
+    ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+        """Per peer: its payload rows (``dtype[n, H]``) and metadata rows (``uint8[n, mb]``).
+
+        A peer's chunk holds all its payload rows, then all its metadata
+        rows, so payloads move as whole rows of their own dtype.
+        """
+        flat = buf.view(-1)
+        out = []
+        off = 0
+        for c in counts:
+            c = int(c)
+            pay = flat[off : off + c * hb]
+            payload = pay.view(dtype).view(c, self.hidden_dim) if c else None
+            meta = flat[off + c * hb : off + c * (hb + mb)].view(c, mb)
+            out.append((payload, meta))
+            off += c * (hb + mb)
+        return out
+
+    def _pack(
+        self, x: torch.Tensor, x_scale: torch.Tensor | None, plan: R.SendPlan, cols: int
+    ) -> torch.Tensor:
+        """Rows to send, per destination: payloads, then scales | source token | (compact) ids."""
+        hb, mb, row_bytes = self._row_bytes(x, cols)
+        sb = 4 * cols if cols > 0 else 0
+        n_send = int(plan.row_ptr[-1])
+        dev = x.device
+        send = self._pool.get("d_send", n_send, row_bytes, dev)
+        meta = np.zeros((n_send, mb), dtype=np.uint8)
+        meta[:, sb : sb + _TAG_BYTES] = _np_bytes(plan.row_token, n_send).numpy()
+        if self.layout == "compact":
+            ids = _np_bytes(plan.row_local, n_send).numpy()
+            meta[:, sb + _TAG_BYTES : sb + _TAG_BYTES + ids.shape[1]] = ids
+        xc = x.contiguous().view(self._move_dtype)
+        sc = None if not sb else _byte_rows(x_scale.contiguous(), x.shape[0], sb)  # type: ignore[union-attr]
+        counts = np.diff(plan.row_ptr)
+        for q, (payload, mview) in enumerate(self._chunks(send, counts, hb, mb, self._move_dtype)):
+            if payload is None:
+                continue
+            a, b = int(plan.row_ptr[q]), int(plan.row_ptr[q + 1])
+            tok_t = _i64(plan.row_token[a:b], dev)
+            torch.index_select(xc, 0, tok_t, out=payload)
+            mview.copy_(torch.from_numpy(meta[a:b]))
+            if sc is not None:
+                torch.index_select(sc, 0, tok_t, out=mview[:, :sb])
+        return send
+
+    def _dispatch_data(
+        self, x: torch.Tensor, idx: np.ndarray, plan: R.SendPlan, pairs: np.ndarray,
+        rows: np.ndarray, cols: int, send: torch.Tensor, async_op: bool,
+    ) -> Any:
+        n, H = self.num_ranks, self.hidden_dim
+        dev = x.device
+        compact = self.layout == "compact"
+        k = self.experts_per_token
+        hb, mb, row_bytes = self._row_bytes(x, cols)
+        sb = 4 * cols if cols > 0 else 0
+        send_splits = np.diff(plan.row_ptr).tolist()
+        recv_counts = rows[:, self.rank]
+        recv_splits = recv_counts.tolist()
+        n_recv = int(recv_counts.sum())
+        recv = self._pool.get("d_recv", n_recv, row_bytes, dev)
+
+        local = self.local_expert_ids
+        block = pairs[:, local]  # [src, local expert]
+        expert_num_tokens = block.sum(axis=0).astype(np.int64)
+        src_rank = np.repeat(np.arange(n, dtype=np.int64), recv_counts)
+        handle = MoEHandle(
+            owner=self, layout=self.layout, num_tokens=int(x.shape[0]),
+            expert_num_tokens=expert_num_tokens, recv_src_rank=src_rank,
+            recv_src_token=np.zeros(0, dtype=np.int64), positions=None,
+        )
+        member_plans = self._member_plans(idx, plan)
+        self._combine_recv_tables(handle, member_plans, dev)
+        if not compact:
+            handle.positions = R.expert_major_positions(block, self.expert_capacity)
+            self._combine_send_tables(handle, handle.positions, recv_counts, dev)
+
+        def finish() -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
+            self._pool.busy.discard("d_send")
+            self._pool.busy.discard("d_recv")
+            chunks = self._chunks(recv, recv_counts, hb, mb, self._move_dtype)
+            meta = np.concatenate([m.cpu().numpy() for _, m in chunks]) if chunks else None
+            meta = meta if meta is not None else np.zeros((0, mb), dtype=np.uint8)
+            handle.recv_src_token = _u8_as(meta[:, sb : sb + _TAG_BYTES], np.int32).ravel()
+            starts = np.concatenate(([0], np.cumsum(recv_counts)))
+            if compact:
+                expert_x = torch.empty(n_recv, H, dtype=self.dtype, device=dev)
+                for s_, (payload, _) in enumerate(chunks):
+                    if payload is not None:
+                        expert_x[starts[s_] : starts[s_ + 1]].view(self._move_dtype).copy_(
+                            payload
+                        )
+                if sb:
+                    scale = torch.from_numpy(_u8_as(meta[:, :sb], np.float32, np.float32))
+                    handle.expert_x_scale = scale.to(dev)
+                ids = _u8_as(meta[:, sb + _TAG_BYTES : sb + _TAG_BYTES + _ID_BYTES * k], np.int32)
+                self._compact_tables(handle, ids, dev)
+            else:
+                L, cap = self.num_local_experts, self.expert_capacity
+                expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
+                flat = expert_x.view(self._move_dtype).view(L * cap, H)
+                scale = None
+                if sb:
+                    scale = torch.empty(L, cap, cols, dtype=torch.float32, device=dev)
+                    handle.expert_x_scale = scale
+                pos = handle.positions
+                assert pos is not None
+                for s_, (payload, mview) in enumerate(chunks):
+                    if payload is None:
+                        continue
+                    pos_t = _i64(pos[starts[s_] : starts[s_ + 1]], dev)
+                    flat.index_copy_(0, pos_t, payload)
+                    if scale is not None:
+                        _byte_rows(scale, L * cap, sb).index_copy_(0, pos_t, mview[:, :sb])
+            return expert_x, torch.from_numpy(expert_num_tokens).to(dev), handle
+
+        work = self._a2a(recv, send, recv_splits, send_splits, async_op)
+        if not async_op:
+            return finish()
+        self._pool.busy.update(("d_send", "d_recv"))
+        return DispatchWork(work, finish)
+
+    # ------------------------------------------------------------ tables
+    def _combine_recv_tables(
+        self, handle: MoEHandle, member_plans: list[R.SendPlan], dev: torch.device
+    ) -> None:
+        """Rows combine brings back to this rank: from each expert rank, every member's pairs."""
+        n, k = self.num_ranks, self.experts_per_token
+        toks, slots, counts = [], [], np.zeros(n, dtype=np.int64)
+        for q in range(n):
+            for p in member_plans:
+                a, b = int(p.ret_ptr[q]), int(p.ret_ptr[q + 1])
+                toks.append(p.ret_token[a:b])
+                slots.append(p.ret_slot[a:b])
+                counts[q] += b - a
+        tok = np.concatenate(toks) if toks else np.zeros(0, dtype=np.int64)
+        slot = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
+        handle.ret_recv_splits = counts.tolist()
+        handle.slot_rows = []
+        for j in range(k):
+            sel = np.flatnonzero(slot == j)
+            handle.slot_rows.append((_i64(sel, dev), _i64(tok[sel], dev), tok[sel]))
+
+    def _combine_send_tables(
+        self, handle: MoEHandle, pair_pos: np.ndarray, pairs_from: np.ndarray, dev: torch.device
+    ) -> None:
+        """What this rank sends back in combine.
+
+        ``pair_pos``: row of (flattened) ``expert_y`` of every pair, in
+        return order, grouped by source rank; ``pairs_from[s]``: pairs
+        received from source ``s``. Rank ``t`` gets the pairs of every
+        member of its DP group, members in rank order.
+        """
+        n, dp = self.num_ranks, self.dp_size
+        starts = np.concatenate(([0], np.cumsum(pairs_from)))
+        if dp == 1:
+            handle.ret_gather = _i64(pair_pos, dev)
+            handle.ret_send_splits = [int(v) for v in pairs_from]
+            return
+        parts, splits = [], []
+        for t in range(n):
+            lo = t - t % dp
+            parts.append(pair_pos[starts[lo] : starts[lo + dp]])
+            splits.append(int(starts[lo + dp] - starts[lo]))
+        handle.ret_gather = _i64(np.concatenate(parts), dev)
+        handle.ret_send_splits = splits
+
+    def _compact_tables(self, handle: MoEHandle, ids: np.ndarray, dev: torch.device) -> None:
+        """Pairs of the received compact rows: expert-grouped order and return order."""
+        L = self.num_local_experts
+        ids = ids.astype(np.int64)
+        handle.expert_ids = ids
+        flat = ids.ravel()
+        valid = np.flatnonzero(flat >= 0)  # (row, slot) ascending: the return order
+        row = valid // max(ids.shape[1], 1)
+        loc = flat[valid]
+        grouped = np.argsort(loc, kind="stable")  # by local expert, then row
+        handle.expert_rows = row[grouped]
+        handle.expert_offsets = np.concatenate(
+            ([0], np.cumsum(np.bincount(loc, minlength=L)))
+        ).astype(np.int64)
+        where = np.empty_like(grouped)
+        where[grouped] = np.arange(grouped.size)  # grouped position of each return-order pair
+        src = handle.recv_src_rank[row]
+        pairs_from = np.bincount(src, minlength=self.num_ranks)
+        self._combine_send_tables(handle, where, pairs_from, dev)
+
+    # ------------------------------------------------------------ combine
+    def combine(
+        self,
+        expert_y: torch.Tensor,
+        handle: MoEHandle,
+        topk_weights: torch.Tensor | None = None,
+        weighted: bool = True,
+        *,
+        async_op: bool = False,
+    ) -> Any:
+        """Return every expert output row to its source and sum each token's ``k`` rows.
+
+        ``out[i] = sum_j w[i, j] * y(expert topk_idx[i, j] of token i)`` over the
+        slots ``j`` with an expert, accumulated in float32 in slot order
+        ``j = 0, 1, ..`` (deterministic) and cast to ``expert_y``'s dtype;
+        ``weighted=False`` gives the plain sum. Tokens with no expert get 0.
+        With ``dp_size > 1`` every rank of a DP group gets the result for all
+        of the group's tokens.
+
+        Parameters
+        ----------
+        expert_y
+            ``expert-major``: ``[L, expert_capacity, H]`` like ``expert_x``
+            (only the valid rows are read). ``compact``: ``[P, H]``, one row
+            per (row, local expert) pair in the order of
+            ``handle.expert_rows`` (grouped by local expert). A floating
+            dtype, the same on every rank.
+        handle
+            The handle of the dispatch these outputs answer.
+        topk_weights
+            ``[m, k]`` router weights (any floating dtype; used as float32);
+            needed when ``weighted``.
+        weighted
+            Multiply each row by its weight before summing.
+        async_op
+            Return a :class:`CombineWork` whose ``wait()`` gives ``out``.
+
+        Returns
+        -------
+        out
+            ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
+        """
+        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        try:
+            w = self._check_combine(expert_y, handle, topk_weights, weighted)
+        except MoEArgError as exc:
+            err = exc.row()
+            w = None
+        row = np.zeros(ERR_FIELDS + 1, dtype=np.int64)
+        row[:ERR_FIELDS] = err
+        if not err[0]:
+            row[ERR_FIELDS] = dtype_code(expert_y.dtype)
+        wait = self._exchange(row)
+        send = None if err[0] else self._pack_combine(expert_y, handle)
+        meta = wait()
+        raise_first(meta, self._fields)
+        codes = meta[:, ERR_FIELDS]
+        if (codes != codes[0]).any():
+            r = int(np.flatnonzero(codes != codes[0])[0])
+            raise TypeError(
+                f"expert_y has dtype {dtype_name(int(codes[0]))} on rank 0 but "
+                f"{dtype_name(int(codes[r]))} on rank {r}; it must be the same on every rank"
+            )
+        assert send is not None
+        return self._combine_data(expert_y, handle, w, send, async_op)
+
+    def _check_combine(
+        self, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
+    ) -> torch.Tensor | None:
+        if not isinstance(handle, MoEHandle) or handle.owner is not self:
+            raise MoEArgError(20, type_code(handle))
+        if not isinstance(expert_y, torch.Tensor):
+            raise MoEArgError(21, type_code(expert_y))
+        if not _dtype_ok(expert_y, FLOAT_DTYPES):
+            raise MoEArgError(22, dtype_code(expert_y.dtype))
+        H = self.hidden_dim
+        if self.layout == "compact":
+            want: tuple[int, ...] = (handle.num_pairs, H)
+            exp_nums = (handle.num_pairs, 1)
+        else:
+            want = (self.num_local_experts, self.expert_capacity, H)
+            exp_nums = (self.num_local_experts, 0)
+        if tuple(expert_y.shape) != want:
+            raise MoEArgError(23, *shape_nums(expert_y), *exp_nums)
+        if not weighted:
+            return None
+        m = handle.num_tokens
+        if not isinstance(topk_weights, torch.Tensor):
+            raise MoEArgError(24, type_code(topk_weights))
+        if not _dtype_ok(topk_weights, FLOAT_DTYPES):
+            raise MoEArgError(25, dtype_code(topk_weights.dtype))
+        if tuple(topk_weights.shape) != (m, self.experts_per_token):
+            raise MoEArgError(26, *shape_nums(topk_weights), 0, 0, m)
+        if topk_weights.device != expert_y.device:
+            raise MoEArgError(27)
+        return topk_weights.to(torch.float32)
+
+    def _pack_combine(self, expert_y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
+        """The output rows going back, in return order (``uint8[rows, H * itemsize]``)."""
+        H = self.hidden_dim
+        dt = expert_y.dtype
+        yb = H * expert_y.element_size()
+        assert handle.ret_gather is not None
+        rows = int(handle.ret_gather.numel())
+        send = self._pool.get("c_send", rows, yb, expert_y.device)
+        if rows:
+            flat = expert_y.contiguous().view(-1, H)
+            torch.index_select(flat, 0, handle.ret_gather, out=send.view(dt).view(rows, H))
+        return send
+
+    def _combine_data(
+        self, expert_y: torch.Tensor, handle: MoEHandle, w: torch.Tensor | None,
+        send: torch.Tensor, async_op: bool,
+    ) -> Any:
+        H = self.hidden_dim
+        dev = expert_y.device
+        dt = expert_y.dtype
+        yb = H * expert_y.element_size()
+        n_recv = int(sum(handle.ret_recv_splits))
+        recv = self._pool.get("c_recv", n_recv, yb, dev)
+        m = handle.num_tokens
+
+        def finish() -> torch.Tensor:
+            self._pool.busy.discard("c_send")
+            self._pool.busy.discard("c_recv")
+            ys = recv.view(dt).view(n_recv, H) if n_recv else recv
+            acc = torch.zeros(m, H, dtype=torch.float32, device=dev)
+            most = max((int(t[2].size) for t in handle.slot_rows), default=0)
+            tmp_lo = self._pool.get("c_tmp", most, yb, dev)
+            tmp32 = self._pool.get("c_tmp32", most, 4 * H, dev)
+            for j, (rows_t, tok_t, tok_np) in enumerate(handle.slot_rows):
+                cnt = int(tok_np.size)
+                if cnt == 0:
+                    continue
+                lo = tmp_lo[:cnt].view(dt).view(cnt, H)
+                torch.index_select(ys, 0, rows_t, out=lo)
+                part = tmp32[:cnt].view(torch.float32).view(cnt, H)
+                part.copy_(lo)
+                if w is not None:
+                    part.mul_(w[:, j].index_select(0, tok_t).unsqueeze(1))
+                acc.index_add_(0, tok_t, part)
+            return acc if dt == torch.float32 else acc.to(dt)
+
+        work = self._a2a(recv, send, handle.ret_recv_splits, handle.ret_send_splits, async_op)
+        if not async_op:
+            return finish()
+        self._pool.busy.update(("c_send", "c_recv"))
+        return CombineWork(work, finish)
+
+
+def scale_columns(hidden_dim: int, block: int = 128) -> int:
+    """Columns of per-token block scales: ``ceil(hidden_dim / block)``.
+
+    >>> scale_columns(7168), scale_columns(100)
+    (56, 1)
+    """
+    return math.ceil(hidden_dim / block)
+
+
+def _doc_example(rank: int, world_size: int) -> list[int]:
+    """Two ranks, four experts, top-2 (used by the class docstring)."""
+    moe = MoEAllToAll(4, 2, 8, max_num_tokens=4, dtype=torch.float32)
+    x = torch.full((2, 8), float(rank + 1))
+    idx = torch.tensor([[0, 3], [1, 2]])
+    expert_x, counts, handle = moe.dispatch(x, idx)
+    y = expert_x * 2  # every "expert" doubles its input
+    out = moe.combine(y, handle, torch.full((2, 2), 0.25))
+    assert torch.equal(out, x), out  # 0.25 * 2x + 0.25 * 2x
+    return counts.tolist()

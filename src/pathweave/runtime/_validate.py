@@ -1,0 +1,428 @@
+"""Argument checks of the data plane: one private helper per argument kind.
+
+Checks come in two halves. Local facts about a rank's arguments (tensor
+types, split list lengths, negative sizes, sums) are *encoded* into the rank's
+metadata row instead of being raised on the spot: a rank that raised alone
+would leave its peers waiting in the exchange. After the exchange every rank
+holds every row and *decodes* them the same way, so bad input raises the same
+exception with the same message on every rank, before any data moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["A2ALayout", "decode_a2a", "encode_a2a"]
+
+# ------------------------------------------------------------------ dtypes
+_DTYPE_NAMES = (
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
+    "bool", "complex64", "complex128", "uint16", "uint32", "uint64",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+)  # fmt: skip
+
+
+def _dtype_tables() -> tuple[dict[Any, int], list[str]]:
+    import torch
+
+    codes: dict[Any, int] = {}
+    names = []
+    for i, name in enumerate(_DTYPE_NAMES):
+        dt = getattr(torch, name, None)
+        if dt is not None:
+            codes[dt] = i + 1
+        names.append(name)
+    return codes, names
+
+
+_CODES: dict[Any, int] | None = None
+_NAMES: list[str] = []
+
+
+def dtype_code(dtype: Any) -> int:
+    """A small integer naming ``dtype``, the same in every process (0: unknown)."""
+    global _CODES, _NAMES
+    if _CODES is None:
+        _CODES, _NAMES = _dtype_tables()
+    return _CODES.get(dtype, 0)
+
+
+def dtype_name(code: int) -> str:
+    if _CODES is None:
+        dtype_code(None)
+    return _NAMES[code - 1] if 0 < code <= len(_NAMES) else f"<dtype code {code}>"
+
+
+# ------------------------------------------------------------- error codes
+# Local errors found on one rank: (exception type, message template). The
+# template gets the reporting rank and the three numbers a, b, c.
+_WHICH = ("input", "output")
+_ERRORS: dict[int, tuple[type[Exception], str]] = {
+    1: (TypeError, "rank {rank}: {which} must be a torch.Tensor, got {typename}"),
+    2: (TypeError, "rank {rank}: {which}_split_sizes must be a sequence of ints, got {typename}"),
+    3: (ValueError, "rank {rank}: {which}_split_sizes has {b} entries, expected {c} (group size)"),
+    4: (ValueError, "rank {rank}: {which}_split_sizes[{b}] = {c} is negative"),
+    5: (
+        ValueError,
+        "rank {rank}: {which}_split_sizes add up to {b} rows but {which} has {c} rows "
+        "(size of dim 0)",
+    ),
+    6: (
+        ValueError,
+        "rank {rank}: {which} has {b} rows, not divisible by the group size {c}; "
+        "pass {which}_split_sizes",
+    ),
+    7: (ValueError, "rank {rank}: {which} is a 0-dimensional tensor; it needs a first dimension"),
+    8: (ValueError, "rank {rank}: input and output are on different devices"),
+    9: (TypeError, "rank {rank}: input has dtype {b_dtype} but output has dtype {c_dtype}"),
+    10: (
+        ValueError,
+        "rank {rank}: input rows have shape {in_shape} but output rows have shape {out_shape}",
+    ),
+}
+_TYPE_NAMES = {0: "None", 1: "list", 2: "tuple", 3: "int", 4: "float", 5: "str", 6: "ndarray"}
+
+
+def _type_id(x: Any) -> int:
+    for k, v in _TYPE_NAMES.items():
+        if type(x).__name__ == v:
+            return k
+    return 99
+
+
+_MAX_TRAIL = 6
+# Row layout: header fields, then trailing shapes, then the two split lists.
+_ERR, _EA, _EB, _EC = 0, 1, 2, 3
+_IN_DT, _IN_ES, _OUT_DT, _OUT_ES = 4, 5, 6, 7
+_IN_ROWS, _OUT_ROWS, _IN_ND, _OUT_ND = 8, 9, 10, 11
+_IN_ROWEL, _OUT_ROWEL = 12, 13
+_IN_TRAIL = 14
+_OUT_TRAIL = _IN_TRAIL + _MAX_TRAIL
+_HEADER = _OUT_TRAIL + _MAX_TRAIL
+
+
+def meta_width(num_ranks: int) -> int:
+    """Length of one rank's metadata row for ``all_to_all_single``."""
+    return _HEADER + 2 * num_ranks
+
+
+def _tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def _splits(
+    splits: Any, rows: int, n: int, which: int, row: np.ndarray, col: int
+) -> tuple[int, int, int]:
+    """Write a split list into ``row[col:col+n]``; return an error triple (0 if fine)."""
+    if splits is None:
+        if rows % n:
+            return 6, rows, n
+        row[col : col + n] = rows // n
+        return 0, 0, 0
+    if isinstance(splits, (str, bytes)):
+        return 2, _type_id(splits), 0
+    try:
+        arr = np.asarray(splits)  # torch accepts any sequence of ints (a list, a tensor)
+    except Exception:
+        return 2, _type_id(splits), 0
+    if arr.ndim != 1:
+        return 2, _type_id(splits), 0
+    if arr.size != n:
+        return 3, arr.size, n
+    if arr.dtype.kind not in "iu":
+        if arr.dtype.kind != "f" or not np.array_equal(arr, np.floor(arr)):
+            return 2, _type_id(splits), 0
+        arr = arr.astype(np.int64)
+    neg = np.flatnonzero(arr < 0)
+    if neg.size:
+        return 4, int(neg[0]), int(arr[neg[0]])
+    total = int(arr.sum())
+    if total != rows:
+        return 5, total, rows
+    row[col : col + n] = arr
+    return 0, 0, 0
+
+
+def _trail(t: Any, row: np.ndarray, col: int) -> None:
+    dims = list(t.shape[1:])
+    row[col : col + _MAX_TRAIL] = -1
+    for i, v in enumerate(dims[:_MAX_TRAIL]):
+        row[col + i] = v
+
+
+def encode_a2a(
+    output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, num_ranks: int
+) -> np.ndarray:
+    """This rank's metadata row for ``all_to_all_single`` (``int64[meta_width(n)]``).
+
+    Never raises on bad arguments: it records the first problem in the row.
+    """
+    n = num_ranks
+    row = np.zeros(meta_width(n), dtype=np.int64)
+
+    def fail(code: int, which: int, b: int = 0, c: int = 0) -> np.ndarray:
+        row[_ERR], row[_EA], row[_EB], row[_EC] = code, which, b, c
+        return row
+
+    for which, t in ((0, input), (1, output)):
+        if not _tensor(t):
+            return fail(1, which, _type_id(t))
+        if t.dim() == 0:
+            return fail(7, which)
+    if input.device != output.device:
+        return fail(8, 0)
+    ci, co = dtype_code(input.dtype), dtype_code(output.dtype)
+    if input.dtype != output.dtype:
+        return fail(9, 0, ci, co)
+    if tuple(input.shape[1:]) != tuple(output.shape[1:]):
+        _trail(input, row, _IN_TRAIL)
+        _trail(output, row, _OUT_TRAIL)
+        return fail(10, 0)
+    row[_IN_DT], row[_IN_ES] = ci, input.element_size()
+    row[_OUT_DT], row[_OUT_ES] = co, output.element_size()
+    row[_IN_ROWS], row[_OUT_ROWS] = input.shape[0], output.shape[0]
+    row[_IN_ND], row[_OUT_ND] = input.dim(), output.dim()
+    row[_IN_ROWEL] = math.prod(input.shape[1:])
+    row[_OUT_ROWEL] = math.prod(output.shape[1:])
+    _trail(input, row, _IN_TRAIL)
+    _trail(output, row, _OUT_TRAIL)
+    for which, splits, rows, col in (
+        (0, input_split_sizes, input.shape[0], _HEADER),
+        (1, output_split_sizes, output.shape[0], _HEADER + n),
+    ):
+        code, b, c = _splits(splits, int(rows), n, which, row, col)
+        if code:
+            return fail(code, which, b, c)
+    return row
+
+
+@dataclass(frozen=True, eq=False)
+class A2ALayout:
+    """The validated facts of one ``all_to_all_single`` call, the same on every rank.
+
+    Attributes
+    ----------
+    in_rows : int64[N, N]
+        ``in_rows[s, d]``: rows rank ``s`` sends to ``d`` (equals ``d``'s output split for ``s``).
+    row_bytes : int
+        Bytes per row (element size times trailing elements).
+    """
+
+    in_rows: np.ndarray
+    row_bytes: int
+
+    @property
+    def pair_bytes(self) -> np.ndarray:
+        return self.in_rows * self.row_bytes
+
+
+def _shape_text(row: np.ndarray, col: int, nd: int) -> str:
+    dims = [int(v) for v in row[col : col + min(nd - 1, _MAX_TRAIL)]]
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _raise_local(rank: int, row: np.ndarray) -> None:
+    code, a, b, c = (int(v) for v in row[_ERR : _EC + 1])
+    exc, template = _ERRORS.get(code, (ValueError, "rank {rank}: invalid arguments (code {c})"))
+    names = {
+        "rank": rank,
+        "which": _WHICH[a] if a in (0, 1) else a,
+        "b": b,
+        "c": c,
+        "typename": _TYPE_NAMES.get(b, "another type"),
+        "b_dtype": dtype_name(b),
+        "c_dtype": dtype_name(c),
+        "in_shape": "?",
+        "out_shape": "?",
+    }
+    if code == 10:
+        in_nd = int((row[_IN_TRAIL : _IN_TRAIL + _MAX_TRAIL] >= 0).sum()) + 1
+        out_nd = int((row[_OUT_TRAIL : _OUT_TRAIL + _MAX_TRAIL] >= 0).sum()) + 1
+        names["in_shape"] = _shape_text(row, _IN_TRAIL, in_nd)
+        names["out_shape"] = _shape_text(row, _OUT_TRAIL, out_nd)
+    raise exc("all_to_all_single: " + template.format(**names))
+
+
+def decode_a2a(meta: np.ndarray) -> A2ALayout:
+    """Check every rank's row and return the call's layout; raise on the first problem.
+
+    The rows are the same on every rank, so every rank raises the same
+    exception with the same message.
+    """
+    n = meta.shape[0]
+    bad = np.flatnonzero(meta[:, _ERR])
+    if bad.size:
+        _raise_local(int(bad[0]), meta[int(bad[0])])
+    for col, what in ((_IN_DT, "dtype"), (_IN_ES, "element size")):
+        diff = np.flatnonzero(meta[:, col] != meta[0, col])
+        if diff.size:
+            r = int(diff[0])
+            a, b = int(meta[r, col]), int(meta[0, col])
+            if col == _IN_DT:
+                a_s, b_s = dtype_name(a), dtype_name(b)
+            else:
+                a_s, b_s = str(a), str(b)
+            raise TypeError(
+                f"all_to_all_single: rank {r} has {what} {a_s} but rank 0 has {b_s}; "
+                "every rank must exchange the same dtype"
+            )
+    trail = meta[:, np.r_[_IN_ND, _IN_ROWEL, _IN_TRAIL : _IN_TRAIL + _MAX_TRAIL]]
+    diff = np.flatnonzero((trail != trail[0]).any(axis=1))
+    if diff.size:
+        r = int(diff[0])
+        raise ValueError(
+            f"all_to_all_single: rank {r}'s rows have shape "
+            f"{_shape_text(meta[r], _IN_TRAIL, int(meta[r, _IN_ND]))} but rank 0's have "
+            f"{_shape_text(meta[0], _IN_TRAIL, int(meta[0, _IN_ND]))}; every rank must "
+            "exchange rows of the same shape"
+        )
+    ins = meta[:, _HEADER : _HEADER + n]
+    outs = meta[:, _HEADER + n : _HEADER + 2 * n]
+    mism = np.flatnonzero((ins != outs.T).reshape(-1))
+    if mism.size:
+        s, d = divmod(int(mism[0]), n)
+        raise ValueError(
+            f"all_to_all_single: rank {s}'s input split for rank {d} is {int(ins[s, d])} rows "
+            f"but rank {d}'s output split for rank {s} is {int(outs[d, s])} rows "
+            f"({mism.size} pair(s) disagree)"
+        )
+    row_bytes = int(meta[0, _IN_ES]) * int(meta[0, _IN_ROWEL])
+    return A2ALayout(np.ascontiguousarray(ins), row_bytes)
+
+
+# ----------------------------------------------------------- p2p op lists
+#: Fields per op in a batch_isend_irecv row: kind (1 send, 2 recv), peer, bytes, tag, dtype.
+P2P_FIELDS = 5
+_P2P_ERRORS: dict[int, tuple[type[Exception], str]] = {
+    1: (TypeError, "rank {rank}: ops[{a}] is not a torch.distributed.P2POp"),
+    2: (ValueError, "rank {rank}: ops[{a}] uses op {b!r}; only isend and irecv are supported"),
+    3: (ValueError, "rank {rank}: ops[{a}] has peer {b}, outside the group of {c} ranks"),
+    4: (ValueError, "rank {rank}: ops[{a}] has itself (rank {b}) as its peer"),
+    5: (ValueError, "rank {rank}: ops[{a}] belongs to another process group"),
+    6: (ValueError, "rank {rank}: ops[{a}] has a tensor on another device than ops[0]"),
+    7: (ValueError, "rank {rank}: ops[{a}] has tag {b}; tags must be in [0, 2**31)"),
+}
+
+
+def encode_p2p(ops: Any, group_rank_of: Any, num_ranks: int, width: int) -> np.ndarray:
+    """This rank's row for ``batch_isend_irecv``: ``[error, a, b, count, ops...]``.
+
+    ``group_rank_of(op)`` returns the op's peer as a group rank, or raises
+    ValueError if the peer is not in the group. ``width`` ops fit in the row;
+    the count tells the others when a second, wider exchange is needed.
+    """
+    import torch.distributed as dist
+
+    row = np.zeros(4 + P2P_FIELDS * width, dtype=np.int64)
+    ops = list(ops)
+    row[3] = len(ops)
+    device = None
+    for i, op in enumerate(ops):
+        code, b, c = 0, 0, 0
+        if not isinstance(op, dist.P2POp) or not _tensor(op.tensor):
+            code = 1
+        elif op.op not in (dist.isend, dist.irecv):
+            code, b = 2, 0
+        else:
+            peer = group_rank_of(op)
+            if peer is None:
+                code = 5
+            elif not 0 <= peer < num_ranks:
+                code, b, c = 3, peer, num_ranks
+            elif peer == group_rank_of(None):
+                code, b = 4, peer
+            elif device is not None and op.tensor.device != device:
+                code = 6
+            elif not 0 <= int(op.tag) < (1 << 31):
+                code, b = 7, int(op.tag)
+            device = op.tensor.device if device is None else device
+        if code:
+            row[0], row[1], row[2] = code, i, b
+            row[3] = c
+            return row
+        if i < width:
+            t = op.tensor
+            base = 4 + P2P_FIELDS * i
+            row[base : base + P2P_FIELDS] = (
+                1 if op.op is dist.isend else 2,
+                peer,
+                t.numel() * t.element_size(),
+                int(op.tag),
+                dtype_code(t.dtype),
+            )
+    return row
+
+
+def raise_p2p_local(rank: int, row: np.ndarray) -> None:
+    code, a, b, c = (int(v) for v in row[:4])
+    exc, template = _P2P_ERRORS.get(code, (ValueError, "rank {rank}: invalid op {a}"))
+    raise exc("batch_isend_irecv: " + template.format(rank=rank, a=a, b=b, c=c))
+
+
+def match_p2p(tables: list[np.ndarray]) -> list[tuple[int, int, int, int, int]]:
+    """Pair every send with its receive; raise ValueError naming the first mismatch.
+
+    ``tables[r]`` is ``int64[k_r, P2P_FIELDS]`` (kind, peer, bytes, tag, dtype)
+    of rank ``r``'s ops in list order. Sends and receives between two ranks
+    with the same tag match in list order, as in torch. Returns
+    ``(src, dst, send_index, recv_index, bytes)`` sorted by pair, tag, then
+    order: the order messages take in their pair stream.
+    """
+    sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    for r, tab in enumerate(tables):
+        for i, (kind, peer, nb, tag, dt) in enumerate(tab.tolist()):
+            if kind == 1:
+                sends.setdefault((r, peer, tag), []).append((i, nb, dt))
+            else:
+                recvs.setdefault((peer, r, tag), []).append((i, nb, dt))
+    out = []
+    for key in sorted(set(sends) | set(recvs)):
+        s_list, r_list = sends.get(key, []), recvs.get(key, [])
+        src, dst, tag = key
+        if len(s_list) != len(r_list):
+            raise ValueError(
+                f"batch_isend_irecv: rank {src} sends {len(s_list)} message(s) to rank {dst} "
+                f"with tag {tag} but rank {dst} receives {len(r_list)} from rank {src}"
+            )
+        for k, ((si, sb, sdt), (ri, rb, rdt)) in enumerate(zip(s_list, r_list, strict=True)):
+            if sb != rb:
+                raise ValueError(
+                    f"batch_isend_irecv: message {k} from rank {src} to rank {dst} (tag {tag}): "
+                    f"rank {src} sends {sb} bytes but rank {dst} receives {rb} bytes"
+                )
+            if sdt != rdt:
+                raise TypeError(
+                    f"batch_isend_irecv: message {k} from rank {src} to rank {dst} (tag {tag}): "
+                    f"rank {src} sends {dtype_name(sdt)} but rank {dst} receives "
+                    f"{dtype_name(rdt)}"
+                )
+            out.append((src, dst, si, ri, sb))
+    return out
+
+
+# ------------------------------------------------------------ other kinds
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``; TypeError / ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def nonnegative_float(name: str, value: Any, *, positive: bool = False) -> float:
+    """``value`` as a finite float (> 0 if ``positive``); errors name ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not np.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} "
+                         f"finite number, got {value!r}")
+    return v

@@ -1,0 +1,344 @@
+"""Run a function on ``world_size`` local processes joined in a process group.
+
+:func:`run_local` is what tests, benchmarks and the demo use to start a small
+``torch.distributed`` job on one machine without ``torchrun``: it spawns the
+processes, joins them in a process group, calls the function in each, and
+returns every rank's return value in rank order. Any failure becomes one
+:class:`~pathweave.errors.RankError` raised in the caller, and no process
+outlives the call.
+
+Rendezvous goes through a ``TCPStore`` that the caller's process serves on a
+port the kernel picks, so there is no window in which another job can take
+the port between choosing it and binding it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pathweave.errors import LaunchTimeoutError, RankError
+
+__all__ = ["run_local"]
+
+_HOST = "127.0.0.1"
+#: How often the parent polls its children, and a child its parent, in seconds.
+_POLL_S = 0.05
+_ORPHAN_POLL_S = 0.5
+
+
+def _watch_parent(caller_pid: int) -> None:
+    # A child whose caller died (even by SIGKILL, which runs no clean-up)
+    # would sit in a collective forever; this thread ends it instead. The
+    # direct parent is the fork server, not the caller, so watch both.
+    parent = os.getppid()
+    while True:
+        time.sleep(_ORPHAN_POLL_S)
+        if os.getppid() != parent:
+            os._exit(3)
+        try:
+            os.kill(caller_pid, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except PermissionError:
+            pass
+
+
+def _child(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    env: dict[str, str],
+    caller_env: dict[str, str],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    parent_pid: int,
+) -> None:
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    # The fork server's environment is a snapshot from when it started; give
+    # each child the caller's environment of now, as spawn would.
+    os.environ.clear()
+    os.environ.update(caller_env)
+    os.environ.update(
+        {
+            "MASTER_ADDR": _HOST,
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+        }
+    )
+    os.environ.update(env)
+    dist = None
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if "OMP_NUM_THREADS" not in os.environ:
+            # As torchrun does: several ranks per host each with a full
+            # thread pool oversubscribe the cores.
+            os.environ["OMP_NUM_THREADS"] = "1"
+            torch.set_num_threads(1)
+
+        if "nccl" in backend and torch.cuda.is_available():
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(_HOST, port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+        report = (rank, True, fn(rank, world_size, *args), "", 0.0)
+    except BaseException as exc:
+        # Stamp and report before the group is torn down: tearing it down
+        # breaks the peers' connections, and their errors must not be taken
+        # for the first failure.
+        report = (rank, False, traceback.format_exc(), type(exc).__name__, time.time())
+    if not report[1]:
+        results.put(report)
+    if dist is not None and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    if report[1]:
+        results.put(report)
+
+
+def _context() -> Any:
+    """The multiprocessing context children start from.
+
+    A fork server where the platform has one: a fresh process (none of the
+    caller's threads, CUDA state or locks, as with ``spawn``) that imports
+    torch once, then forks each child, so a job starts in a fraction of a
+    second instead of every child importing torch again (about 1.5 s of CPU
+    each). ``spawn`` elsewhere.
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # NOTE: the preload list belongs to the process-wide fork server and only
+    # matters before it starts; later calls change nothing.
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "pathweave.runtime.launch", "pathweave.runtime._preload"]
+    )
+    return ctx
+
+
+def _stop(procs: Sequence[Any], patience_s: float = 0.0) -> None:
+    """Terminate, then kill, every process still alive; reap all of them.
+
+    ``patience_s``: how long processes that already reported may take to exit
+    on their own first.
+    """
+    deadline = time.monotonic() + patience_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 2.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
+
+
+def run_local(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    grace_s: float = 5.0,
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` local processes.
+
+    Each process starts clean, as with the ``spawn`` method (forked from a
+    fork server that has imported torch, where the platform has one), has the
+    caller's environment (with ``OMP_NUM_THREADS=1`` unless set, as
+    ``torchrun`` does) and the usual
+    ``torchrun`` variables set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), then ``env``, and
+    joins the default process group before ``fn`` runs; the group is
+    destroyed when ``fn`` returns.
+
+    Parameters
+    ----------
+    fn
+        A picklable (module-level) function ``fn(rank, world_size, *args)``.
+    world_size
+        Number of processes, >= 1.
+    args
+        Extra picklable arguments passed to every rank.
+    backend
+        ``torch.distributed`` backend: ``"gloo"`` (CPU) or ``"nccl"`` (CUDA;
+        rank ``r`` uses device ``r % device_count``).
+    timeout_s
+        Wall-time limit of the whole job, also the process group's timeout.
+        Past it every process is killed and :class:`LaunchTimeoutError` raised.
+    env
+        Environment variables set in every child before the group is joined
+        (they override the ``torchrun`` variables above, e.g.
+        ``{"LOCAL_WORLD_SIZE": "4"}`` to look like two nodes of four).
+    grace_s
+        After the first rank fails, how long the others may still finish or
+        report their own failure before they are killed.
+
+    Returns
+    -------
+    list
+        ``fn``'s return value on each rank, in rank order (values must pickle).
+
+    Raises
+    ------
+    RankError
+        A rank raised or exited without a result. ``rank`` and ``traceback``
+        describe the first failure seen; ``failures`` holds every failed rank's
+        text and ``others_failed`` says whether there was more than one.
+    LaunchTimeoutError
+        The job ran past ``timeout_s``; ``failures`` names the unfinished ranks.
+
+    Examples
+    --------
+    >>> from pathweave.runtime.launch import run_local
+    >>> run_local(print, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: world_size must be >= 1, got 0
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    child_env = {str(k): str(v) for k, v in (env or {}).items()}
+
+    import torch.distributed as dist
+
+    ctx = _context()
+    store = dist.TCPStore(
+        _HOST,
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(
+                r,
+                world_size,
+                store.port,
+                backend,
+                float(timeout_s),
+                child_env,
+                dict(os.environ),
+                fn,
+                tuple(args),
+                results,
+                os.getpid(),
+            ),
+            name=f"pathweave-rank{r}",
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    values: dict[int, Any] = {}
+    # rank -> (text, exception type, crashed, time stamp)
+    failed: dict[int, tuple[str, str, bool, float]] = {}
+    patience_s = 0.0
+
+    def take(report: tuple[Any, ...]) -> None:
+        rank, ok, payload, exc_type, stamp = report
+        if ok:
+            values[rank] = payload
+        else:
+            failed[rank] = (payload, exc_type, False, stamp)
+
+    try:
+        for p in procs:
+            p.start()
+        stop_at = time.time() + timeout_s
+        while len(values) + len(failed) < world_size and time.time() < stop_at:
+            try:
+                take(results.get(timeout=_POLL_S))
+            except queue_mod.Empty:
+                # A process gone without a report crashed (os._exit, a
+                # signal, the OOM killer); drain the pipe once more before
+                # saying so, as its report may still be in flight.
+                for r, p in enumerate(procs):
+                    if r in values or r in failed or p.exitcode is None:
+                        continue
+                    with contextlib.suppress(queue_mod.Empty):
+                        while True:
+                            take(results.get(timeout=0.2))
+                    if r not in values and r not in failed:
+                        text = f"rank {r} exited with code {p.exitcode} without a result"
+                        failed[r] = (text, "", True, time.time())
+            if failed:
+                stop_at = min(stop_at, min(f[3] for f in failed.values()) + grace_s)
+        failures = {r: f[0] for r, f in sorted(failed.items())}
+        first = None
+        if failed:
+            # The root cause: a crash if there was one (the others' errors
+            # follow from it), else the earliest exception.
+            first = min(failed, key=lambda r: (not failed[r][2], failed[r][3], r))
+        if first is None and len(values) < world_size:
+            missing = {
+                r: f"rank {r} did not finish within {timeout_s} s"
+                for r in range(world_size)
+                if r not in values
+            }
+            r0 = min(missing)
+            raise LaunchTimeoutError(
+                f"job of {world_size} ranks ran past {timeout_s} s; unfinished ranks: "
+                f"{sorted(missing)}; all processes were killed",
+                rank=r0,
+                traceback=missing[r0],
+                failures=missing,
+            )
+        if first is not None:
+            rank = first
+            text, exc_type = failed[rank][:2]
+            for r in range(world_size):
+                if r not in values and r not in failures:
+                    failures[r] = f"rank {r} was killed after rank {rank} failed"
+            others = sorted(r for r in failures if r != rank)
+            tail = text.strip().splitlines()[-1] if text.strip() else text
+            raise RankError(
+                f"rank {rank} failed: {tail}"
+                + (f" (ranks {others} failed too)" if others else "")
+                + f"\n--- remote traceback of rank {rank} ---\n{text}",
+                rank=rank,
+                traceback=text,
+                failures=failures,
+                exc_type=exc_type,
+            )
+        out = [values[r] for r in range(world_size)]
+        patience_s = 5.0
+        return out
+    finally:
+        # Also reached on KeyboardInterrupt: no child outlives the call.
+        _stop(procs, patience_s)
+        results.close()
+        results.join_thread()
+        del store

@@ -1,0 +1,656 @@
+"""The :class:`Orchestrator`: metadata exchange, planning, plan cache, execution, statistics.
+
+One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
+
+1. **exchange**: each rank encodes its arguments (splits, dtype, row shape,
+   any local problem) in one ``int64`` row; one all-gather gives every rank
+   every row; every rank validates them the same way, so bad input raises
+   the same error everywhere before any data moves;
+2. **plan**: the demand matrix (bytes per pair) is quantised to 5
+   significant bits; a plan per quantised demand is cached, so a repeated
+   pattern costs no planning; hysteresis keeps the current plan unless a new
+   one is better by a clear margin; with ``enabled="auto"`` the exchange uses
+   several paths only where the plan predicts a real gain over ``static``,
+   otherwise torch's own ``all_to_all_single`` runs;
+3. **schedule**: the plan's split of each pair is applied to the exact bytes
+   and cut into a per-rank schedule of chunked point-to-point operations
+   (:mod:`pathweave.runtime.schedule`), cached by the exact metadata;
+4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`).
+
+Every rank holds the same metadata and the same history of calls, so every
+rank makes the same decisions without talking about them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from pathweave.errors import FabricError, PlanError
+from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
+from pathweave.fabric.paths import ROLES
+from pathweave.plan import Plan
+from pathweave.runtime import _validate as V
+from pathweave.runtime.schedule import (
+    RankSchedule,
+    Segments,
+    build_schedule,
+    path_routes,
+    split_fragments,
+)
+
+__all__ = ["CallStats", "Orchestrator", "OrchestratorStats", "default_fabric", "quantise"]
+
+#: Environment variable naming the fabric (a preset spec or a fabric file).
+FABRIC_ENV = "PATHWEAVE_FABRIC"
+PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
+
+
+# ------------------------------------------------------------------- stats
+@dataclass
+class CallStats:
+    """Timing breakdown of one call, in seconds.
+
+    ``meta_s``: metadata exchange and validation; ``plan_s``: planning and
+    scheduling (near 0 when cached); ``transfer_s``: moving the bytes (for an
+    ``async_op`` call that returned before the bytes arrived, the time to
+    post them); ``cached``: no planning was needed; ``multipath``: the
+    pathweave executor ran (else torch's own collective did).
+    """
+
+    op: str
+    bytes: int
+    meta_s: float
+    plan_s: float
+    transfer_s: float
+    cached: bool
+    multipath: bool
+
+    @property
+    def total_s(self) -> float:
+        return self.meta_s + self.plan_s + self.transfer_s
+
+
+@dataclass
+class OrchestratorStats:
+    """Counters of an :class:`Orchestrator`, the same on every rank of its group.
+
+    ``bytes_per_link`` counts the bytes each directed fabric link carried
+    (every hop of every multi-path transfer, all ranks' traffic);
+    ``bytes_per_path_kind`` the bytes per path role (direct, relay, matched,
+    rd, dr, drd, spine) and ``torch`` for calls handed to torch.
+    ``bytes_total`` counts bytes between distinct ranks (a rank's bytes to
+    itself are a local copy and counted nowhere).
+    """
+
+    calls: int = 0
+    plans_made: int = 0
+    cache_hits: int = 0
+    multipath_calls: int = 0
+    plan_switches: int = 0
+    bytes_total: int = 0
+    bytes_per_link: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bytes_per_path_kind: dict[str, int] = field(default_factory=dict)
+    last_call: CallStats | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view (the link vector as a list)."""
+        return {
+            "calls": self.calls,
+            "plans_made": self.plans_made,
+            "cache_hits": self.cache_hits,
+            "multipath_calls": self.multipath_calls,
+            "plan_switches": self.plan_switches,
+            "bytes_total": self.bytes_total,
+            "bytes_per_link": self.bytes_per_link.tolist(),
+            "bytes_per_path_kind": dict(self.bytes_per_path_kind),
+            "last_call": None if self.last_call is None else {
+                **self.last_call.__dict__, "total_s": self.last_call.total_s
+            },
+        }
+
+
+# --------------------------------------------------------------- decisions
+@dataclass(frozen=True, eq=False)
+class _Decision:
+    """How a demand is routed: multi-path flows, or torch's collective."""
+
+    ident: int
+    multipath: bool
+    flow_pair: np.ndarray
+    flow_path: np.ndarray
+    flow_weight: np.ndarray
+    predicted_s: float  # congestion bound of this decision on the demand it was made for
+    static_s: float
+
+
+def quantise(pair_bytes: np.ndarray) -> np.ndarray:
+    """Round each entry down to 5 significant bits (relative error < 1/16); zero stays zero.
+
+    Demands that differ only by a few percent share a cached plan.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> quantise(np.array([0, 1, 17, 1000, 1 << 30])).tolist()
+    [0, 1, 17, 992, 1073741824]
+    """
+    x = np.asarray(pair_bytes, dtype=np.int64)
+    mant, exp = np.frexp(x.astype(np.float64))
+    q = np.ldexp(np.floor(mant * 32) / 32, exp)  # mant in [0.5, 1): 5 bits incl. the leading 1
+    return np.minimum(q.astype(np.int64), x)
+
+
+def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
+    """The fabric a job runs on when none is given.
+
+    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; otherwise
+    DGX H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
+    GPU on its own rail) of ``LOCAL_WORLD_SIZE`` GPUs each (as ``torchrun``
+    sets it; one node of the whole group if unset or if the group is not the
+    default group). Host names are not consulted: learning them would cost a
+    collective on first use, and ``torchrun`` numbers ranks node-major with
+    ``LOCAL_WORLD_SIZE`` per node anyway. Its ``num_ranks`` must equal the
+    group size.
+    """
+    spec = os.environ.get(FABRIC_ENV)
+    if spec:
+        fab = resolve(spec)
+        where = f"{FABRIC_ENV}={spec!r}"
+    else:
+        from pathweave.fabric import preset
+
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        per_node = group_size
+        if is_world and local.strip().isdigit() and int(local) > 0 and group_size % int(local) == 0:
+            per_node = int(local)
+        fab = preset("dgx-h100", nodes=group_size // per_node, gpus_per_node=per_node)
+        where = f"the default fabric (LOCAL_WORLD_SIZE={local or 'unset'})"
+    if fab.num_ranks != group_size:
+        raise FabricError(
+            f"fabric {fab.name!r} from {where} has {fab.num_ranks} ranks but the process "
+            f"group has {group_size}"
+        )
+    return fab
+
+
+# ------------------------------------------------------------ group state
+class _GroupState:
+    """What an orchestrator keeps per process group."""
+
+    def __init__(self, transport: Any, fabric: Fabric, paths: PathSet):
+        self.transport = transport
+        self.fabric = fabric
+        self.paths = paths
+        self.routes = path_routes(paths)
+        n = fabric.num_ranks
+        first = paths.pair_ptr[:-1].astype(np.int64).copy()
+        first[:: n + 1] = 0  # the diagonal has no paths; never used
+        self.default_path = first
+        self.plans: OrderedDict[bytes, _Decision] = OrderedDict()
+        self.schedules: OrderedDict[tuple[bytes, int], tuple[Any, ...]] = OrderedDict()
+        self.current: _Decision | None = None
+        self.last_qkey: bytes | None = None
+        # (metadata, layout, decision) of the last all_to_all_single call
+        self.last_a2a: tuple[Any, ...] = (None, None, None)
+        self.next_ident = 1
+
+
+class Orchestrator:
+    """Runs skewed exchanges over many paths on ``torch.distributed``.
+
+    Parameters
+    ----------
+    fabric
+        The hardware the group runs on (a :class:`~pathweave.fabric.Fabric`,
+        a preset spec or a file); default :func:`default_fabric`. Its
+        ``num_ranks`` must equal the size of every group it serves.
+    policy
+        A registered policy name (``"mwu"``, ``"optimal"``, ``"hscore"``, ...)
+        or a callable ``(fabric, demand) -> Plan`` (``demand`` is the
+        quantised ``int64[N, N]`` matrix); a callable lets tests force plans.
+    min_split_bytes
+        Pairs with fewer bytes go whole on their heaviest path; with
+        ``enabled="auto"`` an exchange whose largest pair is below this goes
+        to torch.
+    chunk_bytes
+        Chunk size of forwarded transfers (pipelining unit).
+    window
+        Staging slots per forwarded stream at each forwarding rank (>= 2):
+        at most ``window * chunk_bytes`` bytes of a stream sit at a relay.
+    hysteresis
+        A new plan replaces the current one only if its predicted time is
+        lower by more than this fraction.
+    enabled
+        ``"auto"``: multi-path only where the plan's congestion bound beats
+        ``static``'s by ``min_gain`` (large, skewed exchanges); ``True``:
+        always; ``False``: always torch's own collectives (after the same
+        validation).
+    timeout_s
+        Limit of one call; a call that cannot finish (a peer died) raises
+        :class:`~pathweave.errors.CommError` on every surviving rank.
+    min_gain
+        Predicted speed-up over ``static`` that ``"auto"`` requires.
+    cache_size
+        Plans and schedules kept (least recently used are dropped).
+    **policy_options
+        Options passed to a registered policy (checked by
+        :func:`pathweave.plan.make`).
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> orch = pw.Orchestrator(fabric="h100-2x4", enabled=True, chunk_bytes=1 << 20)
+    >>> orch.stats.calls
+    0
+    >>> pw.Orchestrator(window=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: window must be >= 2, got 1
+    """
+
+    def __init__(
+        self,
+        fabric: Fabric | str | None = None,
+        policy: PolicyArg = "mwu",
+        min_split_bytes: int = 1 << 20,
+        chunk_bytes: int = 1 << 20,
+        window: int = 4,
+        hysteresis: float = 0.1,
+        enabled: bool | Literal["auto"] = "auto",
+        timeout_s: float = 300.0,
+        *,
+        min_gain: float = 1.2,
+        cache_size: int = 64,
+        **policy_options: Any,
+    ):
+        self.fabric = None if fabric is None else resolve(fabric)
+        if not (callable(policy) or isinstance(policy, str)):
+            raise TypeError(f"policy must be a policy name or a callable, got {policy!r}")
+        if isinstance(policy, str):
+            from pathweave.plan import policy_info
+
+            policy_info(policy)  # unknown names fail here, naming the known ones
+        self.policy = policy
+        self.policy_options = dict(policy_options)
+        extra = sorted(set(self.policy_options) - {"kinds", "max_hops"})
+        if callable(policy) and extra:
+            raise TypeError(
+                f"policy options ({', '.join(extra)}) apply to registered policies only, "
+                "not to a policy callable"
+            )
+        self.min_split_bytes = V.positive_int("min_split_bytes", min_split_bytes, 0)
+        self.chunk_bytes = V.positive_int("chunk_bytes", chunk_bytes)
+        self.window = V.positive_int("window", window, 2)
+        self.hysteresis = V.nonnegative_float("hysteresis", hysteresis)
+        if self.hysteresis >= 1:
+            raise ValueError(f"hysteresis must be < 1, got {hysteresis}")
+        if enabled not in ("auto", True, False):
+            raise ValueError(f"enabled must be 'auto', True or False, got {enabled!r}")
+        self.enabled = enabled
+        self.timeout_s = V.nonnegative_float("timeout_s", timeout_s, positive=True)
+        self.min_gain = V.nonnegative_float("min_gain", min_gain, positive=True)
+        self.cache_size = V.positive_int("cache_size", cache_size)
+        self._groups: dict[Any, _GroupState] = {}
+        self.stats = OrchestratorStats()
+
+    def __repr__(self) -> str:
+        pol = self.policy if isinstance(self.policy, str) else getattr(
+            self.policy, "__name__", "callable"
+        )
+        fab = self.fabric.name if self.fabric is not None else None
+        return (
+            f"Orchestrator(fabric={fab!r}, policy={pol!r}, enabled={self.enabled!r}, "
+            f"chunk_bytes={self.chunk_bytes}, window={self.window})"
+        )
+
+    def reset_stats(self) -> None:
+        """Zero the counters (caches stay)."""
+        self.stats = OrchestratorStats()
+
+    # ------------------------------------------------------------ groups
+    def _state(self, group: Any) -> _GroupState:
+        st = self._groups.get(group)
+        if st is not None:
+            return st
+        from pathweave.runtime.executor import Transport
+
+        tr = Transport(group)
+        if self.fabric is not None:
+            fab = self.fabric
+            if fab.num_ranks != tr.size:
+                raise FabricError(
+                    f"fabric {fab.name!r} has {fab.num_ranks} ranks but the process group "
+                    f"has {tr.size}"
+                )
+        else:
+            fab = default_fabric(tr.size, is_world=group is None)
+        from pathweave.plan.registry import COMMON_OPTIONS
+
+        kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
+        max_hops = self.policy_options.get("max_hops", COMMON_OPTIONS["max_hops"])
+        st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops))
+        if len(self.stats.bytes_per_link) != fab.num_links:
+            self.stats.bytes_per_link = np.zeros(fab.num_links)
+        self._groups[group] = st
+        return st
+
+    # ---------------------------------------------------------- planning
+    def _plan(self, st: _GroupState, demand: np.ndarray) -> _Decision:
+        from pathweave.plan import make
+
+        self.stats.plans_made += 1
+        static_s = make(st.fabric, demand, "static", paths=st.paths).congestion_s
+        if callable(self.policy):
+            plan = self.policy(st.fabric, demand)
+            if not isinstance(plan, Plan):
+                raise PlanError(f"policy callable returned {type(plan).__name__}, not a Plan")
+            if plan.paths.fabric is not st.fabric or plan.paths.num_paths != st.paths.num_paths:
+                raise PlanError("policy callable returned a plan for another fabric or path set")
+            plan.validate()
+        else:
+            plan = make(st.fabric, demand, self.policy, paths=st.paths, **self.policy_options)
+        plan_s = plan.congestion_s
+        if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
+            return self._fallback(st, static_s)
+        keep = plan.flow_bytes > 0
+        ps = st.paths
+        fp = plan.flow_path[keep].astype(np.int64)
+        pair = ps.src[fp].astype(np.int64) * ps.num_ranks + ps.dst[fp]
+        ident = st.next_ident
+        st.next_ident += 1
+        return _Decision(ident, True, pair, fp, plan.flow_bytes[keep].astype(np.float64),
+                         plan_s, static_s)
+
+    @staticmethod
+    def _fallback(st: _GroupState, static_s: float) -> _Decision:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Decision(0, False, empty, empty, np.zeros(0), static_s, static_s)
+
+    def _predict(self, st: _GroupState, dec: _Decision, demand: np.ndarray) -> float:
+        """Congestion bound of ``dec``'s splits applied to ``demand``."""
+        covered = np.bincount(dec.flow_pair, weights=dec.flow_weight, minlength=demand.size) > 0
+        if (demand.reshape(-1)[~covered] > 0).any():
+            return float("inf")  # the plan has no path for some pair of this demand
+        _, fpath, fbytes = split_fragments(
+            dec.flow_pair, dec.flow_path, dec.flow_weight, demand,
+            min_split_bytes=self.min_split_bytes,
+        )
+        return float((_link_bytes(st, fpath, fbytes) / st.fabric.capacity_Bps).max())
+
+    def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
+        """The decision for this call and whether it cost no planning."""
+        if self.enabled is False:
+            return self._fallback(st, 0.0), True
+        q = quantise(pair_bytes)
+        np.fill_diagonal(q, 0)
+        if self.enabled == "auto" and int(q.max(initial=0)) < self.min_split_bytes:
+            # Small exchanges: splitting costs more than it gains (NIMBLE's
+            # size threshold); no planning, and the current plan stays for
+            # the next large call.
+            return self._fallback(st, 0.0), True
+        key = q.tobytes()
+        if key == st.last_qkey and st.current is not None:
+            return st.current, True
+        cand = st.plans.get(key)
+        cached = cand is not None
+        if cand is None:
+            cand = self._plan(st, q)
+            st.plans[key] = cand
+            if len(st.plans) > self.cache_size:
+                st.plans.popitem(last=False)
+        else:
+            st.plans.move_to_end(key)
+        cur = st.current
+        if cur is not None and cur is not cand:
+            # Hysteresis: a new plan must beat the current one by a clear margin.
+            cur_s = self._predict(st, cur, q) if cur.multipath else cand.static_s
+            if not cand.predicted_s < cur_s * (1.0 - self.hysteresis):
+                cand = cur
+            else:
+                self.stats.plan_switches += 1
+        st.current = cand
+        st.last_qkey = key
+        return cand, cached
+
+    # ------------------------------------------------------------ public
+    def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
+
+        Returns ``None``, or a handle with ``wait()`` if ``async_op``. Bad
+        arguments raise the same ``ValueError``/``TypeError`` on every rank,
+        naming the rank, the pair and the numbers, before any data moves.
+        """
+        import torch
+
+        t0 = time.perf_counter()
+        st = self._state(group)
+        tr = st.transport
+        deadline = time.monotonic() + self.timeout_s
+        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size)
+        meta = tr.exchange(row, deadline)
+        mkey = meta.tobytes()
+        t1 = time.perf_counter()
+        if mkey == st.last_a2a[0]:
+            # The very same call as the last one: validated and decided then.
+            _, layout, dec = st.last_a2a
+            cached = True
+        else:
+            layout = V.decode_a2a(meta)
+            t1 = time.perf_counter()
+            dec, cached = self._decide(st, layout.pair_bytes)
+            st.last_a2a = (mkey, layout, dec)
+        pair_bytes = layout.pair_bytes
+        total = int(pair_bytes.sum() - np.trace(pair_bytes))
+        if not dec.multipath:
+            t2 = time.perf_counter()
+            import torch.distributed as dist
+
+            work = dist.all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, group=group,
+                async_op=async_op,
+            )
+            self._account(st, "all_to_all_single", total, None, t0, t1, t2, cached)
+            return work
+        sched_key = (mkey, dec.ident)
+        entry = st.schedules.get(sched_key)
+        if entry is None:
+            cached = False
+            entry = self._schedule(st, dec, Segments.all_to_all(pair_bytes), pair_bytes)
+            st.schedules[sched_key] = entry
+            if len(st.schedules) > self.cache_size:
+                st.schedules.popitem(last=False)
+        else:
+            st.schedules.move_to_end(sched_key)
+        sched = entry[0]
+        t2 = time.perf_counter()
+        from pathweave.runtime.executor import as_bytes
+
+        src = input if input.is_contiguous() else input.contiguous()
+        finish = None
+        dst = output
+        if not output.is_contiguous():
+            dst = torch.empty(output.shape, dtype=output.dtype, device=output.device)
+
+            def finish() -> None:
+                output.copy_(dst)
+
+        handle = tr.run(
+            sched, [as_bytes(src)], [as_bytes(dst)], deadline=deadline,
+            wait=not async_op, finish=finish,
+        )
+        self._account(st, "all_to_all_single", total, entry, t0, t1, t2, cached)
+        return handle if async_op else None
+
+    def batch_isend_irecv(self, ops: Sequence[Any], group: Any = None) -> list[Any]:
+        """A collective step carrying a batch of point-to-point messages over many paths.
+
+        Every rank of the group calls it (possibly with an empty list): large
+        messages are split over several paths, and forwarding ranks must take
+        part. Sends and receives match per (source, destination, tag) in list
+        order, as in torch. Returns one handle per op (all complete together).
+        """
+        t0 = time.perf_counter()
+        if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
+            ops = list(ops)
+        st = self._state(group)
+        tr = st.transport
+        deadline = time.monotonic() + self.timeout_s
+        n = tr.size
+
+        def peer_of(op: Any) -> int | None:
+            if op is None:
+                return tr.rank
+            og = getattr(op, "group", None)
+            if og is not None and og is not group and not (group is None and _is_world(og)):
+                return None
+            gp = getattr(op, "group_peer", None)
+            if gp is not None:
+                return int(gp)
+            peer = int(op.peer)
+            if peer in tr.global_ranks:
+                return tr.global_ranks.index(peer)
+            return peer if group is None else n + peer  # out of range: reported as such
+
+        width = 8
+        row = V.encode_p2p(ops, peer_of, n, width)
+        meta = tr.exchange(row, deadline)
+        bad = np.flatnonzero(meta[:, 0])
+        if bad.size:
+            V.raise_p2p_local(int(bad[0]), meta[int(bad[0])])
+        counts = meta[:, 3]
+        if int(counts.max(initial=0)) > width:
+            width = int(counts.max())
+            meta = tr.exchange(V.encode_p2p(ops, peer_of, n, width), deadline)
+        tables = [
+            meta[r, 4 : 4 + V.P2P_FIELDS * int(counts[r])].reshape(-1, V.P2P_FIELDS)
+            for r in range(n)
+        ]
+        matches = V.match_p2p(tables)
+        pair_bytes = np.zeros((n, n), dtype=np.int64)
+        for s, d, _, _, nb in matches:
+            pair_bytes[s, d] += nb
+        t1 = time.perf_counter()
+        st.last_a2a = (None, None, None)  # the decision state may move on here
+        dec, cached = self._decide(st, pair_bytes)
+        total = int(pair_bytes.sum())
+        if not dec.multipath:
+            t2 = time.perf_counter()
+            import torch.distributed as dist
+
+            works = dist.batch_isend_irecv(list(ops)) if ops else []
+            self._account(st, "batch_isend_irecv", total, None, t0, t1, t2, cached)
+            return works
+        mkey = meta.tobytes()
+        sched_key = (mkey, dec.ident)
+        entry = st.schedules.get(sched_key)
+        if entry is None:
+            cached = False
+            segs = _p2p_segments(matches, n)
+            entry = self._schedule(st, dec, segs, pair_bytes)
+            st.schedules[sched_key] = entry
+            if len(st.schedules) > self.cache_size:
+                st.schedules.popitem(last=False)
+        sched = entry[0]
+        t2 = time.perf_counter()
+        from pathweave.runtime.executor import as_bytes
+
+        bufs = []
+        finishers = []
+        for op in ops:
+            t = op.tensor
+            if t.is_contiguous():
+                bufs.append(as_bytes(t))
+            else:
+                tmp = t.contiguous()
+                bufs.append(as_bytes(tmp))
+                if op.op is not _dist().isend:
+                    finishers.append((t, tmp))
+
+        def finish() -> None:
+            for t, tmp in finishers:
+                t.copy_(tmp)
+
+        handle = tr.run(sched, bufs, bufs, deadline=deadline, wait=False,
+                        finish=finish if finishers else None)
+        self._account(st, "batch_isend_irecv", total, entry, t0, t1, t2, cached)
+        return [handle] * len(ops)
+
+    # ---------------------------------------------------------- internals
+    def _schedule(
+        self, st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray
+    ) -> tuple[RankSchedule, np.ndarray, dict[str, int]]:
+        fpair, fpath, fbytes = split_fragments(
+            dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
+            min_split_bytes=self.min_split_bytes, default_path=st.default_path,
+        )
+        sched = build_schedule(
+            segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
+            chunk_bytes=self.chunk_bytes, window=self.window,
+        )
+        link_bytes = _link_bytes(st, fpath, fbytes)
+        roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
+        kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
+        return sched, link_bytes, kinds
+
+    def _account(
+        self, st: _GroupState, op: str, total: int, entry: Any, t0: float, t1: float,
+        t2: float, cached: bool,
+    ) -> None:
+        s = self.stats
+        s.calls += 1
+        s.cache_hits += int(cached)
+        s.bytes_total += total
+        if entry is None:
+            s.bytes_per_path_kind["torch"] = s.bytes_per_path_kind.get("torch", 0) + total
+        else:
+            s.multipath_calls += 1
+            if len(s.bytes_per_link) != len(entry[1]):
+                s.bytes_per_link = np.zeros(len(entry[1]))
+            s.bytes_per_link += entry[1]
+            for k, v in entry[2].items():
+                s.bytes_per_path_kind[k] = s.bytes_per_path_kind.get(k, 0) + v
+        t3 = time.perf_counter()
+        s.last_call = CallStats(op, total, t1 - t0, t2 - t1, t3 - t2, cached, entry is not None)
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def _is_world(g: Any) -> bool:
+    return g is _dist().group.WORLD
+
+
+def _link_bytes(st: _GroupState, fpath: np.ndarray, fbytes: np.ndarray) -> np.ndarray:
+    rows = st.paths.links[fpath]
+    w = np.broadcast_to(np.asarray(fbytes, dtype=np.float64)[:, None], rows.shape)
+    m = rows >= 0
+    return np.bincount(rows[m], weights=w[m], minlength=st.fabric.num_links)
+
+
+def _p2p_segments(matches: list[tuple[int, int, int, int, int]], n: int) -> Segments:
+    """Segments of a batch of messages: one per message, in pair-stream order."""
+    rows = sorted((s * n + d, i, si, ri, nb) for i, (s, d, si, ri, nb) in enumerate(matches)
+                  if nb > 0)
+    pair = np.array([r[0] for r in rows], dtype=np.int64)
+    ptr = np.searchsorted(pair, np.arange(n * n + 1)) if rows else np.zeros(n * n + 1, np.int64)
+    col = np.array([r[2:] for r in rows], dtype=np.int64).reshape(-1, 3)
+    zeros = np.zeros(len(rows), dtype=np.int64)
+    return Segments(n, ptr.astype(np.int64), col[:, 2], col[:, 0], zeros, col[:, 1], zeros.copy())

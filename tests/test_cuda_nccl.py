@@ -1,0 +1,245 @@
+"""pathweave's data plane on CUDA tensors over NCCL, checked bitwise against torch's.
+
+These tests need a machine with two or more CUDA GPUs and NCCL; elsewhere
+they are skipped with the reason (how many GPUs were found). They start one
+process per GPU (up to 8) with :func:`pathweave.runtime.launch.run_local`.
+
+The rank functions take the backend as an argument and put tensors on the
+rank's GPU for ``"nccl"`` or on the CPU for ``"gloo"``, so the same checks
+can be run on gloo to debug them on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    import torch.distributed as dist
+
+    NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    HAVE_NCCL = dist.is_available() and dist.is_nccl_available()
+except ImportError:  # no torch: nothing here can run
+    torch = None
+    NUM_GPUS, HAVE_NCCL = 0, False
+
+WORLD = min(NUM_GPUS, 8)
+
+if torch is None:
+    _REASON = "needs torch with CUDA and >= 2 GPUs; torch is not installed"
+elif NUM_GPUS < 2:
+    _REASON = f"needs >= 2 CUDA GPUs, found {NUM_GPUS}"
+elif not HAVE_NCCL:
+    _REASON = f"needs NCCL; this torch build has none ({NUM_GPUS} GPUs found)"
+else:
+    _REASON = ""
+
+pytestmark = pytest.mark.skipif(bool(_REASON), reason=_REASON)
+
+#: Path roles on which some rank between source and destination forwards the bytes.
+FORWARDED_ROLES = ("relay", "rd", "dr", "drd")
+DTYPES = ("float32", "bfloat16", "float16", "int64", "int8", "uint8")
+
+
+# ------------------------------------------------------------------ helpers
+def forwarding_fabric(world: int) -> str:
+    """A fabric of ``world`` ranks on which pairs have paths through a forwarding rank.
+
+    Two nodes when the ranks split evenly into nodes of two or more (rail
+    paths forward on one or both sides), else one NVLink-mesh node (relay
+    paths need a third GPU). Two ranks on one node have no such path.
+
+    >>> forwarding_fabric(8)
+    'cluster:nodes=2,gpus_per_node=4,node_kind=nvlink-mesh'
+    >>> forwarding_fabric(3)
+    'cluster:nodes=1,gpus_per_node=3,node_kind=nvlink-mesh'
+    """
+    if world >= 4 and world % 2 == 0:
+        return f"cluster:nodes=2,gpus_per_node={world // 2},node_kind=nvlink-mesh"
+    return f"cluster:nodes=1,gpus_per_node={world},node_kind=nvlink-mesh"
+
+
+def forward_everything(fabric, demand):
+    """A policy that sends every pair's bytes over its forwarded paths, evenly.
+
+    Pairs without such a path keep their direct path. Used as the
+    orchestrator's ``policy`` so that every call forwards chunks.
+    """
+    from pathweave.fabric import candidate_paths
+    from pathweave.fabric.paths import ROLES
+    from pathweave.plan._flows import plan_from_flows, split_evenly
+
+    paths = candidate_paths(fabric)
+    forwarded = np.isin(np.asarray(ROLES)[paths.role_code], FORWARDED_ROLES)
+    n = fabric.num_ranks
+    flow_path, flow_bytes = [], []
+    for s in range(n):
+        for d in range(n):
+            nbytes = int(demand[s, d])
+            if s == d or nbytes == 0:
+                continue
+            ids = list(paths.pair_paths(s, d))
+            chosen = [p for p in ids if forwarded[p]] or ids[:1]
+            flow_path.extend(chosen)
+            flow_bytes.extend(split_evenly(np.array([nbytes]), np.array([len(chosen)])).tolist())
+    plan = plan_from_flows(fabric, np.asarray(demand, dtype=float), paths,
+                           np.array(flow_path, dtype=np.int64),
+                           np.array(flow_bytes, dtype=np.int64), "forward-everything")
+    return plan.validate()
+
+
+def _device(rank: int, backend: str):
+    return torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else \
+        torch.device("cpu")
+
+
+def _random_tensor(shape: tuple[int, ...], dtype, seed: int, device):
+    """Random bits of any dtype (NaN patterns included: comparisons are bitwise)."""
+    gen = torch.Generator().manual_seed(seed)
+    elem = torch.empty((), dtype=dtype).element_size()
+    numel = int(np.prod(shape))
+    raw = torch.randint(0, 256, (numel * elem,), dtype=torch.uint8, generator=gen)
+    return raw.view(dtype).reshape(shape).to(device)
+
+
+def _bits(t):
+    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+
+
+def _assert_same(out, ref, what: str) -> None:
+    a, b = _bits(out), _bits(ref)
+    if not torch.equal(a, b):
+        first = int((a != b).nonzero()[0, 0])
+        raise AssertionError(f"{what}: output differs from torch's at byte {first} of {a.numel()}")
+
+
+def _splits(rng: np.random.Generator, world: int, trial: int) -> np.ndarray:
+    """Uneven splits with zeros; one rank sends nothing at all."""
+    split = rng.integers(0, 7, size=(world, world)) * (rng.random((world, world)) < 0.8)
+    split[trial % world, :] = 0
+    return split.astype(np.int64)
+
+
+def _exchange(split, dtype, trailing, seed, device, rank, orchestrator=None, async_op=False):
+    """torch's and pathweave's all_to_all_single on the same input: ``(out, ref)``."""
+    from pathweave import distributed as pwdist
+
+    send, recv = split[rank].tolist(), split[:, rank].tolist()
+    inp = _random_tensor((sum(send), *trailing), getattr(torch, dtype), seed, device)
+    ref = torch.zeros((sum(recv), *trailing), dtype=inp.dtype, device=device)
+    out = torch.ones_like(ref)
+    dist.all_to_all_single(ref, inp, recv, send)
+    work = pwdist.all_to_all_single(out, inp, recv, send, async_op=async_op,
+                                    orchestrator=orchestrator)
+    if async_op:
+        work.wait()
+    elif work is not None:
+        raise AssertionError(f"a synchronous call returned {work!r}, expected None")
+    return out, ref
+
+
+# --------------------------------------------------------------- rank bodies
+def check_matches_torch(rank: int, world: int, backend: str) -> int:
+    """Random uneven splits, several dtypes and shapes, default orchestrator."""
+    device = _device(rank, backend)
+    rng = np.random.default_rng(7)  # same draws on every rank
+    checked = 0
+    for trial, dtype in enumerate(DTYPES * 2):
+        trailing = ((), (3,), (2, 5))[trial % 3]
+        split = _splits(rng, world, trial)
+        out, ref = _exchange(split, dtype, trailing, 1000 * trial + rank, device, rank)
+        _assert_same(out, ref, f"trial {trial} ({dtype}, trailing {trailing})")
+        checked += 1
+    # Equal splits (no split lists) on a large tensor.
+    inp = _random_tensor((world * (1 << 18),), torch.bfloat16, 99 + rank, device)
+    ref, out = torch.empty_like(inp), torch.zeros_like(inp)
+    dist.all_to_all_single(ref, inp)
+    from pathweave import distributed as pwdist
+
+    pwdist.all_to_all_single(out, inp)
+    _assert_same(out, ref, "equal splits")
+    return checked + 1
+
+
+def check_forced_multipath(rank: int, world: int, backend: str) -> dict:
+    """Every byte forwarded (forced plan), then mwu with ``enabled=True`` on a hotspot."""
+    from pathweave import fabric as pwfabric
+    from pathweave import traffic
+    from pathweave.runtime import Orchestrator
+
+    device = _device(rank, backend)
+    fab = pwfabric.resolve(forwarding_fabric(world))
+    rng = np.random.default_rng(11)
+    forced = Orchestrator(fabric=fab, policy=forward_everything, enabled=True)
+    for trial, dtype in enumerate(("float32", "bfloat16", "uint8", "int64")):
+        split = _splits(rng, world, trial) * 4096  # several chunks per path
+        out, ref = _exchange(split, dtype, (), 2000 * trial + rank, device, rank, forced)
+        _assert_same(out, ref, f"forced forwarding, trial {trial} ({dtype})")
+        if not forced.stats.last_call.multipath:
+            raise AssertionError(f"trial {trial}: the forced plan did not run multi-path")
+    demand = traffic.hotspot(world, bytes_per_rank=world * (4 << 20), ratio=0.8)
+    split = (demand // 2).astype(np.int64)  # bfloat16 elements
+    mwu = Orchestrator(fabric=fab, policy="mwu", enabled=True)
+    for k in range(2):  # the second call comes from the plan cache
+        out, ref = _exchange(split, "bfloat16", (), 3000 + k * 10 + rank, device, rank, mwu)
+        _assert_same(out, ref, f"mwu hotspot call {k}")
+    last = mwu.stats.last_call
+    return {
+        "forced_kinds": {k: int(v) for k, v in dict(forced.stats.bytes_per_path_kind).items()},
+        "mwu_kinds": {k: int(v) for k, v in dict(mwu.stats.bytes_per_path_kind).items()},
+        "mwu_multipath": bool(last.multipath),
+        "mwu_cached": bool(last.cached),
+    }
+
+
+def check_async_handle(rank: int, world: int, backend: str) -> int:
+    """``async_op=True`` returns a handle whose ``wait()`` completes the exchange."""
+    from pathweave import fabric as pwfabric
+    from pathweave.runtime import Orchestrator
+
+    device = _device(rank, backend)
+    rng = np.random.default_rng(5)
+    orchestrators = [None]
+    if world >= 3:
+        fab = pwfabric.resolve(forwarding_fabric(world))
+        orchestrators.append(Orchestrator(fabric=fab, policy=forward_everything, enabled=True))
+    checked = 0
+    for orch in orchestrators:
+        for trial in range(3):
+            split = _splits(rng, world, trial) * 1024
+            out, ref = _exchange(split, "float32", (4,), 4000 * trial + rank, device, rank,
+                                 orch, async_op=True)
+            _assert_same(out, ref, f"async trial {trial}, orchestrator {orch is not None}")
+            checked += 1
+    return checked
+
+
+# -------------------------------------------------------------------- tests
+def _run(fn, *args):
+    from pathweave.runtime.launch import run_local
+
+    return run_local(fn, WORLD, ("nccl", *args), backend="nccl", timeout_s=300)
+
+
+def test_matches_torch_bitwise_on_nccl():
+    checked = _run(check_matches_torch)
+    assert checked == [2 * len(DTYPES) + 1] * WORLD
+
+
+@pytest.mark.skipif(not _REASON and WORLD < 3,
+                    reason=f"forwarding needs >= 3 GPUs, found {NUM_GPUS}")
+def test_forced_multipath_on_nccl_forwards_and_matches_torch():
+    results = _run(check_forced_multipath)
+    forced = {}
+    for r in results:
+        for k, v in r["forced_kinds"].items():
+            forced[k] = forced.get(k, 0) + v
+    # The forced plan leaves nothing on a direct path where a forwarded one exists.
+    assert sum(forced.get(k, 0) for k in FORWARDED_ROLES) > 0, forced
+    assert all(r["mwu_multipath"] and r["mwu_cached"] for r in results)
+
+
+def test_async_handle_on_nccl():
+    checked = _run(check_async_handle)
+    assert checked == [3 * (1 + (WORLD >= 3))] * WORLD

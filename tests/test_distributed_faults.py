@@ -1,0 +1,214 @@
+"""Faults: dead and hung peers, failing ranks, timeouts, interrupts. Nothing may hang.
+
+Each job here is expected to fail; the tests check *how*: which rank is
+blamed, that every surviving rank raised (and within the orchestrator's
+timeout), and that no process outlives ``run_local``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import pathweave as pw  # noqa: E402
+import pathweave.distributed as pwd  # noqa: E402
+from pathweave.errors import CommError, LaunchTimeoutError, RankError  # noqa: E402
+from pathweave.runtime.launch import run_local  # noqa: E402
+
+TIMEOUT_S = 3.0
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _wait_gone(pids, within_s=5.0):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _record_pid(piddir: str, rank: int) -> None:
+    Path(piddir, f"{rank}.pid").write_text(str(os.getpid()))
+
+
+def _pids(piddir) -> list[int]:
+    return [int(p.read_text()) for p in Path(piddir).glob("*.pid")]
+
+
+# ------------------------------------------------------------- data plane
+def job_peer_fault(rank, ws, mode, piddir):
+    """Rank 3 dies (or hangs) in the middle of an exchange with forwarding."""
+    _record_pid(piddir, rank)
+    orch = pw.Orchestrator(fabric="h100-2x4", enabled=True, chunk_bytes=4096, window=2,
+                           min_split_bytes=0, timeout_s=TIMEOUT_S)
+    inp = torch.arange(ws * 40000, dtype=torch.float32)
+    out = torch.empty_like(inp)
+    pwd.all_to_all_single(out, inp, orchestrator=orch)  # a good call first: all connected
+    if rank == 3:
+        if mode == "die-mid-transfer":
+            from pathweave.runtime import executor
+
+            real = executor.Transport._round_gloo
+
+            def post_then_die(self, *args, **kwargs):
+                real(self, *args, **kwargs)
+                os._exit(17)  # after posting the first round: bytes are in flight
+
+            executor.Transport._round_gloo = post_then_die
+        elif mode == "die-before-call":
+            os._exit(17)
+        else:  # hang: alive, never joins the call
+            time.sleep(60)
+    t0 = time.perf_counter()
+    try:
+        pwd.all_to_all_single(out, inp, orchestrator=orch)
+    except CommError as exc:
+        # Re-raise with the time it took, for the parent to check.
+        raise RuntimeError(f"CommError after {time.perf_counter() - t0:.3f} s: {exc}") from exc
+    return "finished"
+
+
+@pytest.mark.parametrize("mode", ["die-mid-transfer", "die-before-call", "hang"])
+def test_every_survivor_raises_within_the_timeout(mode, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        # A dead peer's survivors fail within TIMEOUT_S of each other; a hung
+        # peer's all time out together and the hung one is killed after grace.
+        grace_s = 2.0 if mode == "hang" else TIMEOUT_S + 3
+        run_local(job_peer_fault, 8, (mode, str(tmp_path)), timeout_s=90, grace_s=grace_s)
+    err = info.value
+    survivors = [r for r in range(8) if r != 3]
+    for r in survivors:
+        text = err.failures[r]
+        assert "CommError after" in text, (r, text)
+        took = float(text.rsplit("CommError after ", 1)[1].split(" s")[0])
+        assert took <= TIMEOUT_S + 1.0, (r, took)
+        if mode == "hang":
+            assert took >= TIMEOUT_S * 0.9, (r, took)  # waited for the peer, then gave up
+    if mode == "hang":
+        assert err.rank != 3 and err.failures[3].startswith("rank 3 was killed after rank")
+    else:
+        assert err.rank == 3 and "exited with code 17" in err.traceback
+    assert err.others_failed
+    assert _wait_gone(_pids(tmp_path)), "a rank outlived run_local"
+    assert time.monotonic() - t0 < 60
+
+
+# ---------------------------------------------------------------- launcher
+def job_raise_on_one(rank, ws, piddir):
+    _record_pid(piddir, rank)
+    if rank == 2:
+        raise KeyError("no such expert")
+    dist.barrier()  # the others wait for rank 2, which never comes
+    return rank
+
+
+def job_sleep(rank, ws, piddir):
+    _record_pid(piddir, rank)
+    time.sleep(60)
+
+
+def job_value(rank, ws, base):
+    t = torch.tensor([rank + base])
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": int(t), "env": os.environ["LOCAL_WORLD_SIZE"]}
+
+
+def test_run_local_returns_values_in_rank_order():
+    got = run_local(job_value, 4, (10,), env={"LOCAL_WORLD_SIZE": "2"})
+    assert got == [{"rank": r, "sum": 46, "env": "2"} for r in range(4)]
+
+
+def test_a_raising_rank_is_reported_with_its_traceback(tmp_path):
+    with pytest.raises(RankError) as info:
+        run_local(job_raise_on_one, 4, (str(tmp_path),), timeout_s=60, grace_s=2)
+    err = info.value
+    assert err.rank == 2 and err.exc_type == "KeyError"
+    assert "no such expert" in err.traceback and "job_raise_on_one" in err.traceback
+    assert "rank 2 failed: KeyError: 'no such expert'" in str(err)
+    assert set(err.failures) == {0, 1, 2, 3} and err.others_failed
+    assert _wait_gone(_pids(tmp_path))
+
+
+def test_timeout_kills_every_process(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeoutError) as info:
+        run_local(job_sleep, 3, (str(tmp_path),), timeout_s=4)
+    assert time.monotonic() - t0 < 15
+    assert sorted(info.value.failures) == [0, 1, 2]
+    assert "ran past 4" in str(info.value)
+    assert len(_pids(tmp_path)) == 3 and _wait_gone(_pids(tmp_path))
+
+
+def test_bad_launch_arguments():
+    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+        run_local(job_value, 0)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        run_local("job", 2)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        run_local(job_value, 2, timeout_s=0)
+
+
+def _wait_for_pids(piddir, count, within_s=60.0):
+    deadline = time.monotonic() + within_s
+    while len(_pids(piddir)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _pids(piddir)
+
+
+def test_interrupted_or_killed_caller_leaves_no_process(tmp_path):
+    """SIGINT the caller while its ranks run, then SIGKILL it during a second job.
+
+    After SIGINT the ``finally`` path must have killed the ranks; SIGKILL runs
+    no clean-up at all, so there the ranks must notice their caller is gone.
+    """
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_distributed_faults import job_sleep
+        from pathweave.runtime.launch import run_local
+        if __name__ == "__main__":
+            try:
+                run_local(job_sleep, 3, ({str(first)!r},), timeout_s=100)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            run_local(job_sleep, 2, ({str(second)!r},), timeout_s=100)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = _wait_for_pids(first, 3)
+        assert len(pids) == 3, "ranks did not start"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert _wait_gone(pids), "a rank outlived the interrupted call"
+        pids = _wait_for_pids(second, 2)
+        assert len(pids) == 2, "second job did not start"
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _wait_gone(pids, within_s=10), "a rank outlived its killed caller"

@@ -1,0 +1,382 @@
+"""The emulator as data: layout, shaping, routes, argv lists, predictions. No root needed.
+
+Routes are checked by an independent packet walker: it follows the layout's
+route entries hop by hop (veth peers, bridges, next-hop addresses) and must
+arrive at every destination over exactly the fabric links of the path the
+``static`` policy gives that pair.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import pathweave as pw
+from pathweave.emulate import _ip
+from pathweave.emulate.topology import build_layout, framing_factor, scale_fabric
+from pathweave.errors import FabricError
+from pathweave.fabric import LinkKind, VertexKind
+from pathweave.fabric.builders import FabricBuilder
+
+FABRICS = [
+    "h100-2x4",
+    "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh",
+    "cluster:nodes=2,gpus_per_node=4,node_kind=nvswitch",
+    "cluster:nodes=2,gpus_per_node=4,node_kind=pcie,rails=2",  # NICs shared: bridges
+    "cluster:nodes=2,gpus_per_node=4,node_kind=nvlink-mesh,spines=2",
+]
+
+
+def walk(lay, a: int, b: int) -> list[int]:
+    """Fabric links a packet from rank ``a`` to rank ``b`` crosses, following the routes."""
+    addr_ns = {lay.router_address[v]: lay.router_ns[v] for v in lay.routers}
+    table = {(r.ns, r.dst): r for r in lay.routes}
+    peer = {}
+    for cable in lay.veths:
+        peer[(cable.a.ns, cable.a.dev)] = cable.b
+        peer[(cable.b.ns, cable.b.dev)] = cable.a
+    ports_of_bridge: dict[str, list] = {}
+    for p in lay.shaped:
+        if p.bridge is not None:
+            ports_of_bridge.setdefault(p.bridge, []).append(p)
+    dst_addr = lay.rank_address[b]
+    ns, crossed = lay.rank_ns[a], []
+    for _ in range(20):
+        if ns == lay.rank_ns[b]:
+            return crossed
+        r = table[(ns, dst_addr)]
+        assert r.src == {v: k for k, v in addr_ns.items()}[ns]
+        target_ns = addr_ns[r.via if r.via is not None else r.dst]
+        out = next(p for p in lay.shaped if p.ns == ns and p.dev == r.dev)
+        crossed += list(out.links)
+        far = peer[(ns, r.dev)]
+        seen_bridges = set()
+        while far.bridge is not None:  # cross the switch to the port of the next hop
+            seen_bridges.add(far.bridge)
+            cands = [p for p in ports_of_bridge[far.bridge] if p is not far
+                     and (peer[(p.ns, p.dev)].ns == target_ns or peer[(p.ns, p.dev)].bridge)]
+            direct = [p for p in cands if peer[(p.ns, p.dev)].ns == target_ns]
+            nxt = direct[0] if direct else next(
+                p for p in cands if peer[(p.ns, p.dev)].bridge not in seen_bridges)
+            crossed += list(nxt.links)
+            far = peer[(nxt.ns, nxt.dev)]
+        assert far.ns == target_ns, (a, b, ns, r)
+        ns = far.ns
+    raise AssertionError(f"no arrival from {a} to {b}")
+
+
+def static_links(fab, a: int, b: int) -> list[int]:
+    D = np.zeros((fab.num_ranks, fab.num_ranks), dtype=np.int64)
+    D[a, b] = 1 << 20
+    plan = pw.plan.make(fab, D, "static")
+    (pid,) = plan.flow_path.tolist()
+    row = plan.paths.links[pid]
+    return row[row >= 0].tolist()
+
+
+@pytest.mark.parametrize("spec", FABRICS)
+def test_every_pair_arrives_over_the_static_path(spec):
+    fab = pw.fabric.preset(spec)
+    lay = build_layout(fab, 1e-4)
+    n = fab.num_ranks
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                got = walk(lay, a, b)
+                assert sorted(got) == sorted(static_links(fab, a, b)), (a, b)
+                # The stops recorded are the routers the packet visits.
+                assert lay.pair_stops[a][b][0] == fab.rank_vertex[a]
+                assert lay.pair_stops[a][b][-1] == fab.rank_vertex[b]
+
+
+@pytest.mark.parametrize("spec", FABRICS)
+def test_each_directed_link_shaped_once_at_min_of_folded_capacities(spec):
+    fab = pw.fabric.preset(spec)
+    scale = 2e-4
+    lay = build_layout(fab, scale)
+    shaped = [lid for p in lay.shaped for lid in p.links]
+    assert sorted(shaped) == list(range(fab.num_links))  # every link exactly once
+    names = [(p.ns, p.dev) for p in lay.shaped]
+    assert len(set(names)) == len(names)
+    for p in lay.shaped:
+        assert p.payload_Bps == pytest.approx(min(fab.capacity_Bps[list(p.links)]) * scale)
+        assert p.dev in {f"l{lid}" for lid in p.links}
+        assert len(p.links) in (1, 2, 3)
+        if len(p.links) > 1:  # a folded NIC: PCIe and network in series, one direction
+            kinds = {int(fab.link_kind[lid]) for lid in p.links}
+            assert kinds == {int(LinkKind.PCIE), int(LinkKind.NETWORK)}
+            for x, y in zip(p.links, p.links[1:], strict=False):
+                assert fab.link_dst[x] == fab.link_src[y]
+
+
+def test_h100_2x4_by_hand():
+    fab = pw.fabric.preset("h100-2x4")
+    lay = build_layout(fab, 1e-4)
+    assert lay.namespaces == (*tuple(f"pw-r{r}" for r in range(8)), "pw-sw")
+    assert len(lay.bridges) == 4  # one per rail; NICs folded into their GPUs
+    assert len(lay.veths) == 12 + 8
+    assert len(lay.routes) == 8 * 7  # one per (rank, destination)
+    nv = fab.link_id("n0.gpu0", "n0.gpu1")
+    net = fab.link_id("n0.nic1", "rail1")
+    assert lay.payload_Bps(nv) == pytest.approx(12e6)
+    assert lay.payload_Bps(net) == pytest.approx(5e6)  # min(6.30 PCIe, 5.0 rail)
+    assert lay.payload_Bps(fab.link_id("n0.gpu1", "n0.nic1")) == pytest.approx(5e6)
+    port = next(p for p in lay.shaped if net in p.links)
+    assert port.ns == "pw-r1" and port.bridge is None
+    # 5 MB/s of payload: 5e6 * 8 * 1514 / 1448 bits/s on the wire.
+    assert lay.wire_rate_bps(port) == round(5e6 * 8 * 1514 / 1448)
+    assert lay.burst_for(port) == 128 * 1024
+    assert lay.total_payload_Bps() == pytest.approx(24 * 12e6 + 16 * 5e6)
+    # PXN: rank 0 -> rank 6 leaves over NVLink to GPU 2, then GPU 2's rail.
+    assert [lay.ns_name(v) for v in lay.pair_stops[0][6]] == ["pw-r0", "pw-r2", "pw-r6"]
+    r = next(x for x in lay.routes if x.ns == "pw-r0" and x.dst == "10.211.0.7")
+    assert (r.dev, r.via, r.src) == (f"l{fab.link_id('n0.gpu0', 'n0.gpu2')}", "10.211.0.3",
+                                     "10.211.0.1")
+
+
+def test_framing_factor():
+    assert framing_factor(1500) == pytest.approx(1514 / 1448)
+    assert framing_factor(9000) == pytest.approx(9014 / 8948)
+    with pytest.raises(ValueError, match="mtu"):
+        framing_factor(100)
+
+
+def test_setup_commands_are_argv_lists_inside_prefixed_namespaces():
+    fab = pw.fabric.preset("h100-2x4")
+    lay = build_layout(fab, 1e-4, prefix="pwt")
+    cmds = lay.setup_commands()
+    assert all(isinstance(c, list) and all(isinstance(a, str) for a in c) for c in cmds)
+    for c in cmds:
+        assert c[0] in ("ip", "tc")
+        # Every command names a pwt- namespace: nothing happens in the root namespace.
+        ns = c[c.index("-n") + 1] if "-n" in c else c[3]
+        assert ns.startswith("pwt-"), c
+    tbfs = [c for c in cmds if c[0] == "tc"]
+    assert len(tbfs) == len(lay.shaped) == 40
+    assert all("latency" in c and c[c.index("latency") + 1] == "5000us" for c in tbfs)
+    veths = [c for c in cmds if "veth" in c]
+    assert len(veths) == len(lay.veths) + 8  # cables + one identity veth per rank
+    adds = [c for c in cmds if c[:3] == ["ip", "netns", "add"]]
+    assert [c[3] for c in adds] == list(lay.namespaces)
+
+
+def test_custom_routes_follow_the_given_paths():
+    fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh")
+    ps = pw.fabric.candidate_paths(fab)
+    n = fab.num_ranks
+    # Every pair on its last candidate path (remote rail across nodes).
+    routes = [[int(ps.pair_paths(a, b)[-1]) if a != b else -1 for b in range(n)]
+              for a in range(n)]
+    lay = build_layout(fab, 1e-4, routes=routes)
+    # 0 -> 3: last path is via rail 1 (0 -> 1 -> rail1 -> 3)
+    row = ps.links[routes[0][3]]
+    assert sorted(walk(lay, 0, 3)) == sorted(row[row >= 0].tolist())
+    bad = [r[:] for r in routes]
+    bad[0][3] = int(ps.pair_paths(1, 2)[0])
+    with pytest.raises(FabricError, match=r"routes\[0\]\[3\]"):
+        build_layout(fab, 1e-4, routes=bad)
+
+
+@pytest.mark.parametrize("scale", [0, -1e-4, 1.5, math.nan])
+def test_bad_scale(scale):
+    with pytest.raises(ValueError, match="scale"):
+        build_layout(pw.fabric.preset("h100-2x4"), scale)
+
+
+@pytest.mark.parametrize("prefix", ["xx", "pw-", "PW", "pwtoolong", ""])
+def test_bad_prefix(prefix):
+    with pytest.raises(ValueError, match="prefix"):
+        build_layout(pw.fabric.preset("h100-2x4"), 1e-4, prefix=prefix)
+
+
+def test_bad_burst_and_latency():
+    fab = pw.fabric.preset("h100-2x4")
+    with pytest.raises(ValueError, match="burst_bytes"):
+        build_layout(fab, 1e-4, burst_bytes=64 * 1024)
+    with pytest.raises(ValueError, match="latency_s"):
+        build_layout(fab, 1e-4, latency_s=0)
+
+
+def _two_gpu_builder(name: str) -> FabricBuilder:
+    b = FabricBuilder(name)
+    b.vertex("n0.gpu0", VertexKind.GPU, node=0)
+    b.vertex("n0.gpu1", VertexKind.GPU, node=0)
+    return b
+
+
+def test_one_way_link_is_refused():
+    b = _two_gpu_builder("oneway")
+    b.link("n0.gpu0", "n0.gpu1", 1e9, LinkKind.NVLINK)
+    b.link("n0.gpu1", "n0.gpu0", 1e9, LinkKind.NVLINK)
+    b.vertex("n0.host", VertexKind.HOST, node=0)
+    b.link("n0.gpu0", "n0.host", 1e9, LinkKind.PCIE)
+    with pytest.raises(FabricError, match="no reverse link"):
+        build_layout(b.build(), 1e-4)
+
+
+def test_loop_of_bridges_is_refused():
+    b = _two_gpu_builder("loop")
+    for s in ("rail0", "rail1", "rail2"):
+        b.vertex(s, VertexKind.RAIL)
+    b.duplex("rail0", "rail1", 1e9, LinkKind.NETWORK)
+    b.duplex("rail1", "rail2", 1e9, LinkKind.NETWORK)
+    b.duplex("rail2", "rail0", 1e9, LinkKind.NETWORK)
+    b.vertex("n0.nic0", VertexKind.NIC, node=0)
+    b.vertex("n0.nic1", VertexKind.NIC, node=0)
+    b.duplex("n0.gpu0", "n0.nic0", 1e9, LinkKind.PCIE)
+    b.duplex("n0.gpu1", "n0.nic1", 1e9, LinkKind.PCIE)
+    b.duplex("n0.nic0", "rail0", 1e9, LinkKind.NETWORK)
+    b.duplex("n0.nic1", "rail2", 1e9, LinkKind.NETWORK)
+    with pytest.raises(FabricError, match="loop of bridges"):
+        build_layout(b.build(), 1e-4)
+
+
+# ------------------------------------------------------------------- _ip
+def test_argv_builders_refuse_odd_names():
+    for bad in ("a b", "x;rm", "toolonginterface0", "", "-n"):
+        with pytest.raises(ValueError, match="name"):
+            _ip.link_up("pw-r0", bad)
+        with pytest.raises(ValueError, match="name"):
+            _ip.netns_add(bad)
+    with pytest.raises(ValueError, match="tbf"):
+        _ip.tbf("pw-r0", "l0", 0, 131072, 0.005)
+    with pytest.raises(ValueError, match="sysctl"):
+        _ip.sysctl("pw-r0", {"net.ipv4 ip_forward": 1})
+
+
+def test_without_root_every_entry_point_says_so(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    from pathweave.emulate import Emulator, cleanup, status
+
+    with pytest.raises(_ip.EmulatorError, match="needs root"):
+        Emulator("h100-2x4", 1e-4).up()
+    with pytest.raises(_ip.EmulatorError, match="needs root"):
+        cleanup()
+    with pytest.raises(_ip.EmulatorError, match="needs root"):
+        status()
+    from pathweave.cli.main import app
+
+    res = CliRunner().invoke(app, ["emulate", "up", "--fabric", "h100-2x4"])
+    assert res.exit_code == 2
+    assert "needs root" in res.output
+    from pathweave.cli._demo_emulate import skip_reason
+
+    assert "needs root" in skip_reason()
+
+
+def test_missing_tools_are_named(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda t: None if t == "tc" else "/usr/sbin/" + t)
+    with pytest.raises(_ip.EmulatorError, match="tc"):
+        _ip.require_tools()
+
+
+# ------------------------------------------------------------ predictions
+def test_predict_by_hand():
+    from pathweave.emulate import predict
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    n = 8
+    D = np.zeros((n, n), dtype=np.int64)
+    D[0, 1] = 6_000_000  # direct NVLink, 12 MB/s: 0.5 s
+    D[2, 1] = 6_000_000  # another NVLink into rank 1: parallel
+    pred, bound, _ = predict(fab, D, "static")
+    assert bound == pytest.approx(0.5)
+    assert pred == pytest.approx(0.5)
+    # One sender over PXN (0 -> 1 -> rail 1 -> 5): the rail starts once a round of
+    # window // 2 = 2 chunks has crossed the 12 MB/s NVLink to the forwarding rank.
+    D[:] = 0
+    D[0, 5] = 5_000_000
+    pred, bound, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=4)
+    assert bound == pytest.approx(1.0)
+    assert pred == pytest.approx(1.0 + 2 * (1 << 18) / 12e6)
+    pred, _, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=2)
+    assert pred == pytest.approx(1.0 + (1 << 18) / 12e6)
+    # 0 -> 4 goes straight onto rail 0 and keeps it busy while 1 -> 4 (PXN through
+    # rank 0) fills its pipeline: the fill is hidden, the rail's 5 MB take 1 s.
+    D[:] = 0
+    D[0, 4] = 2_500_000
+    D[1, 4] = 2_500_000
+    pred, bound, _ = predict(fab, D, "static", chunk_bytes=1 << 18)
+    assert bound == pytest.approx(1.0)
+    assert pred == pytest.approx(1.0)
+    # torch: the kernel forwards packets, no pipeline fill.
+    D[:] = 0
+    D[0, 5] = 5_000_000
+    pred, bound, _ = predict(fab, D, "torch")
+    assert pred == pytest.approx(1.0) and bound == pytest.approx(1.0)
+
+
+def test_forward_delay_uses_the_slowest_node_local_gpu_hop():
+    from pathweave.emulate.run import emulator_model, forward_delay_s
+
+    fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=4,node_kind=pcie,rails=2")
+    # PCIe host nodes: GPU -> host hops of 63.0 GB/s; GPU -> NIC hops do not count.
+    assert forward_delay_s(fab, 63_015_384) == pytest.approx(
+        63_015_384 / fab.capacity_Bps[fab.link_id("n0.gpu0", "n0.host")])
+    assert forward_delay_s(fab, 0) == 0.0
+    assert emulator_model(fab, 0).relay_setup_s == 0.0
+    assert emulator_model().relay_setup_s == 0.0
+
+
+def test_predict_applies_the_size_threshold_like_the_data_plane():
+    from pathweave.emulate import predict
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    D = pw.traffic.parse_workload("hotspot:0.8", 8, bytes_per_rank=16 << 20).astype(np.int64)
+    _, _, small = predict(fab, D, "mwu", min_split_bytes=1 << 30)
+    # Above every pair: each pair goes whole on one path.
+    pairs = plan_pairs(small)
+    assert len(pairs) == len(set(pairs))
+    _, _, split = predict(fab, D, "mwu", min_split_bytes=0)
+    assert len(plan_pairs(split)) > len(pairs)
+    for p in (small, split):
+        assert np.array_equal(p.pair_bytes(), D)
+
+
+def plan_pairs(plan) -> list[int]:
+    ps = plan.paths
+    fp = plan.flow_path[plan.flow_bytes > 0]
+    return (ps.src[fp].astype(np.int64) * ps.num_ranks + ps.dst[fp]).tolist()
+
+
+def test_result_records_and_bench_outputs(tmp_path):
+    from pathweave.bench.emulate import write_outputs
+    from pathweave.emulate import EmulationResult, PolicyResult
+
+    res = EmulationResult(
+        fabric="f", scale=1e-4, workload="hotspot:0.8", bytes_per_rank=100, total_bytes=700,
+        repeat=3, chunk_bytes=10, window=4, min_split_bytes=0,
+        policies=(PolicyResult("static", (4.0, 3.0, 5.0), 4.0, 5.0, 3.2, True),
+                  PolicyResult("mwu", (1.0, 2.0, 1.5), 1.5, 1.25, 1.0, True)),
+        wall_s=1.0,
+    )
+    assert res.speedup("mwu") == pytest.approx((4.0 / 1.5, 5.0 / 1.25))
+    recs = res.records()
+    assert recs[1]["measured_vs_predicted"] == pytest.approx(1.2)
+    assert recs[1]["measured_vs_bound"] == pytest.approx(1.5)
+    with pytest.raises(KeyError, match="optimal"):
+        res.policy("optimal")
+    for r in recs:
+        r["ratio"] = 0.8
+    csv_path, png_path = write_outputs(recs, tmp_path)
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["policy"] for r in rows] == ["static", "mwu"]
+    assert float(rows[1]["speedup_measured"]) == pytest.approx(4.0 / 1.5)
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_policy_list():
+    from pathweave.cli.emulate import _policies
+    from pathweave.cli.main import app
+    from pathweave.errors import PlanError
+
+    assert _policies("static, mwu,torch,mwu") == ["static", "mwu", "torch"]
+    assert _policies("torch,all")[:2] == ["torch", "static"]
+    with pytest.raises(PlanError, match="bogus"):
+        _policies("static,bogus")
+    res = CliRunner().invoke(app, ["emulate", "run", "--policy", "bogus"])
+    assert res.exit_code == 2 and "bogus" in res.output

@@ -1,0 +1,163 @@
+"""Max-min fair rates: the numba kernel against hand cases and its slow twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pathweave.sim._maxmin import maxmin_rates, maxmin_rates_reference, maxmin_subset_into
+
+INF = np.inf
+
+
+def _csr(flows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(flows) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(f) for f in flows])
+    links = np.array([e for f in flows for e in f], dtype=np.int64)
+    return ptr, links
+
+
+def _both(flows, cap, fcap=None):
+    ptr, links = _csr(flows)
+    cap = np.asarray(cap, dtype=np.float64)
+    fcap = np.full(len(flows), INF) if fcap is None else np.asarray(fcap, dtype=np.float64)
+    fast = maxmin_rates(ptr, links, cap, fcap)
+    slow = maxmin_rates_reference(ptr, links, cap, fcap)
+    np.testing.assert_allclose(fast, slow, rtol=1e-9)
+    return fast
+
+
+# ------------------------------------------------------------------ hand cases
+def test_one_flow_gets_the_link():
+    assert _both([[0]], [7.0]).tolist() == [7.0]
+
+
+def test_equal_flows_split_a_link_evenly():
+    np.testing.assert_allclose(_both([[0]] * 4, [12.0]), [3.0] * 4)
+
+
+def test_classic_parking_lot():
+    # Links 0 and 1 of capacity 1; flow 0 crosses both, flows 1 and 2 one each.
+    # Max-min: every flow gets 1/2.
+    np.testing.assert_allclose(_both([[0, 1], [0], [1]], [1.0, 1.0]), [0.5, 0.5, 0.5])
+
+
+def test_two_bottlenecks_by_hand():
+    # Link 0 (cap 10) carries a, b, c; link 1 (cap 3) carries c and d.
+    # Link 1's fair share 1.5 < link 0's 10/3: c = d = 1.5. Then link 0 has
+    # 8.5 left for a and b: 4.25 each.
+    r = _both([[0], [0], [0, 1], [1]], [10.0, 3.0])
+    np.testing.assert_allclose(r, [4.25, 4.25, 1.5, 1.5])
+
+
+def test_caps_are_private_links():
+    # Flow 1 is capped at 1, so flow 0 takes the rest of link 0; flow 2 has
+    # no links and gets exactly its cap; flow 3 has neither and is unbounded.
+    r = _both([[0], [0], [], []], [10.0], [INF, 1.0, 5.0, INF])
+    np.testing.assert_allclose(r, [9.0, 1.0, 5.0, INF])
+
+
+def test_a_link_listed_twice_counts_twice():
+    # Flow 0 crosses link 0 twice (there and back), flow 1 once: 2x + x = 6
+    # with equal rates -> x = 2 each.
+    np.testing.assert_allclose(_both([[0, 0], [0]], [6.0]), [2.0, 2.0])
+
+
+def test_infinite_capacity_links_do_not_bind():
+    np.testing.assert_allclose(_both([[0, 1], [1]], [INF, 4.0]), [2.0, 2.0])
+    np.testing.assert_allclose(_both([[0]], [INF]), [INF])
+
+
+def test_no_flows():
+    r = maxmin_rates(np.zeros(1, np.int64), np.zeros(0, np.int64), np.ones(3), np.zeros(0))
+    assert r.size == 0
+
+
+# ----------------------------------------------------------------- properties
+@st.composite
+def instances(draw):
+    nlinks = draw(st.integers(1, 6))
+    nflows = draw(st.integers(1, 10))
+    flows = [
+        draw(st.lists(st.integers(0, nlinks - 1), min_size=0, max_size=4)) for _ in range(nflows)
+    ]
+    caps = draw(
+        st.lists(st.sampled_from([1.0, 2.0, 3.0, 5.0, 7.5, 10.0]), min_size=nlinks, max_size=nlinks)
+    )
+    fcap = draw(
+        st.lists(st.sampled_from([INF, INF, 0.5, 1.0, 4.0]), min_size=nflows, max_size=nflows)
+    )
+    return flows, caps, fcap
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_kernel_matches_reference(inst):
+    flows, caps, fcap = inst
+    r = _both(flows, caps, fcap)
+    # Feasible: no link over capacity, no flow over its cap.
+    load = np.zeros(len(caps))
+    for f, ls in enumerate(flows):
+        for e in ls:
+            load[e] += r[f]
+    assert np.all(load <= np.asarray(caps) * (1 + 1e-9))
+    assert np.all(r <= np.asarray(fcap) * (1 + 1e-9))
+    # Max-min: every flow is held by a full link where it is among the largest,
+    # or by its own cap.
+    for f, ls in enumerate(flows):
+        if r[f] == INF:
+            assert all(caps[e] == INF for e in ls) and fcap[f] == INF
+            continue
+        if abs(r[f] - fcap[f]) <= 1e-9 * fcap[f]:
+            continue
+        held = False
+        for e in set(ls):
+            full = load[e] >= caps[e] * (1 - 1e-9)
+            biggest = max(r[g] for g, lg in enumerate(flows) if e in lg)
+            held |= full and r[f] >= biggest * (1 - 1e-9)
+        assert held, (f, r)
+
+
+def test_large_random_instance_matches_reference():
+    rng = np.random.default_rng(7)
+    nlinks, nflows = 40, 300
+    flows = [list(rng.integers(0, nlinks, size=rng.integers(1, 6))) for _ in range(nflows)]
+    caps = rng.uniform(1.0, 50.0, size=nlinks)
+    fcap = np.where(rng.random(nflows) < 0.2, rng.uniform(0.05, 1.0, nflows), INF)
+    _both(flows, caps, fcap)
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("ptr", "links", "cap", "fcap", "match"),
+    [
+        ([0, 2], [0], [1.0], [INF], "flow_ptr must run"),
+        ([0, 1], [3], [1.0], [INF], r"flow_links\[0\] = 3"),
+        ([0, 1], [0], [0.0], [INF], r"capacity_Bps\[0\] = 0.0"),
+        ([0, 1], [0], [1.0], [-1.0], r"flow_cap_Bps\[0\] = -1.0"),
+        ([0, 1], [0], [1.0], [INF, INF], "flow_cap_Bps has shape"),
+        ([0, 2, 1], [0, 0], [1.0], [INF, INF], "flow_ptr decreases"),
+    ],
+)
+def test_bad_input_names_the_value(ptr, links, cap, fcap, match):
+    with pytest.raises(ValueError, match=match):
+        maxmin_rates(np.array(ptr), np.array(links), np.array(cap), np.array(fcap))
+
+
+def test_subset_kernel_ignores_flows_outside_the_subset():
+    rng = np.random.default_rng(11)
+    nlinks, nflows = 12, 60
+    flows = [list(rng.integers(0, nlinks, size=rng.integers(1, 4))) for _ in range(nflows)]
+    ptr, links = _csr(flows)
+    caps = rng.uniform(1.0, 9.0, size=nlinks)
+    fcap = np.where(rng.random(nflows) < 0.3, 0.4, INF)
+    subset = np.sort(rng.choice(nflows, size=25, replace=False)).astype(np.int64)
+    out = np.full(nflows, -1.0)
+    maxmin_subset_into(ptr, links, caps, fcap, subset, out)
+    sub_ptr, sub_links = _csr([flows[f] for f in subset])
+    want = maxmin_rates_reference(sub_ptr, sub_links, caps, fcap[subset])
+    np.testing.assert_allclose(out[subset], want, rtol=1e-9)
+    rest = np.setdiff1d(np.arange(nflows), subset)
+    assert np.all(out[rest] == -1.0)

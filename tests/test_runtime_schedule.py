@@ -1,0 +1,590 @@
+"""The schedule layer in one process: plan -> per-rank chunked operations.
+
+Every schedule is checked three ways: the structural checks the
+deadlock-freedom argument rests on (``check_schedules``), a reference
+executor that moves bytes round by round and must reproduce the obvious
+all-to-all result, and an asynchronous model of the executor's wait rule
+that must run every operation to completion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from fractions import Fraction
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pathweave as pw
+from pathweave.fabric import PathKind
+from pathweave.runtime import orchestrator as orch_mod
+from pathweave.runtime.schedule import (
+    STAGING,
+    Segments,
+    build_schedules,
+    check_schedules,
+    path_routes,
+    split_fragments,
+)
+
+FAB8 = pw.fabric.preset("h100-2x4")
+PS8 = pw.fabric.candidate_paths(FAB8)
+ROUTES8 = path_routes(PS8)
+
+
+# ------------------------------------------------------------ references
+def run_rounds(scheds, in_bufs, out_bufs):
+    """Reference executor: move every round's messages with numpy, in round order."""
+    stage = [np.full(s.staging_bytes, 0xEE, np.uint8) for s in scheds]
+    outs = [[b.copy() for b in ob] for ob in out_bufs]
+    for s in scheds:
+        for sb, so, rb, ro, nb in zip(
+            s.copy_send_buf, s.copy_send_off, s.copy_recv_buf, s.copy_recv_off, s.copy_bytes,
+            strict=True,
+        ):
+            outs[s.rank][rb][ro : ro + nb] = in_bufs[s.rank][sb][so : so + nb]
+    for t in range(max((s.num_rounds for s in scheds), default=0)):
+        wire = {}
+        for s in scheds:
+            m = s.send_round == t
+            for peer, o, b, off, nb in zip(
+                s.send_peer[m], s.send_order[m], s.send_buf[m], s.send_off[m], s.send_bytes[m],
+                strict=True,
+            ):
+                src = stage[s.rank] if b == STAGING else in_bufs[s.rank][b]
+                wire[(s.rank, int(peer), int(o))] = src[off : off + nb].copy()
+        for s in scheds:
+            m = s.recv_round == t
+            for peer, o, b, off, nb in zip(
+                s.recv_peer[m], s.recv_order[m], s.recv_buf[m], s.recv_off[m], s.recv_bytes[m],
+                strict=True,
+            ):
+                dst = stage[s.rank] if b == STAGING else outs[s.rank][b]
+                dst[off : off + nb] = wire.pop((int(peer), s.rank, int(o)))
+        assert not wire, f"round {t}: unmatched sends {sorted(wire)[:3]}"
+    return outs
+
+
+def run_async(scheds):
+    """Model of the executor's wait rule: does every operation complete?
+
+    A rank posts round ``t`` once its staging operations of round ``t - 1``
+    completed; an operation completes once both of its ends are posted. No
+    global clock: ranks advance whenever they can, in any order.
+    """
+    posted = set()
+    done = set()
+    nxt = [0] * len(scheds)
+    staged_prev: list[list[tuple]] = [[] for _ in scheds]
+    progress = True
+    while progress:
+        progress = False
+        for s in scheds:
+            r = s.rank
+            t = nxt[r]
+            if t >= s.num_rounds or not all(k in done for k in staged_prev[r]):
+                continue
+            staged = []
+            for sel, kind in (((s.recv_round == t), "r"), ((s.send_round == t), "s")):
+                peers = s.recv_peer if kind == "r" else s.send_peer
+                orders = s.recv_order if kind == "r" else s.send_order
+                bufs = s.recv_buf if kind == "r" else s.send_buf
+                for peer, o, b in zip(peers[sel], orders[sel], bufs[sel], strict=True):
+                    key = (int(peer), r, int(o)) if kind == "r" else (r, int(peer), int(o))
+                    posted.add((key, kind))
+                    if (key, "s" if kind == "r" else "r") in posted:
+                        done.add(key)
+                    if b == STAGING:
+                        staged.append(key)
+            staged_prev[r] = staged
+            nxt[r] = t + 1
+            progress = True
+    total = sum(s.num_sends for s in scheds)
+    return len(done) == total and all(nxt[s.rank] == s.num_rounds for s in scheds)
+
+
+def expected_a2a(rows, in_bufs):
+    n = rows.shape[0]
+    out = []
+    for d in range(n):
+        parts = []
+        for s in range(n):
+            lo = int(rows[s, :d].sum())
+            parts.append(in_bufs[s][0][lo : lo + rows[s, d]])
+        out.append(np.concatenate(parts) if parts else np.zeros(0, np.uint8))
+    return out
+
+
+def fragments_of(plan, pair_bytes, min_split=0):
+    ps = plan.paths
+    pair = ps.src[plan.flow_path].astype(np.int64) * ps.num_ranks + ps.dst[plan.flow_path]
+    return split_fragments(pair, plan.flow_path, plan.flow_bytes, pair_bytes,
+                           min_split_bytes=min_split)
+
+
+def forced_plan(fab, demand, kinds):
+    """All of each pair's bytes on its first candidate path of one of ``kinds``
+    (role names), else its first path."""
+    ps = pw.fabric.candidate_paths(fab)
+    n = fab.num_ranks
+    fp, fb = [], []
+    for s in range(n):
+        for d in range(n):
+            if s == d or demand[s, d] == 0:
+                continue
+            cands = list(ps.pair_paths(s, d))
+            pick = [p for p in cands if ps.rail_role(p) in kinds] or cands[:1]
+            fp.append(pick[0])
+            fb.append(int(demand[s, d]))
+    d = np.asarray(demand, dtype=np.int64).copy()
+    d.setflags(write=False)
+    return pw.plan.Plan(FAB8 if fab is FAB8 else fab, ps, d, np.array(fp, dtype=np.int64),
+                        np.array(fb, dtype=np.int64), "forced").validate()
+
+
+def schedule_all(rows, plan, chunk, window, min_split=0):
+    seg = Segments.all_to_all(rows)
+    fpair, fpath, fbytes = fragments_of(plan, rows, min_split)
+    routes = path_routes(plan.paths)
+    return build_schedules(seg, fpair, fbytes, routes[fpath], chunk_bytes=chunk, window=window)
+
+
+def random_bufs(rows, rng):
+    n = rows.shape[0]
+    ins = [[rng.integers(0, 256, int(rows[r].sum()), dtype=np.uint8)] for r in range(n)]
+    outs = [[np.full(int(rows[:, r].sum()), 0xAB, np.uint8)] for r in range(n)]
+    return ins, outs
+
+
+# ------------------------------------------------------------------ routes
+def test_path_routes_are_the_gpu_vertices_of_each_path():
+    name_rank = {
+        FAB8.vertex_names[v]: int(FAB8.vertex_rank[v])
+        for v in range(FAB8.num_vertices)
+        if FAB8.vertex_rank[v] >= 0
+    }
+    for pid in range(PS8.num_paths):
+        want = [name_rank[v] for v in PS8.path_vertices(pid) if v in name_rank]
+        got = ROUTES8[pid][ROUTES8[pid] >= 0].tolist()
+        assert got == want, PS8.describe(pid)
+        assert got[0] == PS8.src[pid] and got[-1] == PS8.dst[pid]
+    # drd: source, forwarder on the source node, forwarder on the destination node, destination
+    drd = [p for p in PS8.pair_paths(0, 5) if PS8.rail_role(p) == "drd"]
+    assert ROUTES8[drd[0]][ROUTES8[drd[0]] >= 0].tolist() == [0, 2, 6, 5]
+
+
+# --------------------------------------------------------------- fragments
+def split_reference(flow_pair, flow_weight, pair_bytes):
+    """Slow twin of split_fragments' proportional rounding (exact fractions)."""
+    out = []
+    n = pair_bytes.shape[0]
+    for p in sorted(set(flow_pair)):
+        idx = [i for i, q in enumerate(flow_pair) if q == p]
+        total = sum(flow_weight[i] for i in idx)
+        L = int(pair_bytes.reshape(-1)[p]) if p % (n + 1) else 0
+        cum, prev = 0, 0
+        for k, i in enumerate(idx):
+            cum += flow_weight[i]
+            if k == len(idx) - 1:
+                hi = L
+            else:
+                frac = Fraction(cum, total)
+                q = round(frac * (1 << 20))  # rint of the exact ratio (ties never occur here)
+                hi = (L * q) >> 20
+            out.append(hi - prev)
+            prev = hi
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 1000)), min_size=1, max_size=10),
+    st.integers(0, 10**9),
+)
+def test_split_fragments_matches_exact_reference(flows, seed):
+    rng = np.random.default_rng(seed)
+    n = 2
+    pair_bytes = rng.integers(0, 10**7, (n, n))
+    flows = sorted({(1 + (p % 2), i): w for i, (p, w) in enumerate(flows)}.items())
+    fpair = [k[0] for k, _ in flows]
+    fpath = [k[1] for k, _ in flows]
+    fw = [w for _, w in flows]
+    flat = pair_bytes.reshape(-1)
+    flat[[p for p in range(n * n) if p not in fpair]] = 0
+    got_pair, got_path, got_bytes = split_fragments(fpair, fpath, fw, pair_bytes)
+    ref = split_reference(fpair, fw, pair_bytes)
+    want = [(p, q, b) for p, q, b in zip(fpair, fpath, ref, strict=True) if b > 0]
+    assert list(zip(got_pair.tolist(), got_path.tolist(), got_bytes.tolist(), strict=True)) == want
+    # bytes conserved per pair with flows
+    for p in set(fpair):
+        assert got_bytes[got_pair == p].sum() == pair_bytes.reshape(-1)[p]
+
+
+def test_split_fragments_threshold_and_orphans():
+    L = np.array([[0, 5, 0], [100, 0, 0], [0, 0, 0]])
+    # pair 1 (0->1) has two flows: below the threshold it goes whole on the heavier
+    fp, fpath, fb = split_fragments([1, 1, 3], [10, 11, 12], [1, 2, 1], L, min_split_bytes=6)
+    assert (fp.tolist(), fpath.tolist(), fb.tolist()) == ([1, 3], [11, 12], [5, 100])
+    fp, fpath, fb = split_fragments([1, 1, 3], [10, 11, 12], [1, 2, 1], L, min_split_bytes=5)
+    assert (fp.tolist(), fpath.tolist(), fb.tolist()) == ([1, 1, 3], [10, 11, 12], [1, 4, 100])
+    L[1, 2] = 7
+    with pytest.raises(ValueError, match=r"pair \(1, 2\) has 7 bytes but no path"):
+        split_fragments([1, 1, 3], [10, 11, 12], [1, 2, 1], L)
+    default = np.arange(9) + 100
+    fp, fpath, fb = split_fragments([1, 3], [10, 12], [1, 1], L, default_path=default)
+    assert (fp.tolist(), fpath.tolist(), fb.tolist()) == ([1, 3, 5], [10, 12, 105], [5, 100, 7])
+
+
+# ---------------------------------------------------------------- schedules
+def test_direct_only_plan_is_one_round_without_staging():
+    # demand only inside nodes and between rail-matched GPUs: routes without forwarders
+    rows = np.zeros((8, 8), dtype=np.int64)
+    for s in range(8):
+        for d in range(8):
+            if s != d and (s // 4 == d // 4 or s % 4 == d % 4):
+                rows[s, d] = 1000 + 10 * s + d
+    plan = forced_plan(FAB8, np.where(np.eye(8, dtype=bool), 0, rows), ("direct", "matched"))
+    assert all((ROUTES8[p] >= 0).sum() == 2 for p in plan.flow_path)
+    scheds = schedule_all(rows, plan, chunk=64, window=2)
+    check_schedules(scheds, 2)
+    assert all(s.num_rounds == 1 and s.staging_bytes == 0 and not s.forwards for s in scheds)
+    # direct fragments are not chunked: one message per pair
+    assert [s.num_sends for s in scheds] == [4] * 8
+    rng = np.random.default_rng(0)
+    ins, outs = random_bufs(rows, rng)
+    got = run_rounds(scheds, ins, outs)
+    for d, want in enumerate(expected_a2a(rows, ins)):
+        assert np.array_equal(got[d][0], want)
+    intra = forced_plan(pw.fabric.preset("cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh"),
+                        np.where(np.eye(4, dtype=bool), 0, 3000), ("direct",))
+    sch = schedule_all(np.full((4, 4), 3000), intra, chunk=100, window=2)
+    assert all(s.num_rounds == 1 and s.staging_bytes == 0 and not s.forwards for s in sch)
+    assert all(s.num_sends == 3 and s.send_bytes.tolist() == [3000] * 3 for s in sch)
+    assert all(s.copy_bytes.tolist() == [3000] for s in sch)
+
+
+def test_empty_and_self_only_calls():
+    none = np.zeros((0, 2), dtype=np.int64)
+    for rows in (np.zeros((4, 4), dtype=np.int64), np.diag([5, 0, 7, 1])):
+        scheds = build_schedules(Segments.all_to_all(rows), [], [], none, chunk_bytes=8, window=2)
+        check_schedules(scheds, 2)
+        assert [s.num_rounds for s in scheds] == [0] * 4
+        assert [s.copy_bytes.sum() for s in scheds] == np.diag(rows).tolist()
+        ins, outs = random_bufs(rows, np.random.default_rng(0))
+        got = run_rounds(scheds, ins, outs)
+        assert all(np.array_equal(got[r][0], ins[r][0]) for r in range(4))
+
+
+def test_relay_stream_is_chunked_and_window_bounded():
+    fab = pw.fabric.preset("cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh")
+    ps = pw.fabric.candidate_paths(fab)
+    rows = np.zeros((4, 4), dtype=np.int64)
+    rows[0, 1] = 1000
+    relay = next(p for p in ps.pair_paths(0, 1) if ps.kind[p] == PathKind.RELAY)
+    via = int(ps.via[relay])
+    seg = Segments.all_to_all(rows)
+    for chunk, window in ((64, 2), (64, 4), (100, 6), (1000, 2), (7, 3)):
+        scheds = build_schedules(seg, [1], [1000], path_routes(ps)[[relay]], chunk_bytes=chunk,
+                                 window=window)
+        check_schedules(scheds, window)
+        nchunks = -(-1000 // chunk)
+        src, mid, dst = scheds[0], scheds[via], scheds[1]
+        # chunking: every hop carries each chunk once, in order, no piece larger than a chunk
+        assert src.num_sends == mid.num_sends == dst.num_recvs == nchunks
+        assert src.send_bytes.sum() == 1000 and src.send_bytes.max() <= chunk
+        assert src.send_order.tolist() == list(range(nchunks))
+        # window: the relay holds at most `window` chunks of the stream
+        assert mid.staging_bytes == min(window, nchunks) * min(chunk, 1000)
+        # pipeline: chunks enter window // 2 per round, hop h one round later
+        per_round = max(1, window // 2)
+        assert src.send_round.tolist() == [c // per_round for c in range(nchunks)]
+        assert mid.send_round.tolist() == [c // per_round + 1 for c in range(nchunks)]
+        assert run_async(scheds)
+        rng = np.random.default_rng(chunk)
+        ins, outs = random_bufs(rows, rng)
+        got = run_rounds(scheds, ins, outs)
+        assert np.array_equal(got[1][0], ins[0][0])
+
+
+def test_drd_route_has_two_forwarders_each_with_own_staging():
+    rows = np.zeros((8, 8), dtype=np.int64)
+    rows[0, 5] = 5000
+    plan = forced_plan(FAB8, np.where(np.eye(8, dtype=bool), 0, rows), ("drd",))
+    (pid,) = plan.flow_path.tolist()
+    route = ROUTES8[pid][ROUTES8[pid] >= 0].tolist()
+    assert len(route) == 4 and PS8.rail_role(pid) == "drd"
+    scheds = schedule_all(rows, plan, chunk=512, window=4)
+    check_schedules(scheds, 4)
+    for r in range(8):
+        want = 4 * 512 if r in route[1:3] else 0
+        assert scheds[r].staging_bytes == want
+    assert run_async(scheds)
+    ins, outs = random_bufs(rows, np.random.default_rng(1))
+    assert np.array_equal(run_rounds(scheds, ins, outs)[5][0], ins[0][0])
+
+
+def test_checker_and_async_model_catch_broken_schedules():
+    """The two checks above can fail: break a valid schedule and watch them do so."""
+    fab = pw.fabric.preset("cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh")
+    ps = pw.fabric.candidate_paths(fab)
+    relay = next(p for p in ps.pair_paths(0, 1) if ps.kind[p] == PathKind.RELAY)
+    via = int(ps.via[relay])
+    rows = np.zeros((4, 4), dtype=np.int64)
+    rows[0, 1] = 400
+    scheds = build_schedules(Segments.all_to_all(rows), [1], [400], path_routes(ps)[[relay]],
+                             chunk_bytes=100, window=2)
+    mid = scheds[via]
+    # forward a chunk in the round it arrives: data not there yet
+    early = dataclasses.replace(mid, send_round=mid.send_round - 1)
+    bad = list(scheds)
+    bad[via] = early
+    with pytest.raises(AssertionError):
+        check_schedules(bad, 2)
+    # a receive posted a round late: the sender's round has no partner
+    late = dataclasses.replace(scheds[1], recv_round=scheds[1].recv_round + 1)
+    bad = list(scheds)
+    bad[1] = late
+    with pytest.raises(AssertionError):
+        check_schedules(bad, 2)
+    # a cyclic wait: the relay waits on a receive that the source posts only
+    # after waiting on the relay (swap the source's rounds with a later one)
+    s0 = scheds[0]
+    cyc = dataclasses.replace(
+        s0, send_round=s0.send_round + 5, num_rounds=s0.num_rounds + 5,
+        send_ptr=np.searchsorted(s0.send_round + 5, np.arange(s0.num_rounds + 6)),
+        recv_ptr=np.zeros(s0.num_rounds + 6, dtype=np.int64),
+    )
+    # rank 0 now also forwards (fake): it waits for a receive nobody sends
+    cyc = dataclasses.replace(
+        cyc, recv_round=np.array([0]), recv_peer=np.array([via]), recv_order=np.array([99]),
+        recv_buf=np.array([STAGING]), recv_off=np.array([0]), recv_bytes=np.array([1]),
+        staging_bytes=1,
+    )
+    assert not run_async([cyc, *scheds[1:]])
+
+
+hypo_settings = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@hypo_settings
+@given(
+    seed=st.integers(0, 2**31),
+    sparsity=st.floats(0, 0.9),
+    policy=st.sampled_from(["static", "mwu", "multirail", "relay", "drd", "rd"]),
+    chunk=st.sampled_from([50, 333, 4096]),
+    window=st.integers(2, 6),
+    min_split=st.sampled_from([0, 500, 10**9]),
+)
+def test_schedules_move_every_byte_to_its_place(seed, sparsity, policy, chunk, window, min_split):
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 2000, (8, 8))
+    rows[rng.random((8, 8)) < sparsity] = 0
+    rows[rng.integers(8)] = 0  # a rank that sends nothing
+    demand = np.where(np.eye(8, dtype=bool), 0, rows)
+    if policy in ("relay", "drd", "rd"):
+        plan = forced_plan(FAB8, demand, (policy,))
+    else:
+        plan = pw.plan.make(FAB8, demand, policy)
+    scheds = schedule_all(rows, plan, chunk, window, min_split)
+    check_schedules(scheds, window)
+    assert run_async(scheds)
+    # the window bound at every rank
+    _, fpath, _ = fragments_of(plan, rows, min_split)
+    for s in scheds:
+        through = [
+            i for i, p in enumerate(fpath)
+            if s.rank in ROUTES8[p][1:][ROUTES8[p][1:] >= 0][:-1].tolist()
+        ]
+        assert s.staging_bytes <= len(through) * window * chunk
+    ins, outs = random_bufs(rows, rng)
+    got = run_rounds(scheds, ins, outs)
+    for d, want in enumerate(expected_a2a(rows, ins)):
+        assert np.array_equal(got[d][0], want), f"rank {d}"
+
+
+@hypo_settings
+@given(seed=st.integers(0, 2**31), chunk=st.sampled_from([5, 50, 10**6]),
+       policy=st.sampled_from(["mwu", "relay", "drd"]))
+def test_multi_segment_pair_streams(seed, chunk, policy):
+    """batch_isend_irecv layout: several messages per pair, each its own buffer."""
+    rng = np.random.default_rng(seed)
+    n = 8
+    msgs = []  # (src, dst, nbytes)
+    for _ in range(int(rng.integers(1, 20))):
+        s, d = rng.choice(n, 2, replace=False)
+        msgs.append((int(s), int(d), int(rng.integers(1, 300))))
+    send_idx = {}
+    recv_idx = {}
+    matches = []
+    for s, d, nb in msgs:
+        si = send_idx.setdefault(s, [])
+        ri = recv_idx.setdefault(d, [])
+        matches.append((s, d, len(si), len(ri), nb))
+        si.append(nb)
+        ri.append(nb)
+    segs = orch_mod._p2p_segments(matches, n)
+    pair_bytes = segs.pair_bytes
+    if policy == "mwu":
+        plan = pw.plan.make(FAB8, pair_bytes, "mwu")
+    else:
+        plan = forced_plan(FAB8, pair_bytes, (policy,))
+    fpair, fpath, fbytes = fragments_of(plan, pair_bytes)
+    scheds = build_schedules(segs, fpair, fbytes, ROUTES8[fpath], chunk_bytes=chunk, window=2)
+    check_schedules(scheds, 2)
+    assert run_async(scheds)
+    ins = [[rng.integers(0, 256, nb, dtype=np.uint8) for nb in send_idx.get(r, [])]
+           for r in range(n)]
+    outs = [[np.zeros(nb, np.uint8) for nb in recv_idx.get(r, [])] for r in range(n)]
+    got = run_rounds(scheds, ins, outs)
+    for s, d, si, ri, _ in matches:
+        assert np.array_equal(got[d][ri], ins[s][si])
+
+
+# ------------------------------------------------------------ orchestrator
+def test_quantise_keeps_five_significant_bits():
+    x = np.random.default_rng(0).integers(0, 1 << 40, 10000)
+    q = orch_mod.quantise(x)
+    assert np.all(q <= x) and np.all(x - q <= x / 16)
+    assert np.all((q > 0) == (x > 0))
+    assert np.all(np.diff(q[np.argsort(x)]) >= 0)
+    assert orch_mod.quantise(np.array([1000, 1020, 1024, 1056, 1088])).tolist() == [
+        992, 992, 1024, 1024, 1088
+    ]
+
+
+def _group_state(fab):
+    return orch_mod._GroupState(SimpleNamespace(rank=0, size=fab.num_ranks), fab,
+                                pw.fabric.candidate_paths(fab))
+
+
+def test_auto_uses_multipath_only_for_a_predicted_gain():
+    orch = pw.Orchestrator(fabric=FAB8, min_split_bytes=1 << 20)
+    st_ = _group_state(FAB8)
+    uniform = pw.traffic.uniform(8, bytes_per_rank=64 << 20).astype(np.int64)
+    dec, cached = orch._decide(st_, uniform)
+    assert not dec.multipath and not cached  # mwu cannot beat static on balanced traffic
+    hot = pw.traffic.hotspot(8, bytes_per_rank=64 << 20, ratio=0.8).astype(np.int64)
+    dec, _ = orch._decide(st_, hot)
+    static_s = pw.plan.make(FAB8, orch_mod.quantise(hot), "static").congestion_s
+    assert dec.multipath and dec.predicted_s * 1.2 <= static_s
+    small = (hot // (1 << 10)).astype(np.int64)  # largest pair below min_split_bytes
+    assert not orch._decide(st_, small)[0].multipath
+    forced = pw.Orchestrator(fabric=FAB8, enabled=True)
+    assert forced._decide(_group_state(FAB8), uniform)[0].multipath
+    off = pw.Orchestrator(fabric=FAB8, enabled=False)
+    dec, _ = off._decide(_group_state(FAB8), hot)
+    assert not dec.multipath and off.stats.plans_made == 0
+
+
+def test_plan_cache_and_hysteresis():
+    orch = pw.Orchestrator(fabric=FAB8, enabled=True, hysteresis=0.2)
+    st_ = _group_state(FAB8)
+    hot = pw.traffic.hotspot(8, bytes_per_rank=64 << 20, ratio=0.8).astype(np.int64)
+    d1, c1 = orch._decide(st_, hot)
+    d2, c2 = orch._decide(st_, hot + 1)  # same quantised demand: no planning
+    assert (c1, c2) == (False, True) and d2 is d1 and orch.stats.plans_made == 1
+    # a slightly different pattern: a new plan is made but not taken (not 20% better)
+    nudged = hot.copy()
+    nudged[0, 1] = nudged[0, 1] * 3 // 2
+    d3, _ = orch._decide(st_, nudged)
+    assert orch.stats.plans_made == 2 and d3 is d1
+    # a very different pattern the current plan cannot serve well: switch
+    other = pw.traffic.hotspot(8, bytes_per_rank=64 << 20, ratio=0.8, hot=5).astype(np.int64)
+    d4, _ = orch._decide(st_, other)
+    assert d4 is not d1 and orch.stats.plan_switches == 1
+    # back to the first pattern: cached plan, no planning
+    made = orch.stats.plans_made
+    orch._decide(st_, hot)
+    assert orch.stats.plans_made == made
+
+
+def test_orchestrator_argument_errors():
+    with pytest.raises(ValueError, match="window must be >= 2, got 1"):
+        pw.Orchestrator(window=1)
+    with pytest.raises(TypeError, match="chunk_bytes must be an int"):
+        pw.Orchestrator(chunk_bytes=1.5)
+    with pytest.raises(ValueError, match="enabled must be 'auto', True or False"):
+        pw.Orchestrator(enabled="yes")
+    with pytest.raises(pw.errors.PlanError, match="unknown policy 'fastest'"):
+        pw.Orchestrator(policy="fastest")
+    with pytest.raises(pw.errors.FabricError, match="neither a preset"):
+        pw.Orchestrator(fabric="no-such-fabric")
+
+
+def test_import_pathweave_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pathweave as pw\n"
+        "assert 'torch' not in sys.modules\n"
+        "orch = pw.Orchestrator(fabric='h100-2x4')\n"
+        "assert 'torch' not in sys.modules\n"
+        "import pathweave.distributed\n"
+        "assert 'torch' in sys.modules and pw.distributed.all_to_all_single\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_policy_options_with_a_callable_are_refused():
+    with pytest.raises(TypeError, match=r"policy options \(fraction\) apply to registered"):
+        pw.Orchestrator(policy=lambda fab, d: None, fraction=0.3)
+
+
+def test_default_fabric_from_environment(monkeypatch):
+    monkeypatch.delenv("PATHWEAVE_FABRIC", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    fab = orch_mod.default_fabric(8)
+    assert (fab.num_nodes, fab.gpus_per_node, fab.nvlink_kind) == (2, 4, "nvswitch")
+    assert orch_mod.default_fabric(8, is_world=False).num_nodes == 1
+    monkeypatch.setenv("PATHWEAVE_FABRIC", "h100-2x4")
+    assert orch_mod.default_fabric(8).name == "h100-2x4"
+    with pytest.raises(pw.errors.FabricError, match="has 8 ranks but the process group has 4"):
+        orch_mod.default_fabric(4)
+
+
+# ---------------------------------------------------------- validation rows
+def _decode_two(args0, args1):
+    """Encode two ranks' arguments in one process and decode the rows as every rank would."""
+    from pathweave.runtime import _validate as V
+
+    return V.decode_a2a(np.stack([V.encode_a2a(*args0, 2), V.encode_a2a(*args1, 2)]))
+
+
+def test_validation_rows_accept_any_int_sequence_and_name_bad_ones():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(4, 3)
+    ok = (x, x, [2, 2], [2, 2])
+    for splits in ([2, 2], (2, 2), np.array([2, 2]), torch.tensor([2, 2]), [2.0, 2.0]):
+        lay = _decode_two(ok, (x, x, [2, 2], splits))
+        assert lay.in_rows.tolist() == [[2, 2], [2, 2]] and lay.row_bytes == 12
+    for splits, exc, msg in (
+        ([2.5, 1.5], TypeError, "rank 1: input_split_sizes must be a sequence of ints, got list"),
+        (4, TypeError, "rank 1: input_split_sizes must be a sequence of ints, got int"),
+        ([True, False], TypeError, "must be a sequence of ints"),
+        ("22", TypeError, "got str"),
+        ([4], ValueError, "rank 1: input_split_sizes has 1 entries, expected 2 (group size)"),
+        ([5, -1], ValueError, "rank 1: input_split_sizes[1] = -1 is negative"),
+        ([1, 1], ValueError, "rank 1: input_split_sizes add up to 2 rows but input has 4 rows"),
+    ):
+        with pytest.raises(exc, match=re.escape(msg)):
+            _decode_two(ok, (x, x, [2, 2], splits))
+    with pytest.raises(ValueError, match=re.escape("rank 1's input split for rank 0 is 1 rows "
+                                                   "but rank 0's output split for rank 1 is 2")):
+        _decode_two(ok, (x, x, [2, 2], [1, 3]))
+    with pytest.raises(ValueError, match=re.escape("input has 5 rows, not divisible by the "
+                                                   "group size 2")):
+        _decode_two(ok, (x, torch.zeros(5, 3), [2, 2], None))
+    with pytest.raises(TypeError, match="input has dtype int64 but output has dtype float32"):
+        _decode_two(ok, (x, x.long(), [2, 2], [2, 2]))
+    with pytest.raises(ValueError, match=re.escape("input rows have shape (1, 3) but output rows "
+                                                   "have shape (3,)")):
+        _decode_two(ok, (x, torch.zeros(4, 1, 3), [2, 2], [2, 2]))
+    with pytest.raises(ValueError, match="rank 1: input is a 0-dimensional tensor"):
+        _decode_two(ok, (x, torch.tensor(1.0), [2, 2], [2, 2]))
