@@ -7,8 +7,8 @@
 # caller's shell options untouched and sets PATHWEAVE_VENV.
 #
 # Steps: pick python3 (>= 3.10, python3.11 preferred), create .venv, upgrade
-# pip quietly, install torch==2.13.0 (later features need it; the planner
-# does not, so a missing wheel is reported and skipped), then
+# pip quietly, install torch==2.13.0 (the CPU wheel; the data plane, MoE
+# layer and emulator need torch, the planner and simulator do not), then
 # `pip install -e '.[test]'`.
 
 _pathweave_setup() (
@@ -44,13 +44,13 @@ _pathweave_setup() (
     "${pip[@]}" install --quiet --upgrade pip ||
         echo "setup: could not upgrade pip; continuing with $("${pip[@]}" --version)"
 
-    if "${pip[@]}" install --quiet "torch==2.13.0"; then
-        torch="torch 2.13.0"
-    else
-        torch="no torch"
-        echo "setup: torch==2.13.0 is not installable here; continuing without it" \
-            "(planning does not need torch; the later distributed runtime does)" >&2
+    # Pinned: an unpinned torch would pull several GB of CUDA packages.
+    if ! "${pip[@]}" install --quiet "torch==2.13.0"; then
+        echo "setup: could not install torch==2.13.0, which the data plane, the MoE layer" \
+            "and the emulator (and their tests) need" >&2
+        return 1
     fi
+    torch="torch 2.13.0"
 
     echo "setup: installing pathweave (editable) with test extras"
     "${pip[@]}" install --quiet -e "$root[test]"

@@ -204,3 +204,24 @@ def test_torchrun_example_runs_and_verifies():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"3 ranks on gloo, fabric {fabric}, hotspot 0.8" in proc.stdout
     assert "verified: bitwise equal" in proc.stdout
+
+
+def _without_torch(monkeypatch, module) -> None:
+    real = module.importlib.util.find_spec
+    monkeypatch.setattr(module.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+
+
+def test_without_torch_the_command_exits_2_and_the_demo_step_skips(monkeypatch, tmp_path):
+    from pathweave.cli import _demo_execute
+    from pathweave.cli import dataplane as cli_dataplane
+    from pathweave.cli.demo import DemoContext
+
+    _without_torch(monkeypatch, cli_dataplane)
+    result = runner.invoke(app, ["bench", "dataplane", "--quick"])
+    assert result.exit_code == 2 and "needs torch" in result.output
+    _without_torch(monkeypatch, _demo_execute)
+    console = Console(record=True, width=200)
+    _demo_execute.execute_step(DemoContext(out_dir=tmp_path, console=console))
+    text = console.export_text()
+    assert "skipped" in text and "torch is not installed" in text and "verified" not in text

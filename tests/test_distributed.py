@@ -447,7 +447,7 @@ def job_four(rank, ws, cases, grouped=False):
             # The NCCL way of posting a round (one batch_isend_irecv group),
             # run on gloo: the per-pair order must hold without tags' help.
             tr = o._state(None).transport
-            tr._round_gloo = tr._round_nccl
+            tr.grouped_rounds = True
         ok = _a2a_check(rank, ws, o, _rows(ws, seed, scale=300), getattr(torch, dtype), (3,),
                         seed)
         out.append((ok, o.stats.bytes_per_path_kind))
@@ -483,3 +483,67 @@ def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
     res = run_local(job_four, 4, ([(fabric, roles, seed, "float32", chunk, window)],),
                     timeout_s=120)
     assert all(r[0][0] for r in res)
+
+
+# ------------------------------------------------------- given split matrix
+def job_split_matrix(rank, ws):
+    """``split_matrix=``: no metadata exchange, same bytes as torch; local checks raise."""
+    out = {}
+    for name, policy, enabled in (("relay", _forced(("relay",)), True), ("mwu", "mwu", True),
+                                  ("torch", "mwu", False)):
+        o = _orch(MESH4, policy, enabled=enabled, chunk_bytes=500, window=2)
+        tr = o._state(None).transport
+
+        def no_exchange(*args, **kwargs):
+            raise AssertionError("metadata exchange with a given split matrix")
+
+        tr.exchange = no_exchange
+        oks = []
+        for seed in (1, 2, 2):  # the repeat is served from the cache
+            rows = _rows(ws, seed, scale=300)
+            inp = _tensor(torch.bfloat16, (int(rows[rank].sum()), 5), seed * 31 + rank)
+            res = torch.zeros((int(rows[:, rank].sum()), 5), dtype=torch.bfloat16)
+            in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+            mat = torch.from_numpy(rows) if seed == 2 else rows
+            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat)
+            oks.append(_same_bits(res, _reference(res, inp, out_s, in_s)))
+        out[name] = (oks, o.stats.multipath_calls, o.stats.cache_hits)
+    # bad matrices every rank detects on its own: no rank waits for another
+    rows = _rows(ws, 3)
+    inp = torch.zeros(int(rows[rank].sum()), 2)
+    res = torch.zeros(int(rows[:, rank].sum()), 2)
+    before = res.clone()
+    in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+    o = _orch(MESH4)
+    errs = []
+    diag = rows + np.eye(ws, dtype=np.int64)
+    for bad in (rows[:3], -rows - 1, diag, rows.astype(float)):
+        try:
+            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=bad)
+            errs.append(None)
+        except (ValueError, TypeError) as exc:
+            errs.append(f"{type(exc).__name__}: {exc}")
+    out["errors"] = errs
+    out["untouched"] = torch.equal(res, before)
+    return out
+
+
+def test_given_split_matrix_skips_the_exchange_and_checks_locally():
+    results = run_local(job_split_matrix, 4, timeout_s=120)
+    for rank, res in enumerate(results):
+        for name in ("relay", "mwu", "torch"):
+            oks, multipath, hits = res[name]
+            assert oks == [True] * 3, (rank, name)
+            assert multipath == (0 if name == "torch" else 3), (rank, name)
+            assert hits >= 1, (rank, name)
+        shape, neg, diag, floats = res["errors"]
+        assert shape == ("ValueError: all_to_all_single: split_matrix has shape (3, 4), "
+                         "expected (4, 4) (group size)")
+        assert neg.startswith("ValueError: all_to_all_single: split_matrix[0, 0] = -")
+        rows = _rows(4, 3)
+        assert diag == (f"ValueError: all_to_all_single: rank {rank}'s input split for rank "
+                        f"{rank} is {rows[rank, rank]} rows but split_matrix[{rank}, {rank}] = "
+                        f"{rows[rank, rank] + 1}")
+        assert floats == "TypeError: all_to_all_single: split_matrix must hold integers, " \
+                         "got dtype float64"
+        assert res["untouched"]

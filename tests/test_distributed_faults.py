@@ -65,15 +65,11 @@ def job_peer_fault(rank, ws, mode, piddir):
     pwd.all_to_all_single(out, inp, orchestrator=orch)  # a good call first: all connected
     if rank == 3:
         if mode == "die-mid-transfer":
-            from pathweave.runtime import executor
+            def die_on_send(*args, **kwargs):
+                # its receives are posted and the peers' bytes are in flight
+                os._exit(17)
 
-            real = executor.Transport._round_gloo
-
-            def post_then_die(self, *args, **kwargs):
-                real(self, *args, **kwargs)
-                os._exit(17)  # after posting the first round: bytes are in flight
-
-            executor.Transport._round_gloo = post_then_die
+            dist.isend = die_on_send  # the executor looks it up at call time
         elif mode == "die-before-call":
             os._exit(17)
         else:  # hang: alive, never joins the call
@@ -166,6 +162,36 @@ def test_bad_launch_arguments():
         run_local("job", 2)
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         run_local(job_value, 2, timeout_s=0)
+
+
+class _PickleOnce:
+    """An argument that pickles once, then refuses: the second ``p.start()`` raises."""
+
+    times = 0
+
+    def __reduce__(self):
+        type(self).times += 1
+        if type(self).times > 1:
+            raise RuntimeError("refusing to pickle twice")
+        return (_PickleOnce, ())
+
+
+def test_failed_process_start_reports_the_real_error():
+    import multiprocessing as mp
+
+    # rank 0 starts (and waits in the rendezvous), rank 1's start() raises
+    _PickleOnce.times = 0
+    with pytest.raises(RuntimeError, match="refusing to pickle twice"):
+        run_local(job_value, 2, (_PickleOnce(),), timeout_s=30)
+    # a function the fork server cannot load raises its own error, no AssertionError
+    with pytest.raises(Exception) as info:
+        run_local(lambda rank, ws: rank, 2, timeout_s=30)
+    assert not isinstance(info.value, AssertionError)
+    assert "lambda" in str(info.value)
+    deadline = time.monotonic() + 10
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in mp.active_children() if p.name.startswith("pathweave-rank")]
 
 
 def _wait_for_pids(piddir, count, within_s=60.0):

@@ -1,10 +1,13 @@
 """The schedule layer in one process: plan -> per-rank chunked operations.
 
-Every schedule is checked three ways: the structural checks the
+Every schedule is checked four ways: the structural checks the
 deadlock-freedom argument rests on (``check_schedules``), a reference
 executor that moves bytes round by round and must reproduce the obvious
-all-to-all result, and an asynchronous model of the executor's wait rule
-that must run every operation to completion.
+all-to-all result, an asynchronous model of the round-by-round wait rule
+(the NCCL way) that must run every operation to completion, and a model of
+the per-stream executor (the gloo way) that runs the streams' threads and
+the messages in random interleavings, moving bytes when a message completes,
+and must finish with the same result.
 """
 
 from __future__ import annotations
@@ -105,6 +108,88 @@ def run_async(scheds):
             progress = True
     total = sum(s.num_sends for s in scheds)
     return len(done) == total and all(nxt[s.rank] == s.num_rounds for s in scheds)
+
+
+def run_streams(scheds, in_bufs, out_bufs, seed=0):
+    """Model of the per-stream executor; returns the outputs, or None if it gets stuck.
+
+    Every rank posts its ``first_recvs`` and ``first_sends``; each forwarded
+    stream is a thread doing what ``Transport._run_streams`` does (wait for
+    chunk c, post its forwards, wait for the forwards of chunk c - 1, post the
+    receives of chunk c - 1 + slots). A message completes, in random order,
+    once both ends are posted; its bytes are read from the sender and written
+    to the receiver at that moment, so a slot re-used too early corrupts the
+    output. Threads advance in random order too.
+    """
+    rng = np.random.default_rng(seed)
+    dfs = [s.dataflow() for s in scheds]
+    stage = [np.full(s.staging_bytes, 0xEE, np.uint8) for s in scheds]
+    outs = [[b.copy() for b in ob] for ob in out_bufs]
+    for s in scheds:
+        for sb, so, rb, ro, nb in zip(
+            s.copy_send_buf, s.copy_send_off, s.copy_recv_buf, s.copy_recv_off, s.copy_bytes,
+            strict=True,
+        ):
+            outs[s.rank][rb][ro : ro + nb] = in_bufs[s.rank][sb][so : so + nb]
+    ends = {}  # message key -> {"s": (rank, j), "r": (rank, i)}
+    done = set()
+
+    def key(rank, kind, idx):
+        peer, order = (dfs[rank].recvs if kind == "r" else dfs[rank].sends)[idx][:2]
+        return (peer, rank, order) if kind == "r" else (rank, peer, order)
+
+    def post(rank, kind, idx):
+        k = key(rank, kind, idx)
+        assert kind not in ends.get(k, {}), f"message {k} posted twice"
+        ends.setdefault(k, {})[kind] = (rank, idx)
+
+    def thread(rank, steps, slots):
+        for c, (rs, ss) in enumerate(steps):
+            for i in rs:
+                yield key(rank, "r", i)
+            for j in ss:
+                post(rank, "s", j)
+            if c >= 1:
+                for j in steps[c - 1][1]:
+                    yield key(rank, "s", j)
+                if c - 1 + slots < len(steps):
+                    for i in steps[c - 1 + slots][0]:
+                        post(rank, "r", i)
+        for j in steps[-1][1]:
+            yield key(rank, "s", j)
+
+    for r, df in enumerate(dfs):
+        for i in df.first_recvs:
+            post(r, "r", i)
+        for j in df.first_sends:
+            post(r, "s", j)
+    threads = []
+    for r, df in enumerate(dfs):
+        for steps, slots in zip(df.streams, df.slots, strict=True):
+            gen = thread(r, steps, slots)
+            threads.append([gen, next(gen, None)])
+    total = sum(s.num_sends for s in scheds)
+    while True:
+        ready = [k for k, e in ends.items() if len(e) == 2 and k not in done]
+        runnable = [t for t in threads if t[1] is not None and t[1] in done]
+        if not ready and not runnable:
+            break
+        pick = int(rng.integers(len(ready) + len(runnable)))
+        if pick < len(ready):
+            k = ready[pick]
+            (sr, j), (rr, i) = ends[k]["s"], ends[k]["r"]
+            _, _, sb, so, nb = dfs[sr].sends[j]
+            _, _, rb, ro, nb2 = dfs[rr].recvs[i]
+            assert nb == nb2
+            src = stage[sr] if sb == STAGING else in_bufs[sr][sb]
+            dst = stage[rr] if rb == STAGING else outs[rr][rb]
+            dst[ro : ro + nb] = src[so : so + nb]
+            done.add(k)
+        else:
+            t = runnable[pick - len(ready)]
+            t[1] = next(t[0], None)
+    stuck = len(done) != total or any(t[1] is not None for t in threads)
+    return None if stuck else outs
 
 
 def expected_a2a(rows, in_bufs):
@@ -308,6 +393,14 @@ def test_relay_stream_is_chunked_and_window_bounded():
         ins, outs = random_bufs(rows, rng)
         got = run_rounds(scheds, ins, outs)
         assert np.array_equal(got[1][0], ins[0][0])
+        # per stream: the relay's one stream, chunk c in slot c % window
+        df = mid.dataflow()
+        assert df.slots == [min(window, nchunks)] and len(df.streams[0]) == nchunks
+        assert [len(rs) for rs, _ in df.streams[0]] == [1] * nchunks
+        assert sorted(df.first_recvs) == list(range(min(window, nchunks)))
+        for seed in range(3):
+            got = run_streams(scheds, ins, outs, seed)
+            assert got is not None and np.array_equal(got[1][0], ins[0][0])
 
 
 def test_drd_route_has_two_forwarders_each_with_own_staging():
@@ -325,6 +418,8 @@ def test_drd_route_has_two_forwarders_each_with_own_staging():
     assert run_async(scheds)
     ins, outs = random_bufs(rows, np.random.default_rng(1))
     assert np.array_equal(run_rounds(scheds, ins, outs)[5][0], ins[0][0])
+    for seed in range(3):
+        assert np.array_equal(run_streams(scheds, ins, outs, seed)[5][0], ins[0][0])
 
 
 def test_checker_and_async_model_catch_broken_schedules():
@@ -365,6 +460,17 @@ def test_checker_and_async_model_catch_broken_schedules():
         staging_bytes=1,
     )
     assert not run_async([cyc, *scheds[1:]])
+    # per-stream model: a receive nobody sends leaves the stream stuck
+    ins, outs = random_bufs(rows, np.random.default_rng(0))
+    assert run_streams(scheds, ins, outs) is not None
+    lost = dataclasses.replace(scheds[1], recv_order=scheds[1].recv_order + 100)
+    assert run_streams([*scheds[:1], lost, *scheds[2:]], ins, outs) is None
+    # ... and a relay re-using a slot before its forward is done corrupts bytes
+    # (it believes it has one slot more than its staging holds)
+    greedy = dataclasses.replace(mid, window=mid.window + 1)
+    outcomes = [run_streams([*scheds[:via], greedy, *scheds[via + 1 :]], ins, outs, seed)
+                for seed in range(20)]
+    assert any(o is not None and not np.array_equal(o[1][0], ins[0][0]) for o in outcomes)
 
 
 hypo_settings = settings(
@@ -404,8 +510,10 @@ def test_schedules_move_every_byte_to_its_place(seed, sparsity, policy, chunk, w
         assert s.staging_bytes <= len(through) * window * chunk
     ins, outs = random_bufs(rows, rng)
     got = run_rounds(scheds, ins, outs)
+    streamed = run_streams(scheds, ins, outs, seed)
     for d, want in enumerate(expected_a2a(rows, ins)):
         assert np.array_equal(got[d][0], want), f"rank {d}"
+        assert np.array_equal(streamed[d][0], want), f"rank {d}, per stream"
 
 
 @hypo_settings
@@ -442,8 +550,10 @@ def test_multi_segment_pair_streams(seed, chunk, policy):
            for r in range(n)]
     outs = [[np.zeros(nb, np.uint8) for nb in recv_idx.get(r, [])] for r in range(n)]
     got = run_rounds(scheds, ins, outs)
+    streamed = run_streams(scheds, ins, outs, seed)
     for s, d, si, ri, _ in matches:
         assert np.array_equal(got[d][ri], ins[s][si])
+        assert np.array_equal(streamed[d][ri], ins[s][si])
 
 
 # ------------------------------------------------------------ orchestrator

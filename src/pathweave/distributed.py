@@ -91,6 +91,7 @@ def all_to_all_single(
     async_op: bool = False,
     *,
     orchestrator: Orchestrator | None = None,
+    split_matrix: Any = None,
 ) -> Any:
     """Split ``input``, scatter the pieces to all ranks, gather theirs into ``output``.
 
@@ -110,11 +111,22 @@ def all_to_all_single(
     group
         Process group (``None``: the default group).
     async_op
-        Return a handle whose ``wait()`` completes the exchange. Plans with
-        forwarding ranks complete before returning (the handle is then
-        already complete); direct-only plans and torch's path overlap.
+        Return a handle whose ``wait()`` completes the exchange. With
+        forwarding ranks the forwarding finishes before returning (the
+        handle then covers this rank's own sends and receives); direct-only
+        plans and torch's path overlap entirely.
     orchestrator
         The :class:`~pathweave.Orchestrator` to use; default: the group's.
+    split_matrix
+        ``int[N, N]`` (array or tensor): rows rank ``s`` sends to rank ``d``
+        for every pair, for a caller that already holds every rank's splits
+        from a collective of its own (so the matrix is the same on every
+        rank). The call then skips its metadata exchange (one small
+        collective). Only this rank's arguments are checked (its splits
+        against row ``rank`` and column ``rank``, sums, dtype and row shape
+        of its tensors); a mismatch raises on this rank only, before any data
+        moves, and its peers then fail with ``CommError`` at the timeout.
+        Every rank must pass it or none.
 
     Returns
     -------
@@ -130,7 +142,8 @@ def all_to_all_single(
     """
     orch = _resolve(orchestrator, group)
     return orch.all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op,
+        split_matrix=split_matrix,
     )
 
 

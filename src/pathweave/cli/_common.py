@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pathweave._files import atomic_write
 from pathweave.errors import PathweaveError
 from pathweave.plan import policies, policy_info
 
@@ -131,7 +132,7 @@ def fmt_bytes(nbytes: float) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON, creating parent folders."""
+    """Write ``data`` as indented JSON, atomically, creating parent folders."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from pathweave import fabric as pwfabric
 from pathweave import sim, traffic, viz
@@ -21,6 +20,7 @@ from pathweave.cli._common import fmt_bytes, fmt_ms, ordered_policies
 from pathweave.cli._compare import Comparison, compare
 from pathweave.cli._demo_emulate import emulate_step
 from pathweave.cli._demo_execute import execute_step
+from pathweave.cli.simulate import simulation_table
 
 FABRIC = "h100-2x4"
 WORKLOAD = "hotspot:0.8"
@@ -97,23 +97,7 @@ def _simulate_step(ctx: DemoContext) -> None:
         "max-min fairly and pay set-up, pipeline fill and the links' measured efficiencies, "
         "so the makespan sits above the congestion bound."
     )
-    base = ctx.simulations.get("static")
-    table = Table()
-    table.add_column("policy")
-    table.add_column("congestion (ms)", justify="right")
-    table.add_column("makespan (ms)", justify="right")
-    table.add_column("/ congestion", justify="right")
-    table.add_column("p99 pair (ms)", justify="right")
-    table.add_column("vs static", justify="right")
-    for name, plan in plans:
-        res = ctx.simulations[name]
-        table.add_row(
-            name, fmt_ms(plan.congestion_s), fmt_ms(res.makespan_s),
-            f"{res.makespan_s / plan.congestion_s:.3f}" if plan.congestion_s else "n/a",
-            fmt_ms(res.p99_s),
-            f"{base.makespan_s / res.makespan_s:.2f}x" if base is not None else "n/a",
-        )
-    ctx.console.print(table)
+    ctx.console.print(simulation_table(plans, ctx.simulations))
     shown = {n: ctx.simulations[n] for n in ("static", "mwu") if n in ctx.simulations}
     if shown:
         out = viz.plot_link_utilisation(

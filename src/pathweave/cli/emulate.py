@@ -24,6 +24,7 @@ from pathweave.cli._common import (
     handles_user_errors,
     parse_policies,
 )
+from pathweave.traffic import parse_size
 
 emulate_app = typer.Typer(
     help="Emulate a fabric on this machine (network namespaces + tc; needs root) and run "
@@ -37,7 +38,8 @@ ScaleOpt = Annotated[float, typer.Option(
     "--scale", help="Capacity scale: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total "
     "well under what the machine's cores move (about 1 GB/s on 2 cores).")]
 PrefixOpt = Annotated[str, typer.Option(
-    "--prefix", help="Name prefix of everything created (pw + up to 4 of [a-z0-9]).")]
+    "--prefix",
+    help="Name prefix of everything created (pw and up to 4 lowercase letters or digits).")]
 
 
 def _policies(text: str) -> list[str]:
@@ -160,14 +162,14 @@ def run_cmd(
     fabric: FabricOpt = "h100-2x4",
     scale: ScaleOpt = 1e-4,
     workload: Annotated[str, typer.Option("--workload", help="Workload spec.")] = "hotspot:0.8",
-    bytes_per_rank: Annotated[int, typer.Option("--bytes", help="Payload per rank, bytes.")]
-    = 8 << 20,
+    bytes_per_rank: Annotated[str, typer.Option(
+        "--bytes", metavar="SIZE", help="Payload per rank (8M, 4MiB, ...).")] = "8M",
     policy: Annotated[str, typer.Option(
         "--policy", help="Comma-separated policies; `torch` is torch's own all_to_all_single."
     )] = "static,mwu",
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per policy.")] = 3,
-    chunk_bytes: Annotated[int, typer.Option("--chunk", help="Data-plane chunk, bytes.")]
-    = 512 << 10,
+    chunk_bytes: Annotated[str, typer.Option(
+        "--chunk", metavar="SIZE", help="Data-plane chunk (512K, 1M, ...).")] = "512K",
     json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE",
                                                   help="Also write the results as JSON.")]
     = None,
@@ -182,8 +184,9 @@ def run_cmd(
 
     out = console()
     res = run_emulated(
-        fabric, scale=scale, workload=workload, bytes_per_rank=bytes_per_rank,
-        policies=_policies(policy), repeat=repeat, chunk_bytes=chunk_bytes, prefix=prefix,
+        fabric, scale=scale, workload=workload, bytes_per_rank=parse_size(bytes_per_rank),
+        policies=_policies(policy), repeat=repeat, chunk_bytes=parse_size(chunk_bytes),
+        prefix=prefix,
         progress=lambda s: out.print(f"[dim]{s}[/]"),
     )
     out.print(result_table(res))
@@ -197,8 +200,8 @@ def run_cmd(
 def bench_emulate(
     fabric: FabricOpt = "h100-2x4",
     scale: ScaleOpt = 1e-4,
-    bytes_per_rank: Annotated[int, typer.Option("--bytes", help="Payload per rank, bytes.")]
-    = 4 << 20,
+    bytes_per_rank: Annotated[str, typer.Option(
+        "--bytes", metavar="SIZE", help="Payload per rank (4M, 4MiB, ...).")] = "4M",
     policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")]
     = "static,mwu",
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point.")] = 3,
@@ -212,14 +215,15 @@ def bench_emulate(
     from pathweave.bench import emulate as bench
 
     out = console()
+    size = parse_size(bytes_per_rank)
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
-        bytes_per_rank=bytes_per_rank, policies=_policies(policy),
+        bytes_per_rank=size, policies=_policies(policy),
         repeat=1 if quick else repeat, prefix=prefix,
         progress=lambda s: out.print(f"[dim]{s}[/]"),
     )
     t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, "
-              f"{fmt_bytes(bytes_per_rank)} per rank", title_justify="left",
+              f"{fmt_bytes(size)} per rank", title_justify="left",
               box=box.SIMPLE_HEAD, padding=(0, 1))
     for c in ("ratio", "policy", "measured", "simulated", "bound", "meas/sim", "speed-up meas",
               "speed-up sim"):

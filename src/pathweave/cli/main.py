@@ -1,4 +1,5 @@
-"""The ``pathweave`` typer application: ``topo``, ``plan``, ``bench``, ``demo``, ``policies``.
+"""The ``pathweave`` typer application: ``topo``, ``plan``, ``simulate``, ``emulate``, ``bench``,
+``demo``, ``policies``.
 
 Commands parse their arguments, call the library and render with rich.
 Errors pathweave raises on purpose become one red line on stderr and exit
@@ -37,6 +38,7 @@ from pathweave.cli.dataplane import bench_dataplane
 from pathweave.cli.emulate import bench_emulate, emulate_app
 from pathweave.cli.moe import bench_moe
 from pathweave.cli.paper import bench_paper
+from pathweave.cli.simulate import simulate_cmd
 from pathweave.errors import PathweaveError
 
 app = typer.Typer(
@@ -52,6 +54,7 @@ bench_app = typer.Typer(help="Benchmarks of pathweave's own parts.", no_args_is_
 app.add_typer(topo_app, name="topo")
 app.add_typer(bench_app, name="bench")
 app.add_typer(emulate_app, name="emulate")
+app.command("simulate")(simulate_cmd)
 
 FabricArg = Annotated[
     str,
@@ -220,7 +223,7 @@ def bench_planner(
     repeat: Annotated[
         int | None, typer.Option("--repeat", min=1, metavar="N",
                                  help="Timing repeats per policy and case "
-                                 "[default: 200/20/5/3 at 8/64/256/1024 GPUs].",
+                                 "(default: 200/20/5/3 at 8/64/256/1024 GPUs).",
                                  show_default=False)
     ] = None,
     bytes_per_rank: Annotated[
@@ -282,12 +285,12 @@ def bench_sim(
     ] = False,
     ranks: Annotated[
         str | None, typer.Option("--ranks", metavar="N,N,...",
-                                 help="GPU counts (multiples of 8) [default: 64,...,1024].",
+                                 help="GPU counts, multiples of 8 (default: 64,128,256,512,1024).",
                                  show_default=False)
     ] = None,
     repeat: Annotated[
         int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats [default: 5/3/1 at <=64/<=256/more GPUs].",
+                                 help="Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).",
                                  show_default=False)
     ] = None,
     json_out: Annotated[

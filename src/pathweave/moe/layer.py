@@ -145,6 +145,8 @@ class MoEHandle:
     ret_gather: torch.Tensor | None = None
     ret_send_splits: list[int] = field(default_factory=list)
     ret_recv_splits: list[int] = field(default_factory=list)
+    # [r, t]: rows rank r returns to rank t in combine (every rank's, from dispatch's metadata)
+    ret_matrix: np.ndarray | None = None
     slot_rows: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(default_factory=list)
 
     @property
@@ -398,13 +400,15 @@ class MoEAllToAll:
 
     def _a2a(
         self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-        in_splits: list[int], async_op: bool,
+        in_splits: list[int], async_op: bool, split_matrix: np.ndarray | None = None,
     ) -> Any:
         from pathweave import distributed as pwd
 
+        # The split matrix comes from this layer's own metadata exchange (the
+        # same on every rank): the data plane skips its exchange.
         return pwd.all_to_all_single(
             out, inp, out_splits, in_splits, group=self.group, async_op=async_op,
-            orchestrator=self.orchestrator,
+            orchestrator=self.orchestrator, split_matrix=split_matrix,
         )
 
     def _check_dispatch(
@@ -704,7 +708,16 @@ class MoEAllToAll:
                         _byte_rows(scale, L * cap, sb).index_copy_(0, pos_t, mview[:, :sb])
             return expert_x, torch.from_numpy(expert_num_tokens).to(dev), handle
 
-        work = self._a2a(recv, send, recv_splits, send_splits, async_op)
+        # Combine returns each source's pairs to every member of its DP group:
+        # rank r sends rank t the pairs of t's group members on r's experts.
+        on_rank = np.zeros((self.placement.size, n), dtype=np.int64)
+        on_rank[np.arange(self.placement.size), self.placement] = 1
+        to_rank = pairs.astype(np.int64) @ on_rank  # [src, expert rank]
+        grp = np.arange(n) - np.arange(n) % self.dp_size
+        member_sum = np.zeros((n, n), dtype=np.int64)
+        np.add.at(member_sum, grp, to_rank)  # [group first, expert rank]
+        handle.ret_matrix = member_sum[grp].T.copy()  # [expert rank r, destination t]
+        work = self._a2a(recv, send, recv_splits, send_splits, async_op, split_matrix=rows)
         if not async_op:
             return finish()
         self._pool.busy.update(("d_send", "d_recv"))
@@ -918,7 +931,8 @@ class MoEAllToAll:
                 acc.index_add_(0, tok_t, part)
             return acc if dt == torch.float32 else acc.to(dt)
 
-        work = self._a2a(recv, send, handle.ret_recv_splits, handle.ret_send_splits, async_op)
+        work = self._a2a(recv, send, handle.ret_recv_splits, handle.ret_send_splits, async_op,
+                         split_matrix=handle.ret_matrix)
         if not async_op:
             return finish()
         self._pool.busy.update(("c_send", "c_recv"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["A2ALayout", "decode_a2a", "encode_a2a"]
+__all__ = ["A2ALayout", "check_split_matrix", "decode_a2a", "encode_a2a"]
 
 # ------------------------------------------------------------------ dtypes
 _DTYPE_NAMES = (
@@ -294,6 +294,50 @@ def decode_a2a(meta: np.ndarray) -> A2ALayout:
         )
     row_bytes = int(meta[0, _IN_ES]) * int(meta[0, _IN_ROWEL])
     return A2ALayout(np.ascontiguousarray(ins), row_bytes)
+
+
+def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int) -> A2ALayout:
+    """The layout of a call whose caller passed every rank's splits; local checks only.
+
+    ``matrix[s, d]`` is the rows rank ``s`` sends to rank ``d``. ``row`` is
+    this rank's :func:`encode_a2a` row: a local problem in it is raised, then
+    this rank's input splits must equal ``matrix[rank]`` and its output
+    splits ``matrix[:, rank]``. Raises ``TypeError``/``ValueError`` naming
+    the entry and the numbers.
+    """
+    n = num_ranks
+    if row[_ERR]:
+        _raise_local(rank, row)
+    if hasattr(matrix, "detach"):
+        matrix = matrix.detach().cpu().numpy()
+    try:
+        m = np.asarray(matrix)
+    except Exception as exc:
+        raise TypeError(f"all_to_all_single: split_matrix must be an int array, got "
+                        f"{type(matrix).__name__}") from exc
+    if m.dtype.kind not in "iu":
+        raise TypeError(f"all_to_all_single: split_matrix must hold integers, got dtype {m.dtype}")
+    if m.shape != (n, n):
+        raise ValueError(f"all_to_all_single: split_matrix has shape {m.shape}, expected "
+                         f"({n}, {n}) (group size)")
+    neg = np.argwhere(m < 0)
+    if neg.size:
+        s, d = (int(v) for v in neg[0])
+        raise ValueError(f"all_to_all_single: split_matrix[{s}, {d}] = {int(m[s, d])} is negative")
+    ins = row[_HEADER : _HEADER + n]
+    outs = row[_HEADER + n : _HEADER + 2 * n]
+    bad = np.flatnonzero(ins != m[rank])
+    if bad.size:
+        d = int(bad[0])
+        raise ValueError(f"all_to_all_single: rank {rank}'s input split for rank {d} is "
+                         f"{int(ins[d])} rows but split_matrix[{rank}, {d}] = {int(m[rank, d])}")
+    bad = np.flatnonzero(outs != m[:, rank])
+    if bad.size:
+        s = int(bad[0])
+        raise ValueError(f"all_to_all_single: rank {rank}'s output split for rank {s} is "
+                         f"{int(outs[s])} rows but split_matrix[{s}, {rank}] = {int(m[s, rank])}")
+    row_bytes = int(row[_IN_ES]) * int(row[_IN_ROWEL])
+    return A2ALayout(np.ascontiguousarray(m, dtype=np.int64), row_bytes)
 
 
 # ----------------------------------------------------------- p2p op lists

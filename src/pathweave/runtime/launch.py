@@ -141,6 +141,9 @@ def _stop(procs: Sequence[Any], patience_s: float = 0.0) -> None:
     ``patience_s``: how long processes that already reported may take to exit
     on their own first.
     """
+    # Processes that never started (``start()`` raised for an earlier one)
+    # cannot be joined; joining them would raise and hide the real error.
+    procs = [p for p in procs if p.pid is not None]
     deadline = time.monotonic() + patience_s
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

@@ -428,12 +428,23 @@ class Orchestrator:
         input_split_sizes: Sequence[int] | None = None,
         group: Any = None,
         async_op: bool = False,
+        *,
+        split_matrix: Any = None,
     ) -> Any:
         """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
 
         Returns ``None``, or a handle with ``wait()`` if ``async_op``. Bad
         arguments raise the same ``ValueError``/``TypeError`` on every rank,
         naming the rank, the pair and the numbers, before any data moves.
+
+        ``split_matrix`` (keyword only): ``int[N, N]``, the rows every rank
+        sends to every rank (``split_matrix[s, d]``), for a caller that already
+        holds it from a collective of its own, hence identical on every rank.
+        The call then skips its metadata exchange. Only this rank's
+        arguments can be checked (its splits against its row and column of
+        the matrix, its tensors' sums, dtypes and row shapes): they raise here,
+        before any data moves, but only on this rank. Dtype and row shape must
+        be the same on every rank, as the caller's own exchange should ensure.
         """
         import torch
 
@@ -442,15 +453,21 @@ class Orchestrator:
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size)
-        meta = tr.exchange(row, deadline)
-        mkey = meta.tobytes()
+        if split_matrix is not None:
+            given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
+            # The key stands for what every rank would have exchanged: all splits
+            # and the row size (dtype and row shape only enter through it).
+            mkey = b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
+        else:
+            meta = tr.exchange(row, deadline)
+            mkey = meta.tobytes()
         t1 = time.perf_counter()
         if mkey == st.last_a2a[0]:
             # The very same call as the last one: validated and decided then.
             _, layout, dec = st.last_a2a
             cached = True
         else:
-            layout = V.decode_a2a(meta)
+            layout = given if split_matrix is not None else V.decode_a2a(meta)
             t1 = time.perf_counter()
             dec, cached = self._decide(st, layout.pair_bytes)
             st.last_a2a = (mkey, layout, dec)

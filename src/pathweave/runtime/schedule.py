@@ -35,15 +35,17 @@ Vocabulary
 
 Why it is deadlock-free
 -----------------------
-A rank executes rounds in order. Before posting the operations of round
-``t`` it waits only for operations of round ``t - 1`` that touch its staging
-memory (the receives whose chunks it forwards now, and the forwards whose
-slots are received into again later). Round 0 needs no wait, so every rank
-posts it; each of its operations is matched by one posted on the peer, so all
-of them complete. If every operation of the rounds before ``t`` completes,
-every rank gets through its waits and posts round ``t``, whose operations are
-again matched, so they complete: by induction every round completes. The
-schedule checks that make this hold are :func:`check_schedules`.
+Rounds serve two executors. Round by round (NCCL): a rank executes rounds
+in order and, before posting round ``t``, waits only for operations of
+round ``t - 1`` that touch its staging memory. Round 0 needs no wait, so
+every rank posts it; each of its operations is matched by one posted on the
+peer, so all of them complete; by induction every round completes. Per
+stream (gloo, :meth:`RankSchedule.dataflow`): everything that depends on
+nothing is posted first, and a forwarding rank's wait at chunk ``c`` is
+always on a message whose other end is posted at a smaller chunk, or at the
+same chunk one hop upstream, so by induction over (chunk, hop) every
+message completes. The schedule checks both rest on are
+:func:`check_schedules`; ``docs/runtime.md`` has the full argument.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import numpy as np
 from pathweave.fabric import PathSet
 
 __all__ = [
+    "Dataflow",
     "RankSchedule",
     "Segments",
     "build_schedule",
@@ -166,6 +169,12 @@ class RankSchedule:
         Size of this rank's staging area.
     forwards : bool
         Whether any rank forwards in this call (the same on every rank).
+    window : int
+        Staging slots per forwarded stream (a stream of fewer chunks has fewer).
+    send_stream, send_chunk, recv_stream, recv_chunk : int64[S], int64[S], int64[R], int64[R]
+        For staged operations, the forwarded stream (a fragment id, the same on
+        every rank) and the chunk of it the operation carries; -1 for
+        operations on user buffers. Chunk ``c`` sits in slot ``c % window``.
     """
 
     rank: int
@@ -191,6 +200,11 @@ class RankSchedule:
     copy_bytes: np.ndarray
     staging_bytes: int
     forwards: bool
+    window: int
+    send_stream: np.ndarray
+    send_chunk: np.ndarray
+    recv_stream: np.ndarray
+    recv_chunk: np.ndarray
 
     def __repr__(self) -> str:
         return (
@@ -220,6 +234,81 @@ class RankSchedule:
         return [
             (recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]]) for t in range(self.num_rounds)
         ]
+
+    def dataflow(self) -> Dataflow:
+        """The operations with their dependencies, for executing each stream on its own.
+
+        See :class:`Dataflow`. Computed once per schedule and kept with it.
+        """
+        cached = self.__dict__.get("_dataflow")
+        if cached is None:
+            cached = _dataflow(self)
+            object.__setattr__(self, "_dataflow", cached)
+        return cached
+
+
+@dataclass(frozen=True, eq=False)
+class Dataflow:
+    """One rank's operations grouped for executing each forwarded stream on its own.
+
+    Operations are plain tuples ``(peer, order, buf, off, bytes)`` (``buf``:
+    a buffer index or :data:`STAGING`), receives and sends each in schedule
+    order (round, then order). ``streams`` holds, per stream this rank
+    forwards, its *steps* in chunk order: step ``c`` is ``(receives, sends)``,
+    the indices of the pieces of chunk ``c`` arriving into its staging slot
+    and of their forwards (same bytes, same boundaries); ``slots`` is the
+    stream's number of staging slots (chunk ``c`` uses slot ``c % slots``).
+
+    The executor (:meth:`pathweave.runtime.executor.Transport.run`) posts
+    ``first_recvs`` (every receive into a user buffer, and the receives of
+    each stream's first ``slots`` chunks), then ``first_sends`` (every send
+    from a user buffer); then each stream advances on its own: wait for the
+    receives of chunk ``c``, post their forwards, wait for the forwards of
+    chunk ``c - 1``, post the receives of chunk ``c - 1 + slots`` into the
+    slot that chunk ``c - 1`` left.
+    """
+
+    recvs: list[tuple[int, ...]]
+    sends: list[tuple[int, ...]]
+    first_recvs: list[int]
+    first_sends: list[int]
+    streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
+    slots: list[int]
+
+
+def _dataflow(s: RankSchedule) -> Dataflow:
+    cols_r = (s.recv_peer, s.recv_order, s.recv_buf, s.recv_off, s.recv_bytes)
+    cols_s = (s.send_peer, s.send_order, s.send_buf, s.send_off, s.send_bytes)
+    recvs = list(zip(*(c.tolist() for c in cols_r), strict=True))
+    sends = list(zip(*(c.tolist() for c in cols_s), strict=True))
+    steps_r: dict[int, dict[int, list[int]]] = {}
+    steps_s: dict[int, dict[int, list[int]]] = {}
+    for i in np.flatnonzero(s.recv_stream >= 0).tolist():
+        steps_r.setdefault(int(s.recv_stream[i]), {}).setdefault(int(s.recv_chunk[i]), []).append(i)
+    for j in np.flatnonzero(s.send_stream >= 0).tolist():
+        steps_s.setdefault(int(s.send_stream[j]), {}).setdefault(int(s.send_chunk[j]), []).append(j)
+    if sorted(steps_r) != sorted(steps_s):
+        raise ValueError(f"rank {s.rank}: staged receives and forwards are of different streams")
+    streams, slots = [], []
+    first_recvs = [i for i, op in enumerate(recvs) if op[2] != STAGING]
+    for f in sorted(steps_r):
+        rs, ss = steps_r[f], steps_s[f]
+        n = len(rs)
+        if sorted(rs) != list(range(n)) or sorted(ss) != list(range(n)):
+            raise ValueError(f"rank {s.rank}: stream {f} has gaps in its chunks")
+        for c in range(n):
+            got = sorted((s.recv_off[i], s.recv_bytes[i]) for i in rs[c])
+            put = sorted((s.send_off[j], s.send_bytes[j]) for j in ss[c])
+            if got != put:
+                raise ValueError(f"rank {s.rank}: chunk {c} of stream {f} is forwarded "
+                                 "with other bytes than it arrived with")
+        k = min(s.window, n)
+        streams.append([(tuple(rs[c]), tuple(ss[c])) for c in range(n)])
+        slots.append(k)
+        first_recvs += [i for c in range(k) for i in rs[c]]
+    first_recvs.sort()
+    first_sends = [j for j, op in enumerate(sends) if op[2] != STAGING]
+    return Dataflow(recvs, sends, first_recvs, first_sends, streams, slots)
 
 
 # ------------------------------------------------------------------- routes
@@ -540,6 +629,11 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
         copy_bytes=segments.length[lo:hi],
         staging_bytes=staging,
         forwards=bool(g["frag_fwd"].any()),
+        window=window,
+        send_stream=np.where(g["first"][s_rows], -1, g["frag"][s_rows]),
+        send_chunk=np.where(g["first"][s_rows], -1, g["chunk"][s_rows]),
+        recv_stream=np.where(g["last"][r_rows], -1, g["frag"][r_rows]),
+        recv_chunk=np.where(g["last"][r_rows], -1, g["chunk"][r_rows]),
     )
 
 
