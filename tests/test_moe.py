@@ -450,3 +450,37 @@ def test_bench_moe_baselines_agree_with_pathweave() -> None:
         # k * m rows per rank go out and come back: 4 ranks x 2 x k x m x H x 2 bytes.
         assert r["bytes_exact"] == 4 * 2 * 2 * r["tokens"] * 64 * 2, r
     assert bench.summary(recs)["outputs_equal"]
+
+
+def _absent_peer(rank: int, world: int) -> str:
+    """Ranks 0 and 1 dispatch; rank 2 never does: the metadata exchange must time out."""
+    import time
+
+    import pathweave as pw
+    from pathweave.moe import MoEAllToAll
+
+    orch = pw.Orchestrator(timeout_s=1.0)
+    moe = MoEAllToAll(6, 2, 8, 4, torch.float32, orchestrator=orch)
+    if rank == world - 1:
+        time.sleep(3.0)  # outlive the others' deadline, then leave without calling
+        return "absent"
+    x = torch.ones(2, 8)
+    idx = torch.tensor([[0, 5], [1, 2]])
+    t0 = time.monotonic()
+    try:
+        moe.dispatch(x, idx)
+    except Exception as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
+    return "no error"
+
+
+def test_moe_exchange_keeps_the_orchestrator_deadline() -> None:
+    """Both the gather's root (rank 0) and a broadcast receiver (rank 1) give up with
+    CommError at the orchestrator's timeout_s when a peer never joins."""
+    seen = run_local(_absent_peer, 3, timeout_s=60)
+    assert seen[2] == "absent"
+    for r in (0, 1):
+        assert seen[r].startswith("CommError after "), (r, seen[r])
+        took_s = float(seen[r].split()[2].rstrip("s:"))
+        assert 0.9 <= took_s < 2.5, (r, seen[r])
+        assert f"rank {r}: metadata exchange" in seen[r], (r, seen[r])

@@ -125,9 +125,10 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
     out.print(f"{mark[s['padded_ok']]} faster than padded wherever padding wastes bytes "
               f"(worst padded/pathweave {s['worst_padded_speedup']:.2f})", soft_wrap=True)
     out.print("[dim]exact (b): torch all_to_all_single with exact splits; padded (a): every "
-              "rank pair padded to m*min(k, L) rows. pathweave pays three small exchanges per "
-              "round trip that (b) does not (combine's guardrails, and the data plane's in both "
-              "calls); see docs/moe.md.[/]", soft_wrap=True)
+              "rank pair padded to m*min(k, L) rows. Per round trip pathweave makes one small "
+              "exchange more than (b): combine's guardrails (dispatch's replaces (b)'s count "
+              "exchange; the data plane takes the splits from it); see docs/moe.md.[/]",
+              soft_wrap=True)
     if json_out is not None:
         json_out = Path(json_out)
         json_out.parent.mkdir(parents=True, exist_ok=True)

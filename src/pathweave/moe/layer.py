@@ -13,13 +13,15 @@ payload dtype), shared by every call of that layer. A call is:
    source token id, in ``compact`` layout the local expert ids) are
    gathered into one byte buffer in the documented order;
 3. **move**: one :func:`pathweave.distributed.all_to_all_single` with the
-   exact split sizes, so a hot expert's bytes are spread over the fabric's
-   relay and rail paths by the :class:`~pathweave.Orchestrator`;
+   exact split sizes and the split matrix from step 1 (so the data plane
+   skips its own exchange); a hot expert's bytes are spread over the
+   fabric's relay and rail paths by the :class:`~pathweave.Orchestrator`;
 4. **unpack**: rows land in ``expert_x`` grouped by local expert
    (``expert-major``) or stay grouped by source rank (``compact``).
 
-Combine sends each expert output row back to its source rank (every rank of
-the source's DP group) with one more ``all_to_all_single``, and sums the
+Combine exchanges one more small row (guardrails), sends each expert output
+row back to its source rank (every rank of the source's DP group) with one
+more ``all_to_all_single``, and sums the
 ``k`` contributions of each token in float32 in top-k slot order.
 
 Byte buffers used only inside a call are kept and reused: first-touch page
@@ -29,13 +31,13 @@ faults of freshly allocated buffers cost more than the copies themselves.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
@@ -49,6 +51,7 @@ from pathweave.moe._checks import (
     shape_nums,
     type_code,
 )
+from pathweave.runtime.executor import group_rank_size, start_row_exchange
 
 __all__ = ["CombineWork", "DispatchWork", "MoEAllToAll", "MoEHandle"]
 
@@ -308,16 +311,8 @@ class MoEAllToAll:
                     f"{type(orchestrator).__name__}"
                 )
         self.orchestrator = orchestrator
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: call init_process_group first "
-                "(or start the job with torchrun or pathweave.runtime.launch.run_local)"
-            )
         self.group = group
-        pg = group if group is not None else dist.group.WORLD
-        self.num_ranks = dist.get_world_size(pg)
-        self.rank = dist.get_rank(pg)
-        self._nccl = "nccl" in str(dist.get_backend(pg)).lower()
+        self.rank, self.num_ranks = group_rank_size(group)
         self.dp_size = _positive("dp_size", dp_size)
         if self.num_ranks % self.dp_size:
             raise ValueError(
@@ -377,26 +372,14 @@ class MoEAllToAll:
     def _exchange(self, row: np.ndarray) -> Any:
         """Start an all-gather of one ``int64`` row per rank; returns a function that waits.
 
-        gloo: an all-to-all of the row repeated (one step, where gloo's ring
-        all-gather takes ``W - 1``); NCCL: an all-gather. The caller does
-        local work (packing) while the rows travel.
+        The data plane's row exchange
+        (:func:`pathweave.runtime.executor.start_row_exchange`: gather and
+        broadcast on gloo, an all-gather on NCCL), bounded by the
+        orchestrator's ``timeout_s``. The caller packs while the rows travel.
         """
-        n = self.num_ranks
-        mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))
-        if self._nccl:
-            dev = torch.device("cuda", torch.cuda.current_device())
-            out = torch.empty(n * row.size, dtype=torch.int64, device=dev)
-            work = dist.all_gather_into_tensor(out, mine.to(dev), group=self.group,
-                                               async_op=True)
-        else:
-            out = torch.empty(n * row.size, dtype=torch.int64)
-            work = dist.all_to_all_single(out, mine.repeat(n), group=self.group, async_op=True)
-
-        def wait() -> np.ndarray:
-            work.wait()
-            return out.cpu().numpy().reshape(n, row.size)
-
-        return wait
+        from pathweave import distributed as pwd
+        orch = self.orchestrator or pwd.default_orchestrator(self.group)
+        return start_row_exchange(row, self.group, deadline=time.monotonic() + orch.timeout_s)
 
     def _a2a(
         self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],

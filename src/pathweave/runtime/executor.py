@@ -43,7 +43,7 @@ import torch.distributed as dist
 from pathweave.errors import CommError
 from pathweave.runtime.schedule import STAGING, RankSchedule
 
-__all__ = ["Handle", "Transport", "as_bytes"]
+__all__ = ["Handle", "Transport", "as_bytes", "start_row_exchange"]
 
 #: Tags of pathweave messages: [2**30, 2**31), clear of small user tags.
 _TAG_BASE = 1 << 30
@@ -135,6 +135,21 @@ def _wait_all(
             raise _wrap(exc, rank, what) from exc
 
 
+def group_rank_size(group: Any = None) -> tuple[int, int]:
+    """This process's rank in ``group`` (``None``: the default group) and the group's size.
+
+    Raises a ``RuntimeError`` that says what to do when torch.distributed is
+    not initialised.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised: call init_process_group first "
+            "(or start the job with torchrun or pathweave.runtime.launch.run_local)"
+        )
+    pg = group if group is not None else dist.group.WORLD
+    return dist.get_rank(pg), dist.get_world_size(pg)
+
+
 class Transport:
     """One process group as the executor sees it: ranks, backend, metadata exchange.
 
@@ -145,15 +160,9 @@ class Transport:
     """
 
     def __init__(self, group: Any = None):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: call init_process_group first "
-                "(or start the job with torchrun or pathweave.runtime.launch.run_local)"
-            )
         self.group = group
+        self.rank, self.size = group_rank_size(group)
         pg = group if group is not None else dist.group.WORLD
-        self.rank = dist.get_rank(pg)
-        self.size = dist.get_world_size(pg)
         self.backend = str(dist.get_backend(pg)).lower()
         self.nccl = "nccl" in self.backend
         self.global_ranks = (
@@ -188,37 +197,9 @@ class Transport:
     def exchange(self, row: np.ndarray, deadline: float) -> np.ndarray:
         """All-gather one ``int64`` row per rank; returns ``int64[size, len(row)]``.
 
-        On gloo a gather to the group's first rank (straight into the rows of
-        the result) and a broadcast of the result: ``2 (N - 1)`` messages
-        where an all-to-all of the row repeated takes ``N (N - 1)`` and gloo's
-        ring all-gather ``N - 1`` dependent steps. Measured on 8 gloo ranks
-        on 2 cores (median per call): 0.85 ms, against 3.7 ms for the
-        all-to-all and 11.7 ms for the all-gather (``docs/runtime.md``). On
-        NCCL a plain all-gather.
+        :func:`start_row_exchange`, waited for at once.
         """
-        n = self.size
-        width = row.size
-        mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))
-        what = "metadata exchange"
-        try:
-            if self.nccl:
-                inp = mine.to(self.meta_device)
-                out = torch.empty(n * width, dtype=torch.int64, device=self.meta_device)
-                work = dist.all_gather_into_tensor(out, inp, group=self.group, async_op=True)
-                _wait_all([work], deadline, self.rank, what, host_wait=False)
-                return out.cpu().numpy().reshape(n, width)
-            out = torch.empty(n, width, dtype=torch.int64)
-            root = self.global_ranks[0]
-            rows = list(out.unbind(0)) if self.rank == 0 else None
-            work = dist.gather(mine, rows, dst=root, group=self.group, async_op=True)
-            _wait_all([work], deadline, self.rank, what)
-            work = dist.broadcast(out, root, group=self.group, async_op=True)
-            _wait_all([work], deadline, self.rank, what)
-        except CommError:
-            raise
-        except Exception as exc:
-            raise _wrap(exc, self.rank, what) from exc
-        return out.numpy()
+        return start_row_exchange(row, self.group, deadline=deadline)()
 
     # ---------------------------------------------------------- data
     def run(
@@ -389,6 +370,86 @@ class Transport:
         works = dist.batch_isend_irecv(ops)
         # The next round may forward what this one received: order the stream.
         staged.extend(w for w in works if w is not None)
+
+
+def start_row_exchange(
+    row: np.ndarray, group: Any = None, *, deadline: float
+) -> Callable[[], np.ndarray]:
+    """Start an all-gather of one ``int64`` row per rank; returns ``wait() -> int64[size, width]``.
+
+    Every rank of ``group`` calls it with a row of the same width; the
+    caller may do local work before ``wait()`` while the rows travel.
+
+    On gloo a gather to the group's first rank (straight into the rows of
+    the result) and a broadcast of the result: ``2 (N - 1)`` messages where
+    an all-to-all of the row repeated takes ``N (N - 1)`` and gloo's ring
+    all-gather ``N - 1`` dependent steps. Measured on 8 gloo ranks on 2
+    cores (median per call): 0.85 ms, against 3.7 ms for the all-to-all and
+    11.7 ms for the all-gather (``docs/runtime.md``). The other ranks post
+    both steps at once; the first rank posts the broadcast in ``wait()``,
+    once its gather is done (gloo may run a group's collectives on
+    concurrent threads, so posting early could broadcast stale rows). On
+    NCCL a plain ``all_gather_into_tensor``.
+
+    Failures, in posting or waiting, raise :class:`~pathweave.errors.CommError`;
+    so does a ``wait()`` that runs past ``deadline`` (``time.monotonic()``
+    seconds).
+
+    Examples
+    --------
+    >>> from pathweave.runtime.launch import run_local
+    >>> from pathweave.runtime.executor import _doc_row_exchange
+    >>> run_local(_doc_row_exchange, 2)
+    [[[0, 10], [1, 11]], [[0, 10], [1, 11]]]
+    """
+    pg = group if group is not None else dist.group.WORLD
+    rank, n = dist.get_rank(pg), dist.get_world_size(pg)
+    nccl = "nccl" in str(dist.get_backend(pg)).lower()
+    width = int(row.size)
+    mine = torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64).reshape(-1))
+    what = "metadata exchange"
+    try:
+        if nccl:
+            dev = torch.device("cuda", torch.cuda.current_device())
+            out = torch.empty(n * width, dtype=torch.int64, device=dev)
+            gathered = dist.all_gather_into_tensor(out, mine.to(dev), group=group, async_op=True)
+
+            def wait_nccl() -> np.ndarray:
+                _wait_all([gathered], deadline, rank, what, host_wait=False)
+                try:
+                    return out.cpu().numpy().reshape(n, width)
+                except Exception as exc:
+                    raise _wrap(exc, rank, what) from exc
+
+            return wait_nccl
+        res = torch.empty(n, width, dtype=torch.int64)
+        root = dist.get_global_rank(pg, 0) if group is not None else 0
+        rows = list(res.unbind(0)) if rank == 0 else None
+        gather = dist.gather(mine, rows, dst=root, group=group, async_op=True)
+        bcast = None if rank == 0 else dist.broadcast(res, root, group=group, async_op=True)
+    except CommError:
+        raise
+    except Exception as exc:
+        raise _wrap(exc, rank, what) from exc
+
+    def wait_gloo() -> np.ndarray:
+        _wait_all([gather], deadline, rank, what)
+        work = bcast
+        if work is None:
+            try:
+                work = dist.broadcast(res, root, group=group, async_op=True)
+            except Exception as exc:
+                raise _wrap(exc, rank, what) from exc
+        _wait_all([work], deadline, rank, what)
+        return res.numpy()
+
+    return wait_gloo
+
+
+def _doc_row_exchange(rank: int, world_size: int) -> list[list[int]]:
+    """Every rank sends ``[rank, 10 + rank]`` (used by :func:`start_row_exchange`)."""
+    wait = start_row_exchange(np.array([rank, 10 + rank]), deadline=time.monotonic() + 60)
+    return wait().tolist()
 
 
 def _rounds(sched: RankSchedule) -> list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]]:
