@@ -115,9 +115,10 @@ def test_cli_writes_records_that_add_up(cli_run):
     assert FORWARDED_ROLES & {k for k, v in forced["bytes_per_kind"].items() if v > 0}
     assert not transfer[0]["multipath"]  # 64 KiB balanced: no gain to plan for
     for r in records:
-        # Only the overhead rows time a bare collective round beside the calls.
-        assert (r["round_s_median"] is not None) == (r["case"] == "overhead")
-        assert r["round_s_median"] is None or r["round_s_median"] > 0
+        # Only the overhead rows time the bare collectives beside the calls.
+        for key in ("floor_s_median", "a2a_s_median"):
+            assert (r[key] is not None) == (r["case"] == "overhead")
+            assert r[key] is None or r[key] > 0
     small, cached, changing = records[3:]
     assert not small["multipath"] and small["cache_hits"] == REPEAT  # small: torch, no planning
     # A repeated pattern is served from the plan cache; a changing one plans every call.

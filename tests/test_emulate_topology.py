@@ -286,15 +286,17 @@ def test_predict_by_hand():
     pred, bound, _ = predict(fab, D, "static")
     assert bound == pytest.approx(0.5)
     assert pred == pytest.approx(0.5)
-    # One sender over PXN (0 -> 1 -> rail 1 -> 5): the rail starts once a round of
-    # window // 2 = 2 chunks has crossed the 12 MB/s NVLink to the forwarding rank.
+    # One sender over PXN (0 -> 1 -> rail 1 -> 5): the rail starts once the first
+    # chunk has crossed the 12 MB/s NVLink to the forwarding rank, which forwards
+    # each chunk as soon as it has arrived, whatever the window.
     D[:] = 0
     D[0, 5] = 5_000_000
-    pred, bound, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=4)
-    assert bound == pytest.approx(1.0)
-    assert pred == pytest.approx(1.0 + 2 * (1 << 18) / 12e6)
-    pred, _, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=2)
-    assert pred == pytest.approx(1.0 + (1 << 18) / 12e6)
+    for window in (2, 4, 8):
+        pred, bound, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=window)
+        assert bound == pytest.approx(1.0)
+        assert pred == pytest.approx(1.0 + (1 << 18) / 12e6)
+    pred, _, _ = predict(fab, D, "static", chunk_bytes=1 << 20)
+    assert pred == pytest.approx(1.0 + (1 << 20) / 12e6)
     # 0 -> 4 goes straight onto rail 0 and keeps it busy while 1 -> 4 (PXN through
     # rank 0) fills its pipeline: the fill is hidden, the rail's 5 MB take 1 s.
     D[:] = 0

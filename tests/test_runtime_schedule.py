@@ -352,6 +352,42 @@ def test_direct_only_plan_is_one_round_without_staging():
     assert all(s.copy_bytes.tolist() == [3000] for s in sch)
 
 
+def test_direct_segment_is_one_message_whatever_the_chunk():
+    # Pair 0 -> 1 of 10 000 bytes: 7000 straight over [0, 1], 3000 relayed over [0, 2, 1].
+    rows = np.zeros((3, 3), dtype=np.int64)
+    rows[0, 1] = 10_000
+    seg = Segments.all_to_all(rows)
+    routes = [[0, 1, -1], [0, 2, 1]]
+    ins, outs = random_bufs(rows, np.random.default_rng(7))
+    for chunk in (1, 999, 1000, 1 << 20):
+        scheds = build_schedules(seg, [1, 1], [7000, 3000], routes, chunk_bytes=chunk, window=2)
+        check_schedules(scheds, 2)
+        src, dst = scheds[0], scheds[1]
+        to_1 = src.send_peer == 1
+        # the direct part: one message of all its bytes, in round 0, from offset 0
+        assert src.send_bytes[to_1].tolist() == [7000]
+        assert src.send_off[to_1].tolist() == [0] and src.send_round[to_1].tolist() == [0]
+        from_0 = dst.recv_peer == 0
+        assert dst.recv_bytes[from_0].tolist() == [7000] and dst.recv_off[from_0].tolist() == [0]
+        # the relayed part: cut into ceil(3000 / chunk) chunks on both hops
+        nchunks = -(-3000 // chunk)
+        assert int((src.send_peer == 2).sum()) == nchunks == scheds[2].num_sends
+        assert int((dst.recv_peer == 2).sum()) == nchunks
+        assert np.array_equal(run_rounds(scheds, ins, outs)[1][0], ins[0][0])
+        assert np.array_equal(run_streams(scheds, ins, outs, chunk)[1][0], ins[0][0])
+    # Several segments of one pair (batch_isend_irecv: one per message) on a
+    # direct path: one message per segment, each straight into its buffer.
+    segs = Segments(2, np.array([0, 0, 2, 2, 2]), np.array([4000, 6000]), np.array([0, 1]),
+                    np.array([0, 0]), np.array([1, 0]), np.array([0, 0]))
+    for chunk in (1, 1000, 1 << 20):
+        s0, s1 = build_schedules(segs, [1], [10_000], [[0, 1]], chunk_bytes=chunk, window=2)
+        assert list(zip(s0.send_buf.tolist(), s0.send_bytes.tolist(), strict=True)) == [
+            (0, 4000), (1, 6000)]
+        assert list(zip(s1.recv_buf.tolist(), s1.recv_bytes.tolist(), strict=True)) == [
+            (1, 4000), (0, 6000)]
+        assert s0.num_rounds == s1.num_rounds == 1 and s1.staging_bytes == 0
+
+
 def test_empty_and_self_only_calls():
     none = np.zeros((0, 2), dtype=np.int64)
     for rows in (np.zeros((4, 4), dtype=np.int64), np.diag([5, 0, 7, 1])):

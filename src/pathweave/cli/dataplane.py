@@ -89,10 +89,12 @@ def transfer_note(records: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _how(r: Mapping[str, Any]) -> str:
+def _how(r: Mapping[str, Any], short: bool = False) -> str:
     """How pathweave ran a case: forced multi-path, or what ``auto`` chose."""
     if r["variant"] == "multipath":
-        return "forced multi-path"
+        return "forced" if short else "forced multi-path"
+    if short:
+        return "auto: multi" if r["multipath"] else "auto: torch"
     return "auto: multi-path" if r["multipath"] else "auto: torch's"
 
 
@@ -122,14 +124,16 @@ def overhead_table(records: Sequence[Mapping[str, Any]]) -> Table:
     table.add_column("beyond", justify="right", no_wrap=True)
     table.add_column("meta", justify="right", no_wrap=True)
     table.add_column("plan", justify="right", no_wrap=True)
-    table.add_column("round", justify="right", no_wrap=True)
+    table.add_column("floor", justify="right", no_wrap=True)
+    table.add_column("a2a", justify="right", no_wrap=True)
     table.add_column("hits", justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
-            r["workload"], _how(r), "repeated" if r["cached"] else "changing",
+            r["workload"], _how(r, short=True), "repeated" if r["cached"] else "changing",
             _us(r["torch_s_median"]), _us(r["pathweave_s_median"]),
             _us(r["diff_s"]), _us(r["beyond_transfer_s_median"]), _us(r["meta_s_median"]),
-            _us(r["plan_s_median"]), _us(r.get("round_s_median")), str(r["cache_hits"]),
+            _us(r["plan_s_median"]), _us(r.get("floor_s_median")), _us(r.get("a2a_s_median")),
+            str(r["cache_hits"]),
         )
     return table
 
@@ -140,9 +144,10 @@ def overhead_note() -> str:
         "pattern: the same splits every call (plan cache hits) or a pair changed every call "
         "(planning every call); torch, pw: median call, slowest rank; pw-torch: median over "
         "repeats of the difference of back-to-back calls; beyond: a call's wall time minus its "
-        "transfer_s; meta, plan: meta_s, plan_s of stats.last_call; round: one bare gloo "
-        "all-to-all of 512 B per pair, the least a metadata exchange can cost here; beyond, "
-        "meta, plan and round are medians over ranks and calls; hits: timed calls served from "
+        "transfer_s; meta, plan: meta_s, plan_s of stats.last_call; floor: the collective "
+        "the metadata exchange uses (gather + broadcast on gloo) on a zero row, bare, the least "
+        "an exchange can cost here; a2a: one bare all-to-all of 512 B per pair; beyond, meta, "
+        "plan, floor and a2a are medians over ranks and calls; hits: timed calls served from "
         "the plan cache"
     )
 

@@ -56,9 +56,9 @@ __all__ = [
 
 #: Default capacity scale: 120 GB/s NVLink -> 12 MB/s, 50 GB/s rail -> 5 MB/s.
 DEFAULT_SCALE = 1e-4
-#: Pipeline chunk of forwarded transfers in the emulator: 0.1 s on a 5 MB/s rail. Smaller
-#: chunks mean more rounds of the data plane's schedule, and each round costs idle time
-#: here (docs/emulator.md: 256 KiB measured 13 % slower on h100-2x4, hotspot 0.8).
+#: Pipeline chunk of forwarded transfers in the emulator: 0.1 s on a 5 MB/s rail. With the
+#: per-stream executor, 256 KiB to 1 MiB measured the same on h100-2x4, hotspot 0.8
+#: (docs/emulator.md); smaller chunks cost more messages, larger ones a longer pipeline fill.
 DEFAULT_CHUNK_BYTES = 512 * 1024
 #: Size threshold of splitting in the emulator.
 DEFAULT_MIN_SPLIT_BYTES = 64 * 1024
@@ -72,9 +72,10 @@ def emulator_model(fabric: Fabric | None = None, pipeline_bytes: int = 0) -> Any
     framing is added to the tbf rate), forwarding ranks lose no throughput
     and links have no modelled latency: the fluid model. Its one addition is
     the pipeline fill: a forwarding rank passes bytes on in units of
-    ``pipeline_bytes`` (a round of the data plane's schedule), so each
-    forwarding rank on a path delays the flow's start by one unit over a
-    node-local hop (``relay_setup_s``; see :func:`forward_delay_s`). A start
+    ``pipeline_bytes`` (one chunk of the data plane: a forwarding rank sends
+    a chunk on once all of it has arrived), so each forwarding rank on a
+    path delays the flow's start by one unit over a node-local hop
+    (``relay_setup_s``; see :func:`forward_delay_s`). A start
     delay, not an end delay: while one flow fills its pipeline, others keep
     a shared bottleneck busy, as on the wire. NICs are kernel forwarding
     here, not store-and-forward stages, so the model's ``chunk_bytes`` is 0.
@@ -239,10 +240,13 @@ def predict(
     Returns ``(predicted_s, bound_s, plan)`` where ``plan`` holds the
     fragments (the policy's plan of the quantised demand applied to the exact
     bytes, pairs below ``min_split_bytes`` whole on their heaviest path).
-    ``model`` defaults to :func:`emulator_model` with a round of the data
-    plane's schedule, ``chunk_bytes * (window // 2)``, as the pipeline unit.
-    ``torch`` is predicted as ``static`` (its kernel routes are the static
-    paths) without pipelining.
+    ``model`` defaults to :func:`emulator_model` with one chunk,
+    ``chunk_bytes``, as the pipeline unit: on gloo the data plane advances
+    each forwarded stream on its own, forwarding a chunk as soon as it has
+    arrived, and ``window`` (>= 2 slots per stream) only bounds how far a
+    sender runs ahead, so it does not change the prediction. ``torch`` is
+    predicted as ``static`` (its kernel routes are the static paths)
+    without pipelining.
 
     Examples
     --------
@@ -255,12 +259,12 @@ def predict(
     (1.0, 1.0)
 
     Across nodes ``static`` forwards through GPU 1 to its 5 MB/s rail; the
-    rail starts once a round of two 256 KiB chunks crossed the 12 MB/s NVLink:
+    rail starts once the first 256 KiB chunk crossed the 12 MB/s NVLink:
 
     >>> D[:] = 0; D[0, 5] = 5_000_000
     >>> sim_s, bound_s, _ = predict(fab, D, "static", chunk_bytes=262144)
-    >>> round(bound_s, 6), round(sim_s - bound_s, 6), round(2 * 262144 / 12e6, 6)
-    (1.0, 0.043691, 0.043691)
+    >>> round(bound_s, 6), round(sim_s - bound_s, 6), round(262144 / 12e6, 6)
+    (1.0, 0.021845, 0.021845)
     """
     from pathweave.fabric import candidate_paths
     from pathweave.plan import Plan, make
@@ -290,10 +294,11 @@ def predict(
                flow_bytes=fbytes.astype(np.int64), policy=policy)
     eff.validate()
     if model is None:
-        # The data plane's schedule moves hop h of chunk c in round
-        # c // (window // 2) + h (pathweave.runtime.schedule): a forwarding rank
-        # passes on a round's worth of chunks at a time, the pipeline unit.
-        unit = 0 if policy == "torch" else int(chunk_bytes) * max(1, int(window) // 2)
+        # On gloo each forwarded stream advances on its own (Transport._run_streams):
+        # a forwarding rank sends chunk c on as soon as all of it has arrived, so
+        # the pipeline unit is one chunk. (The schedule's rounds, window // 2
+        # chunks each, pace only the NCCL executor, which the emulator does not run.)
+        unit = 0 if policy == "torch" else int(chunk_bytes)
         model = emulator_model(fabric, unit)
     res = simulate(fabric, eff, model)
     return float(res.makespan_s), float(eff.congestion_s), eff
