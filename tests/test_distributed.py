@@ -8,6 +8,8 @@ on in the parent.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -30,24 +32,7 @@ RAILS4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"
 # ------------------------------------------------------------- forced plans
 def _forced(roles):
     """A policy callable putting each pair's bytes on its first path of one of ``roles``."""
-
-    def policy(fabric, demand):
-        ps = pw.fabric.candidate_paths(fabric)
-        n = fabric.num_ranks
-        fp, fb = [], []
-        for s in range(n):
-            for d in range(n):
-                if s == d or demand[s, d] == 0:
-                    continue
-                cands = list(ps.pair_paths(s, d))
-                pick = [p for p in cands if ps.rail_role(p) in roles] or cands[:1]
-                fp.append(pick[0])
-                fb.append(int(demand[s, d]))
-        return pw.plan.Plan(fabric, ps, np.asarray(demand, dtype=np.int64),
-                            np.array(fp, dtype=np.int64),
-                            np.array(fb, dtype=np.int64), "forced")
-
-    return policy
+    return functools.partial(pw.plan.pinned, roles=tuple(roles))
 
 
 def _orch(fabric, policy="mwu", **kw):

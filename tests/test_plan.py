@@ -279,3 +279,27 @@ def test_kind_bytes_by_hand():
     matched = sum(D[s, s + 4] + D[s + 4, s] for s in n0)
     assert kb == {"direct": same_node, "matched": matched, "dr": D.sum() - same_node - matched}
     del n1
+
+
+@pytest.mark.parametrize("roles", [("relay",), ("drd",), ("relay", "drd"), ("rd", "dr")])
+def test_pinned_puts_each_pair_on_one_path_of_the_roles(roles):
+    fab = pw.fabric.preset("h100-2x4")
+    demand = pw.traffic.uniform(8, bytes_per_rank=7 << 20)
+    plan = pw.plan.pinned(fab, demand, roles)
+    ps = plan.paths
+    for s in range(8):
+        for d in range(8):
+            if s == d:
+                continue
+            routes = plan.routes(s, d)
+            assert len(routes) == 1 and routes[0].bytes == demand[s, d]
+            # Walked by hand over the pair's candidates, in path-id order.
+            wanted = [p for p in ps.pair_paths(s, d) if ps.rail_role(p) in roles]
+            expect = wanted[0] if wanted else ps.pair_paths(s, d)[0]
+            assert routes[0].path_id == expect
+
+
+def test_pinned_names_bad_roles():
+    fab = pw.fabric.preset("h100-2x4")
+    with pytest.raises(PlanError, match="bogus"):
+        pw.plan.pinned(fab, np.zeros((8, 8)), ["relay", "bogus"])

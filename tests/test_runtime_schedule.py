@@ -212,23 +212,8 @@ def fragments_of(plan, pair_bytes, min_split=0):
 
 
 def forced_plan(fab, demand, kinds):
-    """All of each pair's bytes on its first candidate path of one of ``kinds``
-    (role names), else its first path."""
-    ps = pw.fabric.candidate_paths(fab)
-    n = fab.num_ranks
-    fp, fb = [], []
-    for s in range(n):
-        for d in range(n):
-            if s == d or demand[s, d] == 0:
-                continue
-            cands = list(ps.pair_paths(s, d))
-            pick = [p for p in cands if ps.rail_role(p) in kinds] or cands[:1]
-            fp.append(pick[0])
-            fb.append(int(demand[s, d]))
-    d = np.asarray(demand, dtype=np.int64).copy()
-    d.setflags(write=False)
-    return pw.plan.Plan(FAB8 if fab is FAB8 else fab, ps, d, np.array(fp, dtype=np.int64),
-                        np.array(fb, dtype=np.int64), "forced").validate()
+    """All of each pair's bytes on its first candidate path of one of ``kinds`` (roles)."""
+    return pw.plan.pinned(fab, demand, kinds)
 
 
 def schedule_all(rows, plan, chunk, window, min_split=0):

@@ -12,6 +12,9 @@ Examples
 from pathweave.plan import static, multirail, mwu, optimal, hscore  # noqa: F401
 # isort: on
 from pathweave.plan._plan import Plan, Route
+from pathweave.plan.pinned import pinned
 from pathweave.plan.registry import Policy, make, policies, policy_info, register
 
-__all__ = ["Plan", "Policy", "Route", "make", "policies", "policy_info", "register"]
+__all__ = [
+    "Plan", "Policy", "Route", "make", "pinned", "policies", "policy_info", "register",
+]
