@@ -15,35 +15,19 @@ from typing import Any
 
 import numpy as np
 
+# One dtype numbering for every metadata row pathweave exchanges.
+from pathweave.runtime._validate import dtype_code, dtype_name
+
 __all__ = ["ERR_FIELDS", "MoEArgError", "dtype_code", "dtype_name", "raise_first", "type_code"]
 
 #: Error code plus this many numbers per row.
 ERR_FIELDS = 8
 
-_DTYPES = (
-    "float32", "float64", "float16", "bfloat16", "uint8", "int8", "int16", "int32", "int64",
-    "bool", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64", "complex64",
-)  # fmt: skip
 _TYPES = ("None", "list", "tuple", "int", "float", "str", "ndarray", "Tensor")
 
 #: Integer dtypes accepted for ``topk_idx``; floating dtypes accepted for outputs and weights.
 INDEX_DTYPES = ("int64", "int32", "int16", "uint8", "int8")
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def dtype_code(dtype: Any) -> int:
-    """A small integer naming a torch dtype, the same in every process (0: other).
-
-    >>> import torch
-    >>> dtype_name(dtype_code(torch.bfloat16))
-    'bfloat16'
-    """
-    name = str(dtype).removeprefix("torch.")
-    return _DTYPES.index(name) + 1 if name in _DTYPES else 0
-
-
-def dtype_name(code: int) -> str:
-    return _DTYPES[code - 1] if 0 < code <= len(_DTYPES) else "<other dtype>"
 
 
 def type_code(x: Any) -> int:
