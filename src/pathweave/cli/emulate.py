@@ -7,7 +7,6 @@ always take it down again, also on Ctrl-C.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,14 +14,16 @@ import typer
 from rich import box
 from rich.table import Table
 
-from pathweave._files import atomic_write
 from pathweave.cli._common import (
     console,
     fail,
     fmt_bytes,
     fmt_duration,
     handles_user_errors,
+    out_file,
+    out_folder,
     parse_policies,
+    write_json,
 )
 from pathweave.traffic import parse_size
 
@@ -170,7 +171,7 @@ def run_cmd(
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per policy.")] = 3,
     chunk_bytes: Annotated[str, typer.Option(
         "--chunk", metavar="SIZE", help="Data-plane chunk (512K, 1M, ...).")] = "512K",
-    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE",
+    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
                                                   help="Also write the results as JSON.")]
     = None,
     prefix: PrefixOpt = "pw",
@@ -191,9 +192,7 @@ def run_cmd(
     )
     out.print(result_table(res))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(json_out, (json.dumps(res.to_dict(), indent=2) + "\n").encode())
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, res.to_dict())}")
 
 
 @handles_user_errors
@@ -207,7 +206,8 @@ def bench_emulate(
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point.")] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="Ratios 0, 0.5, 0.9 only, once each.")]
     = False,
-    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", help="Where CSV/PNG go.")]
+    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
+                                        help="Where CSV/PNG go.")]
     = Path("bench-results"),
     prefix: PrefixOpt = "pw",
 ) -> None:

@@ -18,6 +18,8 @@ from pathweave.cli._common import (
     fmt_ms,
     handles_user_errors,
     ordered_policies,
+    out_file,
+    out_image,
     parse_policies,
     write_json,
 )
@@ -68,10 +70,11 @@ def simulate_cmd(
         str, typer.Option("--bytes", "-b", metavar="SIZE", help="Payload per rank.")
     ] = "256M",
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
     png: Annotated[
-        Path | None, typer.Option("--png", metavar="FILE",
+        Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
                                   help="Link-utilisation heatmap (links x time per policy).")
     ] = None,
 ) -> None:
@@ -91,11 +94,11 @@ def simulate_cmd(
     )
     out.print(simulation_table(plans, results))
     if json_out is not None:
-        write_json(json_out, [
+        written = write_json(json_out, [
             {**results[name].summary(), "policy": name, "congestion_s": p.congestion_s}
             for name, p in plans
         ])
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {written}")
     if png is not None:
         written = viz.plot_link_utilisation(
             results, fab, png, title=f"link utilisation, {fab.name}, {workload}"
