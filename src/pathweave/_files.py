@@ -156,3 +156,47 @@ def atomic_write(path: str | os.PathLike[str], payload: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return p
+
+
+#: Largest input file pathweave reads (fabric, topology and trace files are
+#: kilobytes to a few megabytes; this refuses /dev/zero-like endless input).
+MAX_INPUT_BYTES = 256 << 20
+
+
+def read_input(path: str | os.PathLike[str], what: str = "file",
+               max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them.
+
+    Raises
+    ------
+    InputError
+        ``path`` is a directory, a device, a pipe or a socket, or too large.
+    OSError
+        It cannot be read.
+    """
+    from pathweave.errors import InputError
+
+    p = Path(path)
+    mode = p.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{what} {p} is a directory, not a regular file")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what} {p} is not a regular file (a device, pipe or socket)")
+    with p.open("rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(f"{what} {p} is larger than the {max_bytes >> 20} MiB limit")
+    return data
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages about file content.
+
+    >>> excerpt("x" * 100)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (100 characters)"
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} chars"
+    return f"{text[: limit - 4]}... ({size})"

@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,8 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from pathweave._files import IMAGE_SUFFIXES, atomic_write, output_dir, output_path
-from pathweave.errors import OutputFileError, PathweaveError
+from pathweave.errors import InputError, OutputFileError, PathweaveError
+from pathweave.fabric import Fabric
 from pathweave.plan import policies, policy_info
 
 #: Exit code for bad input (an unknown policy, a malformed workload, ...);
@@ -124,6 +126,41 @@ def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
 
     return wrapper
+
+
+def load_fabric(spec: str) -> Fabric:
+    """Resolve a ``PRESET|FILE`` argument and show what discovery assumed.
+
+    Topology files (NCCL XML, ``nvidia-smi topo -m``) leave gaps that
+    discovery fills with documented defaults; its notes and warnings (NICs
+    left out, no NVLink in the file) go to stderr as ``note:`` lines, so
+    stdout keeps only the tables.
+    """
+    from pathweave.fabric import resolve
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fab = resolve(spec)
+    discovery = fab.meta.get("discovery") or {}
+    notes = [str(w.message) for w in caught] + [str(n) for n in discovery.get("notes", ())]
+    err = console(stderr=True)
+    for note in dict.fromkeys(notes):
+        err.print(f"[dim]note: {escape(note)}[/]", soft_wrap=True)
+    return fab
+
+
+def parse_bytes(text: str, option: str = "--bytes", minimum: int = 1) -> int:
+    """A size option (``64M``, ``1GiB``) as whole bytes, at least ``minimum``.
+
+    Raises :class:`~pathweave.errors.WorkloadError` naming the option and the
+    value: not a size, past the int64 byte range, or below ``minimum``.
+    """
+    from pathweave.traffic import parse_size
+
+    value = int(parse_size(text, what=option))
+    if value < minimum:
+        raise InputError(f"{option} {text.strip()} is below the minimum of {minimum} bytes")
+    return value
 
 
 def parse_policies(text: str) -> list[str]:

@@ -25,6 +25,7 @@ from pathweave.cli._common import (
     fmt_ms,
     handles_user_errors,
     out_file,
+    parse_bytes,
     write_json,
 )
 
@@ -196,12 +197,11 @@ def bench_dataplane(
 @handles_user_errors
 def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, world_size: int,
                     sizes: str | None, multipath_fabric: str) -> None:
-    from pathweave import traffic
     from pathweave.bench import dataplane
 
     sizes_per_pair = None
     if sizes is not None:
-        sizes_per_pair = [int(traffic.parse_size(s)) for s in sizes.split(",") if s.strip()]
+        sizes_per_pair = [parse_bytes(s, "--sizes") for s in sizes.split(",") if s.strip()]
         try:
             dataplane.cases(quick, repeat, sizes_per_pair)
         except ValueError as exc:  # e.g. --sizes 2: one red line, like other bad input

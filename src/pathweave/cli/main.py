@@ -30,10 +30,12 @@ from pathweave.cli._common import (
     fmt_duration,
     fmt_ms,
     handles_user_errors,
+    load_fabric,
     ordered_policies,
     out_file,
     out_folder,
     out_image,
+    parse_bytes,
     parse_policies,
     write_json,
 )
@@ -117,7 +119,7 @@ def topo_show(
     """Summarise a fabric: nodes, GPUs, NVLink, rails, spines, links and candidate paths."""
     from pathweave.cli.topo import RAIL_ROLES_NOTE, summary_tables
 
-    fab = pwfabric.resolve(fabric)
+    fab = load_fabric(fabric)
     paths = pwfabric.candidate_paths(fab)
     out = console()
     for table in summary_tables(fab, paths):
@@ -135,7 +137,7 @@ def topo_show(
 def topo_validate(fabric: FabricArg) -> None:
     """Load a fabric and compile its candidate paths; print OK or the problem (exit 1)."""
     try:
-        fab = pwfabric.resolve(fabric)
+        fab = load_fabric(fabric)
         paths = pwfabric.candidate_paths(fab)
     except (PathweaveError, OSError) as exc:
         message = str(exc) if not isinstance(exc, OSError) else f"{exc.filename}: {exc.strerror}"
@@ -185,8 +187,8 @@ def plan_cmd(
 ) -> None:
     """Plan one workload with several policies and compare them with the LP optimum."""
     names = parse_policies(policy)
-    size = traffic.parse_size(bytes_per_rank)
-    fab = pwfabric.resolve(fabric)
+    size = parse_bytes(bytes_per_rank)
+    fab = load_fabric(fabric)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
@@ -258,7 +260,7 @@ def bench_planner(
     """Congestion and planning time of every policy on 8 to 1024 GPUs, against the LP."""
     from pathweave.bench import planner
 
-    size = traffic.parse_size(bytes_per_rank)
+    size = parse_bytes(bytes_per_rank)
     with _progress() as progress:
         task = progress.add_task("bench", total=None)
 

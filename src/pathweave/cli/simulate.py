@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
 from pathweave.cli._common import (
@@ -17,9 +16,11 @@ from pathweave.cli._common import (
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
+    load_fabric,
     ordered_policies,
     out_file,
     out_image,
+    parse_bytes,
     parse_policies,
     write_json,
 )
@@ -80,8 +81,8 @@ def simulate_cmd(
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
     names = ordered_policies(parse_policies(policy))
-    size = traffic.parse_size(bytes_per_rank)
-    fab = pwfabric.resolve(fabric)
+    size = parse_bytes(bytes_per_rank)
+    fab = load_fabric(fabric)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
