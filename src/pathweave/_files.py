@@ -38,6 +38,19 @@ def _check_folder(folder: Path, shown: str) -> None:
         raise OutputFileError(f"{shown}: folder {base} is not writable")
 
 
+def _check_existing(p: Path) -> None:
+    if not p.exists():
+        return
+    mode = p.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise OutputFileError(f"{p} is a directory; give a file name")
+    if not stat.S_ISREG(mode):
+        raise OutputFileError(
+            f"{p} is not a regular file (a device, pipe or socket); pathweave writes "
+            "regular files only"
+        )
+
+
 def output_path(
     path: str | os.PathLike[str],
     *,
@@ -80,19 +93,10 @@ def output_path(
     if not str(text).strip():
         raise OutputFileError("output path is empty")
     p = Path(text)
-    if p.is_dir():
-        raise OutputFileError(f"{p} is a directory; give a file name")
+    _check_existing(p)  # as given: `--png /dev/null` must not become /dev/null.png
     if default_suffix and not p.suffix:
         p = p.with_name(p.name + default_suffix)
-    if p.exists():
-        mode = p.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise OutputFileError(f"{p} is a directory; give a file name")
-        if not stat.S_ISREG(mode):
-            raise OutputFileError(
-                f"{p} is not a regular file (a device, pipe or socket); pathweave writes "
-                "regular files only"
-            )
+        _check_existing(p)
     if suffixes is not None and p.suffix.lower() not in suffixes:
         raise OutputFileError(
             f"{p}: unknown suffix {p.suffix or '(none)'!r}; use one of {', '.join(suffixes)}"
