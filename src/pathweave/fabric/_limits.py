@@ -40,24 +40,26 @@ def memory_limit_bytes() -> int:
         return 8 << 30
 
 
-def estimate_paths(nodes: int, gpus_per_node: int, rails: int, spines: int) -> int:
-    """About how many candidate paths a cluster of this shape has (within ~10 %).
+def estimate_paths(nodes: int, gpus_per_node: int, rails: int, spines: int,
+                   relays: bool = True) -> int:
+    """About how many candidate paths a cluster of this shape has (within ~15 %).
 
-    Inside a node every ordered pair has a direct path and up to
-    ``gpus_per_node - 2`` relays; across nodes one path per rail and per spine.
+    Inside a node every ordered pair has a direct path and, without an
+    NVSwitch (``relays``), up to ``gpus_per_node - 2`` relays; across nodes
+    one path per rail and per spine.
 
     >>> estimate_paths(2, 4, 4, 0)   # h100-2x4 has exactly 200
     200
     """
     g = int(gpus_per_node)
     ranks = int(nodes) * g
-    intra = int(nodes) * g * (g - 1) * max(1, g - 1)
+    intra = int(nodes) * g * (g - 1) * (max(1, g - 1) if relays else 1)
     inter = ranks * (ranks - g) * (max(1, int(rails)) + int(spines))
     return intra + inter
 
 
 def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines: int,
-               links: int) -> None:
+               links: int, relays: bool = True) -> None:
     """Raise :class:`FabricError` if a fabric of this shape is too large to plan here.
 
     Parameters
@@ -68,8 +70,10 @@ def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines
         The fabric's shape.
     links
         Its number of directed links (an estimate is fine).
+    relays
+        Whether GPU pairs inside a node have relay paths (no NVSwitch).
     """
-    need = estimate_paths(nodes, gpus_per_node, rails, spines) * BYTES_PER_PATH
+    need = estimate_paths(nodes, gpus_per_node, rails, spines, relays) * BYTES_PER_PATH
     limit = memory_limit_bytes()
     if need > limit:
         how = f"{MEMORY_ENV}" if os.environ.get(MEMORY_ENV) else "half its memory"
@@ -91,7 +95,7 @@ def check_fabric(fab: object, label: str | None = None) -> None:
     check_size(
         label or fab.name, nodes=fab.num_nodes, gpus_per_node=fab.gpus_per_node,
         rails=len(fab.rails), spines=int(fab.vertices_of_kind(VertexKind.SPINE).size),
-        links=fab.num_links,
+        links=fab.num_links, relays=fab.nvlink_kind != "nvswitch",
     )
 
 

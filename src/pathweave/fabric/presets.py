@@ -20,7 +20,11 @@ cluster    :func:`pathweave.fabric.builders.cluster` with its parameters, e.g.
 ========== ====================================================================
 
 A spec string names a preset and optional parameters: ``h100-2x4``,
-``dgx-h100:nodes=16``, ``cluster:nodes=8,gpus_per_node=8``.
+``dgx-h100:nodes=16``, ``cluster:nodes=8,gpus_per_node=8`` (each key once).
+:func:`resolve` also takes a topology file, ``PATH[:key=value,...]``: a
+fabric file, NCCL topology XML or ``nvidia-smi topo -m`` text, told apart by
+content. Sizes are checked before anything is built (see
+:mod:`pathweave.fabric._limits`).
 """
 
 from __future__ import annotations
@@ -171,7 +175,8 @@ def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
     spines = int(shape.get("spines", 0))
     node_links = gpus * (gpus - 1) if shape["node_kind"] == "nvlink-mesh" else 2 * gpus
     links = nodes * (node_links + 4 * rails) + 2 * rails * spines
-    check_size(spec, nodes=nodes, gpus_per_node=gpus, rails=rails, spines=spines, links=links)
+    check_size(spec, nodes=nodes, gpus_per_node=gpus, rails=rails, spines=spines, links=links,
+               relays=shape["node_kind"] != "nvswitch")
 
 
 def preset(name: str, **params: Any) -> Fabric:
@@ -268,7 +273,7 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
         warnings.simplefilter("always", discovery.DiscoveryWarning)
         one = reader(Path(path), 1, **options)
         check_size(label, nodes=nodes, gpus_per_node=one.gpus_per_node, rails=len(one.rails),
-                   spines=0, links=one.num_links * nodes)
+                   spines=0, links=one.num_links * nodes, relays=one.nvlink_kind != "nvswitch")
         fab = one if nodes == 1 else reader(Path(path), nodes, **options)
     for text in dict.fromkeys(str(w.message) for w in caught):
         warnings.warn(text, discovery.DiscoveryWarning, stacklevel=2)
