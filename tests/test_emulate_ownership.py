@@ -70,7 +70,8 @@ def test_foreign_namespace_survives_up_down_and_every_cleanup(prefix, foreign):
         assert recs[foreign]["recorded"] is False and recs[f"{prefix}-r0"]["recorded"]
     assert foreign in netns()
     assert not set(emu.layout.namespaces) & netns()
-    assert cleanup(prefix) == [] and cleanup(all_prefixes=True) is not None
+    # (--all is not exercised: it would take down other live emulators on this machine.)
+    assert cleanup(prefix) == []
     assert foreign in netns()
     # `down` without a prefix lists and removes nothing; with one it removes nothing foreign.
     res = runner.invoke(app, ["emulate", "down"])
