@@ -101,9 +101,17 @@ def test_save_rejects_unknown_suffix(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_save_into_missing_folder(tmp_path: Path) -> None:
+def test_save_creates_missing_folders(tmp_path: Path) -> None:
     target = tmp_path / "no" / "such" / "fab.yaml"
-    with pytest.raises(FabricFileError, match=_pattern(str(target), "cannot write")):
+    assert io.load(io.save(preset("h100-2x4"), target)) == preset("h100-2x4")
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "a-folder.yaml"])
+def test_save_refuses_what_is_not_a_regular_file(tmp_path: Path, where: str) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "a-folder.yaml").mkdir()
+    target = tmp_path / ("file/f.yaml" if where == "under-a-file" else where)
+    with pytest.raises(FabricFileError, match=r"not a directory|is a directory"):
         io.save(preset("h100-2x4"), target)
 
 

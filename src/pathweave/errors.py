@@ -98,3 +98,11 @@ class CommError(PathweaveError, RuntimeError):
 
 class EmulatorError(PathweaveError, RuntimeError):
     """The emulator cannot run here (no root, no ``ip``/``tc``) or a command failed."""
+
+
+class InputError(PathweaveError, ValueError):
+    """A value given to pathweave is out of range: a size, a count, an option, a path."""
+
+
+class OutputFileError(InputError):
+    """pathweave will not write here: a device, a directory, an unwritable folder, a bad suffix."""

@@ -69,10 +69,20 @@ def _figure(width_in: float, height_in: float) -> Figure:
 
 
 def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    return out
+    """Render ``fig`` in the format of the suffix (``.png`` if none) and write it.
+
+    Rendered into memory first, then written by the one writer
+    (:func:`pathweave._files.atomic_write`), so a device or directory is
+    refused and a failed render leaves no half-written file.
+    """
+    import io
+
+    from pathweave._files import IMAGE_SUFFIXES, atomic_write, output_path
+
+    out = output_path(path, suffixes=IMAGE_SUFFIXES, default_suffix=".png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=out.suffix.lstrip(".").lower(), dpi=130)
+    return atomic_write(out, buf.getvalue())
 
 
 # ----------------------------------------------------------------- fabrics
@@ -139,14 +149,14 @@ def draw_fabric(
     fab
         The fabric.
     path
-        Output file; the suffix picks the format.
+        Output file; the suffix picks the format (``.png`` is added if none).
     max_nodes
         Most nodes to draw.
 
     Returns
     -------
     pathlib.Path
-        The file written.
+        The file written (``path``, with ``.png`` added if it had no suffix).
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch

@@ -1,4 +1,4 @@
-"""Helpers every command shares: consoles, error reporting, number formatting."""
+"""Helpers every command shares: consoles, error reporting, output paths, number formatting."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,9 +15,12 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer.core import TyperGroup
 
-from pathweave._files import atomic_write
-from pathweave.errors import PathweaveError
+from pathweave._files import IMAGE_SUFFIXES, atomic_write, output_dir, output_path
+from pathweave.errors import InputError, OutputFileError, PathweaveError
+from pathweave.fabric import Fabric
 from pathweave.plan import policies, policy_info
 
 #: Exit code for bad input (an unknown policy, a malformed workload, ...);
@@ -61,6 +65,58 @@ def user_errors(code: int = EXIT_BAD_INPUT) -> Iterator[None]:
         fail(f"{where}{exc.strerror or exc}", code)
 
 
+class OneLineErrors(TyperGroup):
+    """The top-level command group: a malformed command line is one red line, exit 2.
+
+    typer draws usage errors (``--repeat 0``, an unknown option) as a framed
+    panel of several lines; here they read like every other pathweave error,
+    ``error: pathweave bench planner: Invalid value for '--repeat': ...``.
+    """
+
+    def main(self, args: Any = None, prog_name: str | None = None,  # type: ignore[override]
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as exc:
+            console().print(exc.ctx.get_help())
+            rv = exc.exit_code
+        except ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            console(stderr=True).print(
+                f"[bold red]error:[/] {escape(where + exc.format_message())}", soft_wrap=True
+            )
+            rv = exc.exit_code
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _checked(check: Callable[[], Path]) -> Path:
+    try:
+        return check()
+    except OutputFileError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def out_file(value: Path | None) -> Path | None:
+    """typer callback of ``--json``/``--csv`` options: refuse a bad path before any work."""
+    return None if value is None else _checked(lambda: output_path(value))
+
+
+def out_image(value: Path | None) -> Path | None:
+    """typer callback of ``--png`` options: an image suffix (``.png`` added if none)."""
+    if value is None:
+        return None
+    return _checked(lambda: output_path(value, suffixes=IMAGE_SUFFIXES, default_suffix=".png"))
+
+
+def out_folder(value: Path | None) -> Path | None:
+    """typer callback of ``--out DIR`` options: a writable folder, or one that can be made."""
+    return None if value is None else _checked(lambda: output_dir(value))
+
+
 def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Decorator form of :func:`user_errors` for command functions."""
 
@@ -70,6 +126,41 @@ def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
 
     return wrapper
+
+
+def load_fabric(spec: str) -> Fabric:
+    """Resolve a ``PRESET|FILE`` argument and show what discovery assumed.
+
+    Topology files (NCCL XML, ``nvidia-smi topo -m``) leave gaps that
+    discovery fills with documented defaults; its notes and warnings (NICs
+    left out, no NVLink in the file) go to stderr as ``note:`` lines, so
+    stdout keeps only the tables.
+    """
+    from pathweave.fabric import resolve
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fab = resolve(spec)
+    discovery = fab.meta.get("discovery") or {}
+    notes = [str(w.message) for w in caught] + [str(n) for n in discovery.get("notes", ())]
+    err = console(stderr=True)
+    for note in dict.fromkeys(notes):
+        err.print(f"[dim]note: {escape(note)}[/]", soft_wrap=True)
+    return fab
+
+
+def parse_bytes(text: str, option: str = "--bytes", minimum: int = 1) -> int:
+    """A size option (``64M``, ``1GiB``) as whole bytes, at least ``minimum``.
+
+    Raises :class:`~pathweave.errors.WorkloadError` naming the option and the
+    value: not a size, past the int64 byte range, or below ``minimum``.
+    """
+    from pathweave.traffic import parse_size
+
+    value = int(parse_size(text, what=option))
+    if value < minimum:
+        raise InputError(f"{option} {text.strip()} is below the minimum of {minimum} bytes")
+    return value
 
 
 def parse_policies(text: str) -> list[str]:
@@ -131,8 +222,6 @@ def fmt_bytes(nbytes: float) -> str:
     return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON, atomically, creating parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON through the one writer; the file written."""
+    return atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())

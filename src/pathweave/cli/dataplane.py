@@ -9,7 +9,6 @@ when a speed target is missed (the ``MISS`` line says so).
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,8 +18,16 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pathweave._files import atomic_write
-from pathweave.cli._common import console, fail, fmt_bytes, fmt_ms, handles_user_errors
+from pathweave.cli._common import (
+    console,
+    fail,
+    fmt_bytes,
+    fmt_ms,
+    handles_user_errors,
+    out_file,
+    parse_bytes,
+    write_json,
+)
 
 #: Exit code when an output differs from torch's.
 EXIT_MISMATCH = 1
@@ -154,7 +161,8 @@ def overhead_note() -> str:
 
 def bench_dataplane(
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Sizes up to 4 MiB per pair only.")
@@ -189,12 +197,11 @@ def bench_dataplane(
 @handles_user_errors
 def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, world_size: int,
                     sizes: str | None, multipath_fabric: str) -> None:
-    from pathweave import traffic
     from pathweave.bench import dataplane
 
     sizes_per_pair = None
     if sizes is not None:
-        sizes_per_pair = [int(traffic.parse_size(s)) for s in sizes.split(",") if s.strip()]
+        sizes_per_pair = [parse_bytes(s, "--sizes") for s in sizes.split(",") if s.strip()]
         try:
             dataplane.cases(quick, repeat, sizes_per_pair)
         except ValueError as exc:  # e.g. --sizes 2: one red line, like other bad input
@@ -223,10 +230,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, w
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}", soft_wrap=True)
     if json_out is not None:
-        json_out = Path(json_out)
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(json_out, (json.dumps(records, indent=2) + "\n").encode())
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, records)}")
     if not all(r["verified"] for r in records):
         raise typer.Exit(EXIT_MISMATCH)
 

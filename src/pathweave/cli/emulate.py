@@ -7,7 +7,6 @@ always take it down again, also on Ctrl-C.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,16 +14,19 @@ import typer
 from rich import box
 from rich.table import Table
 
-from pathweave._files import atomic_write
 from pathweave.cli._common import (
     console,
     fail,
     fmt_bytes,
     fmt_duration,
     handles_user_errors,
+    load_fabric,
+    out_file,
+    out_folder,
+    parse_bytes,
     parse_policies,
+    write_json,
 )
-from pathweave.traffic import parse_size
 
 emulate_app = typer.Typer(
     help="Emulate a fabric on this machine (network namespaces + tc; needs root) and run "
@@ -34,9 +36,16 @@ emulate_app = typer.Typer(
 
 FabricOpt = Annotated[str, typer.Option("--fabric", metavar="PRESET|FILE",
                                         help="Fabric preset spec or YAML/JSON file.")]
+def _scale(value: float) -> float:
+    if not (0 < value <= 1):  # also refuses nan
+        raise typer.BadParameter(f"{value!r} is not in (0, 1]")
+    return value
+
+
 ScaleOpt = Annotated[float, typer.Option(
-    "--scale", help="Capacity scale: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total "
-    "well under what the machine's cores move (about 1 GB/s on 2 cores).")]
+    "--scale", callback=_scale,
+    help="Capacity scale in (0, 1]: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total well "
+    "under what the machine's cores move (about 1 GB/s on 2 cores).")]
 PrefixOpt = Annotated[str, typer.Option(
     "--prefix",
     help="Name prefix of everything created (pw and up to 4 lowercase letters or digits).")]
@@ -66,7 +75,7 @@ def up_cmd(
     """Create the emulated fabric and leave it up (take it down with `emulate down`)."""
     from pathweave.emulate import Emulator
 
-    emu = Emulator(fabric, scale, prefix=prefix, persistent=True)
+    emu = Emulator(load_fabric(fabric), scale, prefix=prefix, persistent=True)
     emu.up()
     lay = emu.layout
     out = console()
@@ -96,14 +105,47 @@ def _rank_table(emu: Any) -> Table:
 @handles_user_errors
 def down_cmd(
     prefix: Annotated[str | None, typer.Option(
-        "--prefix", help="Only this prefix; default: every pathweave emulator, stale or not.")]
-    = None,
+        "--prefix", help="Remove what pathweave recorded for this prefix.")] = None,
+    all_prefixes: Annotated[bool, typer.Option(
+        "--all", help="Remove what pathweave recorded for every prefix.")] = False,
 ) -> None:
-    """Remove emulator namespaces (and with them every veth, bridge and qdisc)."""
-    from pathweave.emulate import cleanup
+    """Remove emulator namespaces pathweave recorded making (with every veth, bridge, qdisc).
 
-    gone = cleanup(prefix)
-    console().print(f"removed {len(gone)} namespaces" + (f": {', '.join(gone)}" if gone else ""))
+    Namespaces that only look like an emulator's (no ledger lists them) are
+    never removed. Without --prefix or --all this lists what exists and
+    removes nothing.
+    """
+    from pathweave.emulate import cleanup, status
+
+    if prefix is None and not all_prefixes:
+        recs = status()
+        if not recs:
+            console().print("no pathweave emulator is up")
+            return
+        out = console()
+        out.print(_status_table(recs))
+        fail("emulate down removes nothing without --prefix PREFIX or --all")
+    gone = cleanup(prefix, all_prefixes=all_prefixes)
+    out = console()
+    out.print(f"removed {len(gone)} namespaces" + (f": {', '.join(gone)}" if gone else ""))
+    foreign = [r["ns"] for r in status(prefix) if not r["recorded"]]
+    if foreign:
+        out.print(f"[yellow]left alone (not recorded as pathweave's):[/] {', '.join(foreign)}")
+
+
+def _status_table(recs: list[dict[str, Any]]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title="emulator namespaces",
+              title_justify="left")
+    for c in ("namespace", "owner", "fabric", "shaped links", "tbf rates (Mbit/s)"):
+        t.add_column(c)
+    for r in recs:
+        rates = sorted({round(int(p["wire_Bps"]) * 8 / 1e6, 1) for p in r["ports"]
+                        if p["wire_Bps"] is not None})
+        owner = (r["owner"] or "[yellow]stale[/]") if r["recorded"] else "[red]not pathweave's[/]"
+        t.add_row(r["ns"], owner,
+                  f"{r['fabric']} x {r['scale']:g}" if r["fabric"] else "?",
+                  str(len(r["ports"])), ", ".join(f"{x:g}" for x in rates))
+    return t
 
 
 @emulate_app.command("status")
@@ -115,21 +157,10 @@ def status_cmd(
     from pathweave.emulate import status
 
     recs = status(prefix)
-    out = console()
     if not recs:
-        out.print("no pathweave emulator is up")
+        console().print("no pathweave emulator is up")
         return
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title="emulator namespaces",
-              title_justify="left")
-    for c in ("namespace", "owner", "fabric", "shaped links", "tbf rates (Mbit/s)"):
-        t.add_column(c)
-    for r in recs:
-        rates = sorted({round(int(p["wire_Bps"]) * 8 / 1e6, 1) for p in r["ports"]
-                        if p["wire_Bps"] is not None})
-        t.add_row(r["ns"], r["owner"] or "[yellow]stale[/]",
-                  f"{r['fabric']} x {r['scale']:g}" if r["fabric"] else "?",
-                  str(len(r["ports"])), ", ".join(f"{x:g}" for x in rates))
-    out.print(t)
+    console().print(_status_table(recs))
 
 
 def result_table(res: Any) -> Table:
@@ -167,10 +198,10 @@ def run_cmd(
     policy: Annotated[str, typer.Option(
         "--policy", help="Comma-separated policies; `torch` is torch's own all_to_all_single."
     )] = "static,mwu",
-    repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per policy.")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per policy.")] = 3,
     chunk_bytes: Annotated[str, typer.Option(
         "--chunk", metavar="SIZE", help="Data-plane chunk (512K, 1M, ...).")] = "512K",
-    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE",
+    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
                                                   help="Also write the results as JSON.")]
     = None,
     prefix: PrefixOpt = "pw",
@@ -184,16 +215,15 @@ def run_cmd(
 
     out = console()
     res = run_emulated(
-        fabric, scale=scale, workload=workload, bytes_per_rank=parse_size(bytes_per_rank),
-        policies=_policies(policy), repeat=repeat, chunk_bytes=parse_size(chunk_bytes),
-        prefix=prefix,
+        load_fabric(fabric), scale=scale, workload=workload,
+        bytes_per_rank=parse_bytes(bytes_per_rank),
+        policies=_policies(policy), repeat=repeat,
+        chunk_bytes=parse_bytes(chunk_bytes, "--chunk"), prefix=prefix,
         progress=lambda s: out.print(f"[dim]{s}[/]"),
     )
     out.print(result_table(res))
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(json_out, (json.dumps(res.to_dict(), indent=2) + "\n").encode())
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, res.to_dict())}")
 
 
 @handles_user_errors
@@ -204,10 +234,11 @@ def bench_emulate(
         "--bytes", metavar="SIZE", help="Payload per rank (4M, 4MiB, ...).")] = "4M",
     policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")]
     = "static,mwu",
-    repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point.")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per point.")] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="Ratios 0, 0.5, 0.9 only, once each.")]
     = False,
-    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", help="Where CSV/PNG go.")]
+    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
+                                        help="Where CSV/PNG go.")]
     = Path("bench-results"),
     prefix: PrefixOpt = "pw",
 ) -> None:
@@ -215,7 +246,7 @@ def bench_emulate(
     from pathweave.bench import emulate as bench
 
     out = console()
-    size = parse_size(bytes_per_rank)
+    size = parse_bytes(bytes_per_rank)
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
         bytes_per_rank=size, policies=_policies(policy),

@@ -23,13 +23,19 @@ from pathweave import plan as pwplan
 from pathweave import traffic, viz
 from pathweave.cli._common import (
     EXIT_BAD_INPUT,
+    OneLineErrors,
     console,
     fail,
     fmt_bytes,
     fmt_duration,
     fmt_ms,
     handles_user_errors,
+    load_fabric,
     ordered_policies,
+    out_file,
+    out_folder,
+    out_image,
+    parse_bytes,
     parse_policies,
     write_json,
 )
@@ -47,6 +53,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    cls=OneLineErrors,
 )
 topo_app = typer.Typer(help="Inspect and check fabrics (presets or YAML/JSON files).",
                        no_args_is_help=True)
@@ -101,7 +108,9 @@ def _progress() -> Progress:
 def topo_show(
     fabric: FabricArg,
     png: Annotated[
-        Path | None, typer.Option("--png", help="Also draw the fabric to this image file.")
+        Path | None, typer.Option("--png", callback=out_image,
+                                  help="Also draw the fabric to this image file (.png, .svg, "
+                                  ".pdf, ...; .png if no suffix).")
     ] = None,
     max_nodes: Annotated[
         int, typer.Option("--max-nodes", min=1, help="Most nodes to draw in --png.")
@@ -110,7 +119,7 @@ def topo_show(
     """Summarise a fabric: nodes, GPUs, NVLink, rails, spines, links and candidate paths."""
     from pathweave.cli.topo import RAIL_ROLES_NOTE, summary_tables
 
-    fab = pwfabric.resolve(fabric)
+    fab = load_fabric(fabric)
     paths = pwfabric.candidate_paths(fab)
     out = console()
     for table in summary_tables(fab, paths):
@@ -128,7 +137,7 @@ def topo_show(
 def topo_validate(fabric: FabricArg) -> None:
     """Load a fabric and compile its candidate paths; print OK or the problem (exit 1)."""
     try:
-        fab = pwfabric.resolve(fabric)
+        fab = load_fabric(fabric)
         paths = pwfabric.candidate_paths(fab)
     except (PathweaveError, OSError) as exc:
         message = str(exc) if not isinstance(exc, OSError) else f"{exc.filename}: {exc.strerror}"
@@ -168,17 +177,18 @@ def plan_cmd(
                             help="HiGHS time limit for the LP optimum.")
     ] = 120.0,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
     png: Annotated[
-        Path | None, typer.Option("--png", metavar="FILE",
+        Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
                                   help="Bar chart of congestion per policy.")
     ] = None,
 ) -> None:
     """Plan one workload with several policies and compare them with the LP optimum."""
     names = parse_policies(policy)
-    size = traffic.parse_size(bytes_per_rank)
-    fab = pwfabric.resolve(fabric)
+    size = parse_bytes(bytes_per_rank)
+    fab = load_fabric(fabric)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
@@ -203,8 +213,7 @@ def plan_cmd(
     else:
         out.print(f"[yellow]LP optimum not available:[/] {cmp.optimum_error}", soft_wrap=True)
     if json_out is not None:
-        write_json(json_out, cmp.records())
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, cmp.records())}")
     if png is not None:
         written = viz.plot_policy_comparison(
             {r.policy: r.congestion_s for r in cmp.results}, png, optimum_s=cmp.optimum_s,
@@ -240,17 +249,18 @@ def bench_planner(
                           "to try anyway.")
     ] = 256,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", metavar="DIR",
+        Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
                                   help="Write bench_planner.png (ratio to optimal) here.")
     ] = None,
 ) -> None:
     """Congestion and planning time of every policy on 8 to 1024 GPUs, against the LP."""
     from pathweave.bench import planner
 
-    size = traffic.parse_size(bytes_per_rank)
+    size = parse_bytes(bytes_per_rank)
     with _progress() as progress:
         task = progress.add_task("bench", total=None)
 
@@ -268,8 +278,7 @@ def bench_planner(
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}")
     if json_out is not None:
-        write_json(json_out, records)
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, records)}")
     if out_dir is not None:
         labels = {r["workload"]: planner.workload_label(r["workload"]) for r in records}
         written = viz.plot_bench_ratios(records, Path(out_dir) / "bench_planner.png",
@@ -294,7 +303,8 @@ def bench_sim(
                                  show_default=False)
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
 ) -> None:
     """Simulator wall time for a uniform all-to-all (mwu plan) on 64 to 1024 GPUs."""
@@ -338,8 +348,7 @@ def bench_sim(
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}")
     if json_out is not None:
-        write_json(json_out, records)
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, records)}")
 
 
 bench_app.command("paper")(bench_paper)
@@ -403,7 +412,8 @@ def _bench_table(records: list[dict]) -> Table:
 @handles_user_errors
 def demo(
     out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", help="Where to write the plots.")
+        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
+                           help="Where to write the plots.")
     ] = Path("pathweave-demo"),
 ) -> None:
     """A skewed all-to-all on the NIMBLE testbed, planned by every policy, with plots."""

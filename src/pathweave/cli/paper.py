@@ -9,7 +9,6 @@ exits with code 1; an unknown figure name exits with code 2.
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 from collections.abc import Sequence
@@ -23,8 +22,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pathweave._files import atomic_write
-from pathweave.cli._common import console, fail, fmt_duration, handles_user_errors
+from pathweave.cli._common import (
+    console,
+    fail,
+    fmt_duration,
+    handles_user_errors,
+    out_file,
+    out_folder,
+    write_json,
+)
 
 #: Most rows of a figure printed; the CSV holds them all.
 MAX_ROWS = 80
@@ -195,13 +201,14 @@ def bench_paper(
                             show_default=False)
     ],
     out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", help="Where to write <name>.csv and .png.")
+        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
+                           help="Where to write <name>.csv and .png.")
     ] = Path("pathweave-paper"),
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer points and repeats: a first look in seconds.")
     ] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE",
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
                                   help="Write rows, comparisons and failures as JSON.")
     ] = None,
 ) -> None:
@@ -238,9 +245,7 @@ def bench_paper(
         out.rule()
         out.print(_summary_table(outcome, names))
     if json_out is not None:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(Path(json_out), (json.dumps(records(outcome), indent=2) + "\n").encode())
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {write_json(json_out, records(outcome))}")
     if outcome.failures:
         err = console(stderr=True)
         for f in outcome.failures:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
 from pathweave.cli._common import (
@@ -17,7 +16,11 @@ from pathweave.cli._common import (
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
+    load_fabric,
     ordered_policies,
+    out_file,
+    out_image,
+    parse_bytes,
     parse_policies,
     write_json,
 )
@@ -68,17 +71,18 @@ def simulate_cmd(
         str, typer.Option("--bytes", "-b", metavar="SIZE", help="Payload per rank.")
     ] = "256M",
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
+        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
+                                  help="Write the records as JSON.")
     ] = None,
     png: Annotated[
-        Path | None, typer.Option("--png", metavar="FILE",
+        Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
                                   help="Link-utilisation heatmap (links x time per policy).")
     ] = None,
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
     names = ordered_policies(parse_policies(policy))
-    size = traffic.parse_size(bytes_per_rank)
-    fab = pwfabric.resolve(fabric)
+    size = parse_bytes(bytes_per_rank)
+    fab = load_fabric(fabric)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
@@ -91,11 +95,11 @@ def simulate_cmd(
     )
     out.print(simulation_table(plans, results))
     if json_out is not None:
-        write_json(json_out, [
+        written = write_json(json_out, [
             {**results[name].summary(), "policy": name, "congestion_s": p.congestion_s}
             for name, p in plans
         ])
-        out.print(f"wrote {json_out}")
+        out.print(f"wrote {written}")
     if png is not None:
         written = viz.plot_link_utilisation(
             results, fab, png, title=f"link utilisation, {fab.name}, {workload}"

@@ -2,20 +2,27 @@
 
 Everything is created inside namespaces named ``{prefix}-...`` (no device in
 the root namespace), so deleting those namespaces removes every veth, bridge
-and qdisc; nothing outside the prefix is touched. A small state file in
-``/run/pathweave/{prefix}.json`` records who created an emulator: a later
-:meth:`Emulator.up` removes pieces whose creator died (a crashed run) and
-refuses to clobber a live one.
+and qdisc. The emulator removes only what it recorded: a ledger,
+``/run/pathweave/{prefix}.json``, names its owner (pid and the process's
+start time, so a reused pid is not mistaken for the owner), every namespace
+(written before the namespace is made), the links and qdiscs inside them,
+the rank processes it started and its temporary directories. A namespace
+that merely looks like pathweave's (``pwa-r9`` made by someone else) is
+never touched. A later :meth:`Emulator.up` removes the recorded pieces of an
+owner that died (a crashed or killed run) and refuses to clobber a live one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,16 +31,23 @@ from pathweave._files import atomic_write
 from pathweave.emulate import _ip
 from pathweave.emulate._ip import EmulatorError
 from pathweave.emulate.topology import NS_RE, PREFIX_RE, Layout, build_layout
+from pathweave.errors import InputError
 from pathweave.fabric import Fabric, resolve
 
-__all__ = ["STATE_DIR", "Emulator", "cleanup", "list_namespaces", "status"]
+__all__ = ["STATE_DIR", "Emulator", "cleanup", "ledgers", "list_namespaces", "status"]
 
-#: Where emulator state files live (tmpfs: gone after a reboot, as the namespaces are).
+#: Where emulator ledgers live (tmpfs: gone after a reboot, as the namespaces are).
 STATE_DIR = Path(os.environ.get("PATHWEAVE_EMULATE_STATE", "/run/pathweave"))
+#: Start of the emulator's temporary directories (``/tmp/pathweave-emu-PREFIX-...``).
+TMP_PREFIX = "pathweave-emu-"
 
 
 def list_namespaces(prefix: str | None = None) -> list[str]:
-    """Names of existing pathweave emulator namespaces (all prefixes, or one)."""
+    """Existing namespaces whose names look like an emulator's (all prefixes, or one).
+
+    A name alone proves nothing about who made it; :func:`ledgers` says what
+    pathweave recorded.
+    """
     out = _ip.run(_ip.netns_list())
     names = []
     for line in out.splitlines():
@@ -50,59 +64,109 @@ def _state_path(prefix: str) -> Path:
 
 def _read_state(prefix: str) -> dict[str, Any] | None:
     try:
-        return json.loads(_state_path(prefix).read_text())
+        st = json.loads(_state_path(prefix).read_text())
     except (OSError, ValueError):
         return None
+    return st if isinstance(st, dict) else None
 
 
-def _alive(pid: int) -> bool:
+def ledgers() -> dict[str, dict[str, Any]]:
+    """Every recorded emulator: prefix -> its ledger."""
+    out = {}
+    for f in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        if PREFIX_RE.match(f.stem):
+            st = _read_state(f.stem)
+            if st is not None:
+                out[f.stem] = st
+    return out
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        text = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
+    return int(text.rsplit(")", 1)[1].split()[19])
 
 
-def cleanup(prefix: str | None = None) -> list[str]:
-    """Delete emulator namespaces (of ``prefix``, or of every pathweave prefix).
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Process ``pid`` runs, and (if ``start`` is given) is the one that started then."""
+    now = _start_time(pid)
+    return now is not None and (start is None or now == start)
 
-    Returns the names removed. Processes still running inside them keep
-    their network until they exit; the emulator's own runs kill theirs first.
+
+def _owner_alive(st: dict[str, Any]) -> bool:
+    return _alive(int(st.get("pid", 0) or 0), st.get("start"))
+
+
+def _remove_recorded(prefix: str, st: dict[str, Any]) -> list[str]:
+    """Kill the recorded processes, delete the recorded namespaces and directories."""
+    for pid, start in st.get("procs", []):
+        if _alive(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), signal.SIGKILL)
+    existing = set(_ip.run(_ip.netns_list()).split())
+    gone = []
+    for ns in st.get("namespaces", []):
+        if ns in existing:
+            _ip.run(_ip.netns_del(ns), check=False)
+            gone.append(ns)
+    for d in st.get("tmp_dirs", []):
+        if Path(d).name.startswith(TMP_PREFIX):
+            shutil.rmtree(d, ignore_errors=True)
+    left = sorted(set(gone) & set(_ip.run(_ip.netns_list()).split()))
+    if left:
+        raise EmulatorError(f"could not delete namespaces {left}")
+    _state_path(prefix).unlink(missing_ok=True)
+    return gone
+
+
+def cleanup(prefix: str | None = None, *, all_prefixes: bool = False) -> list[str]:
+    """Delete what pathweave recorded for ``prefix`` (or, with ``all_prefixes``, for every prefix).
+
+    Only recorded objects are removed: namespaces with a matching name that
+    no ledger lists are left alone. Returns the namespaces deleted.
+
+    Raises
+    ------
+    InputError
+        Neither ``prefix`` nor ``all_prefixes`` given, or a malformed prefix.
     """
     _ip.require_root()
     _ip.require_tools()
+    if prefix is None and not all_prefixes:
+        raise InputError("name a prefix, or ask for every prefix (all_prefixes=True / --all)")
     if prefix is not None and not PREFIX_RE.match(prefix):
-        raise ValueError(f"not a pathweave emulator prefix: {prefix!r}")
-    names = list_namespaces(prefix)
-    for ns in names:
-        _ip.run(_ip.netns_del(ns), check=False)
-    prefixes = {NS_RE.match(n).group(1) for n in names}  # type: ignore[union-attr]
-    if prefix is not None:
-        prefixes.add(prefix)
-    for p in prefixes:
-        _state_path(p).unlink(missing_ok=True)
-    left = list_namespaces(prefix)
-    if left:
-        raise EmulatorError(f"could not delete namespaces {left}")
-    return names
+        raise InputError(f"not a pathweave emulator prefix: {prefix!r}")
+    books = ledgers()
+    chosen = [prefix] if prefix is not None else list(books)
+    gone: list[str] = []
+    for p in chosen:
+        if p in books:
+            gone += _remove_recorded(p, books[p])
+    return gone
 
 
 def status(prefix: str | None = None) -> list[dict[str, Any]]:
-    """What is up: per namespace, its shaped interfaces and rates.
+    """What is up: per namespace, its owner and its shaped interfaces and rates.
 
-    Returns one record per namespace: ``{"ns", "prefix", "owner", "fabric",
-    "scale", "ports": [{"dev", "wire_Bps", "bridge"}]}`` (``wire_Bps``: the
-    tbf rate, bytes per second on the wire); ``owner`` comes from the state
-    file (``None`` for stale pieces).
+    Returns one record per emulator-like namespace: ``{"ns", "prefix",
+    "owner", "recorded", "fabric", "scale", "ports": [{"dev", "wire_Bps",
+    "bridge"}]}`` (``wire_Bps``: the tbf rate, bytes per second on the wire);
+    ``owner`` is ``"persistent"``, ``"pid N"`` or ``None`` (its owner died:
+    stale); ``recorded`` is false for a namespace no ledger lists (not
+    pathweave's; never removed by it).
     """
     _ip.require_root()
     _ip.require_tools()
+    books = ledgers()
     recs = []
     for ns in list_namespaces(prefix):
         pfx = NS_RE.match(ns).group(1)  # type: ignore[union-attr]
-        st = _read_state(pfx)
+        st = books.get(pfx)
+        recorded = st is not None and ns in st.get("namespaces", [])
         links = json.loads(_ip.run(["ip", "-n", ns, "-j", "link", "show"]) or "[]")
         qd = json.loads(_ip.run(["tc", "-n", ns, "-j", "qdisc", "show"]) or "[]")
         rate = {q.get("dev"): q.get("options", {}).get("rate") for q in qd
@@ -112,12 +176,14 @@ def status(prefix: str | None = None) -> list[dict[str, Any]]:
             for ln in links if ln["ifname"] in rate
         ]
         owner = None
-        if st is not None:
-            owner = "persistent" if st.get("persistent") else f"pid {st.get('pid')}"
-            if not st.get("persistent") and not _alive(int(st.get("pid", 0))):
-                owner = None
-        recs.append({"ns": ns, "prefix": pfx, "owner": owner, "ports": ports,
-                     "fabric": (st or {}).get("fabric"), "scale": (st or {}).get("scale")})
+        if recorded and st is not None:
+            if st.get("persistent"):
+                owner = "persistent"
+            elif _owner_alive(st):
+                owner = f"pid {st.get('pid')}"
+        recs.append({"ns": ns, "prefix": pfx, "owner": owner, "recorded": recorded,
+                     "ports": ports, "fabric": (st or {}).get("fabric") if recorded else None,
+                     "scale": (st or {}).get("scale") if recorded else None})
     return recs
 
 
@@ -167,6 +233,7 @@ class Emulator:
         self.persistent = bool(persistent)
         self.is_up = False
         self._old_term: Any = None
+        self._state: dict[str, Any] = {}
 
     @property
     def prefix(self) -> str:
@@ -182,38 +249,97 @@ class Emulator:
 
     # --------------------------------------------------------------- up/down
     def up(self) -> Emulator:
-        """Create everything; on any failure (or Ctrl-C) remove what was made, then raise."""
+        """Create everything; on any failure, Ctrl-C or SIGTERM remove what was made, then raise.
+
+        Raises
+        ------
+        EmulatorError
+            Not root, tools missing, an emulator of this prefix is up (its
+            owner lives), a namespace of the plan exists but is not recorded
+            as pathweave's, or a command failed.
+        """
         _ip.require_root()
         _ip.require_tools()
-        existing = list_namespaces(self.prefix)
-        if existing:
-            st = _read_state(self.prefix)
-            live = st is not None and (st.get("persistent") or _alive(int(st.get("pid", 0))))
-            if live and st is not None:
+        st = _read_state(self.prefix)
+        if st is not None:
+            if st.get("persistent") or _owner_alive(st):
                 who = "`pathweave emulate up`" if st.get("persistent") else f"pid {st['pid']}"
                 raise EmulatorError(
                     f"an emulator with prefix {self.prefix!r} is up (made by {who}); run "
                     f"`pathweave emulate down --prefix {self.prefix}` or use another prefix"
                 )
-            cleanup(self.prefix)  # stale pieces of a crashed run
-        try:
-            STATE_DIR.mkdir(parents=True, exist_ok=True)
-            atomic_write(_state_path(self.prefix), json.dumps({
-                "pid": os.getpid(), "persistent": self.persistent, "fabric": self.fabric.name,
-                "scale": self.scale, "created": time.time(),
-            }).encode())
-            self.is_up = True
-            for argv in self.layout.setup_commands():
-                _ip.run(argv)
-        except BaseException:
-            self.down()
-            raise
+            _remove_recorded(self.prefix, st)  # the recorded pieces of a dead owner
+        foreign = sorted(set(self.layout.namespaces) & set(_ip.run(_ip.netns_list()).split()))
+        if foreign:
+            raise EmulatorError(
+                f"namespaces {', '.join(foreign)} exist but pathweave did not record making "
+                f"them; remove them (ip netns delete NAME) or use another prefix"
+            )
+        with _signals_raise():
+            try:
+                self._state = {
+                    "pid": os.getpid(), "start": _start_time(os.getpid()), "persistent": False,
+                    "fabric": self.fabric.name, "scale": self.scale, "created": time.time(),
+                    "namespaces": [], "links": [], "qdiscs": [], "procs": [], "tmp_dirs": [],
+                }
+                self.is_up = True
+                self._build()
+                # Only a complete emulator outlives its maker (`emulate up`).
+                self._record(persistent=self.persistent)
+            except BaseException:
+                self.down()
+                raise
         return self
 
+    def _build(self) -> None:
+        lay = self.layout
+        # Recorded before each is made: a kill between the two leaves a
+        # ledger entry for a missing namespace (harmless), never the reverse.
+        self._record(namespaces=list(lay.namespaces),
+                     links=[[c.a.ns, c.a.dev] for c in lay.veths] + [[c.b.ns, c.b.dev]
+                                                                   for c in lay.veths],
+                     qdiscs=[[p.ns, p.dev] for p in lay.shaped])
+        for argv in lay.setup_commands():
+            try:
+                _ip.run(argv)
+            except EmulatorError:
+                if argv[:3] == ["ip", "netns", "add"]:
+                    # Someone else made it in the meantime: not ours to delete.
+                    self._state["namespaces"].remove(argv[3])
+                    self._record()
+                raise
+
+    def _record(self, **changes: Any) -> None:
+        self._state.update(changes)
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        atomic_write(_state_path(self.prefix), json.dumps(self._state).encode())
+
+    def record_process(self, pid: int) -> None:
+        """Record a process this emulator's run started (killed with its group on cleanup)."""
+        if self.is_up:
+            self._record(procs=[*self._state["procs"], [int(pid), _start_time(pid)]])
+
+    @contextlib.contextmanager
+    def temp_dir(self) -> Iterator[Path]:
+        """A recorded temporary directory, removed on exit or by a later cleanup."""
+        path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.prefix}-"))
+        if self.is_up:
+            self._record(tmp_dirs=[*self._state["tmp_dirs"], str(path)])
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+            if self.is_up and str(path) in self._state["tmp_dirs"]:
+                self._state["tmp_dirs"].remove(str(path))
+                self._record()
+
     def down(self) -> list[str]:
-        """Remove every namespace of this prefix (and so every link, bridge, qdisc)."""
+        """Remove every object this emulator recorded (namespaces, and with them every link)."""
         self.is_up = False
-        return cleanup(self.prefix)
+        st = _read_state(self.prefix)
+        if st is None or (st.get("pid") != os.getpid() and not st.get("persistent")):
+            return []  # nothing recorded by this process
+        return _remove_recorded(self.prefix, st)
 
     def __enter__(self) -> Emulator:
         if threading.current_thread() is threading.main_thread():
@@ -251,3 +377,16 @@ class Emulator:
 
 def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While building, SIGTERM raises (as Ctrl-C does), so a killed ``up`` rolls back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -39,6 +39,7 @@ import numpy as np
 
 from pathweave.emulate._ip import EmulatorError
 from pathweave.emulate.emulator import Emulator
+from pathweave.errors import InputError
 from pathweave.fabric import Fabric, resolve
 
 __all__ = [
@@ -317,6 +318,7 @@ def _launch(emu: Emulator, argv_of: Callable[[int], list[str]], env_of: Callable
                 emu.exec_argv(r, argv_of(r)), env=env_of(r), stdout=logs[r],
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
+            emu.record_process(procs[r].pid)  # a later cleanup kills it if we die
         deadline = time.monotonic() + timeout_s
         while True:
             codes = {r: p.poll() for r, p in procs.items()}
@@ -460,14 +462,16 @@ def run_workloads(
     fab = resolve(fabric)
     pols = [str(p) for p in policies]
     if not pols:
-        raise ValueError("policies must name at least one policy")
+        raise InputError("policies must name at least one policy")
     for p in pols:
         if p != "torch":
             policy_info(p)
+    if int(chunk_bytes) < 1:
+        raise InputError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     if int(repeat) < 1 or int(warmup) < 0:
-        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
+        raise InputError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
     if not -20 <= int(nice) <= 19:
-        raise ValueError(f"nice must lie in [-20, 19], got {nice}")
+        raise InputError(f"nice must lie in [-20, 19], got {nice}")
     n = fab.num_ranks
     mats = []
     for k, wl in enumerate(workloads):
@@ -476,62 +480,62 @@ def run_workloads(
         else:
             d = np.array(demands[k], dtype=np.int64)
             if d.shape != (n, n) or (d < 0).any():
-                raise ValueError(
+                raise InputError(
                     f"demand {k} must be a non-negative int64[{n}, {n}], got shape {d.shape}"
                 )
         np.fill_diagonal(d, 0)
         mats.append(d)
     if not mats:
-        raise ValueError("workloads must name at least one workload")
+        raise InputError("workloads must name at least one workload")
     say = progress or (lambda s: None)
     own = emulator is None
     emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
     if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
-        raise ValueError("the emulator given runs another fabric or scale than asked for")
+        raise InputError("the emulator given runs another fabric or scale than asked for")
     sfab = emu.layout.scaled_fabric()
     lay = emu.layout
-    with tempfile.TemporaryDirectory(prefix="pathweave-emu-") as tmp:
-        work = Path(tmp)
-        os.chmod(work, 0o755)
-        fab_file = save(sfab, work / "fabric.json")
-        spec = {
-            "fabric_file": str(fab_file), "demands": [d.tolist() for d in mats],
-            "policies": pols, "repeat": int(repeat), "warmup": int(warmup),
-            "chunk_bytes": int(chunk_bytes), "window": int(window),
-            "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
-            "out_dir": str(work),
-        }
-        (work / "spec.json").write_text(json.dumps(spec))
+    if own:
+        say(f"emulator up: {fab.name} x {scale:g} ({len(lay.namespaces)} namespaces, "
+            f"{len(lay.shaped)} shaped links)")
+        emu.__enter__()
+    try:
+        with emu.temp_dir() as work:
+            os.chmod(work, 0o755)
+            fab_file = save(sfab, work / "fabric.json")
+            spec = {
+                "fabric_file": str(fab_file), "demands": [d.tolist() for d in mats],
+                "policies": pols, "repeat": int(repeat), "warmup": int(warmup),
+                "chunk_bytes": int(chunk_bytes), "window": int(window),
+                "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
+                "out_dir": str(work),
+            }
+            (work / "spec.json").write_text(json.dumps(spec))
 
-        def argv_of(r: int) -> list[str]:
-            argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
-                    str(work / "spec.json"), str(r)]
-            return ["nice", "-n", str(int(nice)), *argv] if nice else argv
+            def argv_of(r: int) -> list[str]:
+                argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
+                        str(work / "spec.json"), str(r)]
+                return ["nice", "-n", str(int(nice)), *argv] if nice else argv
 
-        def env_of(r: int) -> dict:
-            env = dict(os.environ)
-            env.update({
-                "MASTER_ADDR": lay.rank_address[0], "MASTER_PORT": str(_MASTER_PORT),
-                "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r % fab.gpus_per_node),
-                "LOCAL_WORLD_SIZE": str(fab.gpus_per_node), "GLOO_SOCKET_IFNAME": "id0",
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            })
-            env.pop("PATHWEAVE_FABRIC", None)
-            return env
+            def env_of(r: int) -> dict:
+                env = dict(os.environ)
+                env.update({
+                    "MASTER_ADDR": lay.rank_address[0], "MASTER_PORT": str(_MASTER_PORT),
+                    "RANK": str(r), "WORLD_SIZE": str(n),
+                    "LOCAL_RANK": str(r % fab.gpus_per_node),
+                    "LOCAL_WORLD_SIZE": str(fab.gpus_per_node), "GLOO_SOCKET_IFNAME": "id0",
+                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                })
+                env.pop("PATHWEAVE_FABRIC", None)
+                return env
 
-        if own:
-            say(f"emulator up: {fab.name} x {scale:g} ({len(lay.namespaces)} namespaces, "
-                f"{len(lay.shaped)} shaped links)")
-            emu.__enter__()
-        try:
             say(f"running {n} ranks: {len(mats)} workload(s) x {', '.join(pols)}, "
                 f"{warmup} + {repeat} calls each")
             _launch(emu, argv_of, env_of, work, timeout_s, range(n))
-        finally:
-            if own:
-                emu.__exit__(None, None, None)
-                say("emulator down")
-        per_rank = [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
+            per_rank = [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
+    finally:
+        if own:
+            emu.__exit__(None, None, None)
+            say("emulator down")
     say("predicting with the simulator")
     out = []
     for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):

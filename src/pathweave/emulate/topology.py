@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pathweave.errors import FabricError
+from pathweave.errors import FabricError, InputError
 from pathweave.fabric import Fabric, VertexKind
 
 __all__ = [
@@ -72,6 +72,8 @@ DEFAULT_LATENCY_S = 5e-3
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
 #: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
+#: Most router namespaces (GPUs + spines) one emulator creates.
+MAX_NAMESPACES = 256
 PREFIX_RE = re.compile(r"^pw[a-z0-9]{0,4}$")
 #: Names of every namespace an emulator creates, for any prefix.
 NS_RE = re.compile(r"^(pw[a-z0-9]{0,4})-(r\d+|s\d+|sw)$")
@@ -88,7 +90,7 @@ def framing_factor(mtu: int) -> float:
     1.0456
     """
     if mtu < 576:
-        raise ValueError(f"mtu must be >= 576, got {mtu}")
+        raise InputError(f"mtu must be >= 576, got {mtu}")
     return (mtu + 14) / (mtu - 52)
 
 
@@ -281,7 +283,7 @@ def scale_fabric(fabric: Fabric, scale: float) -> Fabric:
 def _scale_arg(scale: float) -> float:
     s = float(scale)
     if not (0 < s <= 1) or not np.isfinite(s):
-        raise ValueError(f"scale must lie in (0, 1], got {scale!r}")
+        raise InputError(f"scale must lie in (0, 1], got {scale!r}")
     return s
 
 
@@ -327,21 +329,30 @@ def build_layout(
     FabricError
         A link without its reverse, a NIC joined to two networks, a loop of
         bridges (spines must be the only switches with several uplinks).
-    ValueError
+    InputError
         Bad ``scale``, ``prefix``, ``mtu``, ``burst_bytes`` or ``latency_s``.
+    FabricError
+        A fabric the emulator cannot model, or more than :data:`MAX_NAMESPACES`
+        GPUs and spines.
     """
     s = _scale_arg(scale)
     if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
-        raise ValueError(f"prefix must be 'pw' followed by up to 4 of [a-z0-9], got {prefix!r}")
+        raise InputError(f"prefix must be 'pw' followed by up to 4 of [a-z0-9], got {prefix!r}")
     framing_factor(mtu)
     if int(burst_bytes) < DEFAULT_BURST_BYTES:
-        raise ValueError(
+        raise InputError(
             f"burst_bytes must be >= {DEFAULT_BURST_BYTES} (a TSO segment must fit), "
             f"got {burst_bytes}"
         )
     if not latency_s > 0:
-        raise ValueError(f"latency_s must be > 0, got {latency_s!r}")
+        raise InputError(f"latency_s must be > 0, got {latency_s!r}")
     fab = fabric
+    routers_wanted = fab.num_ranks + int(fab.vertices_of_kind(VertexKind.SPINE).size)
+    if routers_wanted > MAX_NAMESPACES:
+        raise FabricError(
+            f"fabric {fab.name} needs {routers_wanted} namespaces (one per GPU and spine); the "
+            f"emulator makes at most {MAX_NAMESPACES} (each rank is a process on this machine)"
+        )
     kind = fab.vertex_kind
     cap = fab.capacity_Bps * s
 

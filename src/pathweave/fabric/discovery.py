@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from pathweave.errors import FabricError, FabricFileError
+from pathweave._files import read_input
+from pathweave.errors import FabricError, FabricFileError, InputError
 from pathweave.fabric import _nccl_xml, _nvsmi
 from pathweave.fabric._core import Fabric
 from pathweave.fabric.builders import (
@@ -235,14 +236,20 @@ def _require_network(model: _NodeModel, nodes: int, what: str) -> None:
         raise FabricError(f"nodes={nodes} needs NICs for inter-node paths, but {what}")
 
 
+def _read_file(p: Path) -> bytes:
+    try:
+        return read_input(p, "topology file")
+    except OSError as exc:
+        raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=str(p)) from None
+    except InputError as exc:
+        raise FabricFileError(str(exc)) from None
+
+
 # ------------------------------------------------------------- nvidia-smi
 def _read_text(text: str | os.PathLike[str]) -> tuple[str, str | None]:
     if isinstance(text, os.PathLike):
         p = Path(text)
-        try:
-            return p.read_text(encoding="utf-8", errors="replace"), str(p)
-        except OSError as exc:
-            raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=str(p)) from None
+        return _read_file(p).decode("utf-8", errors="replace"), str(p)
     return str(text), None
 
 
@@ -481,10 +488,7 @@ def _read_xml(path_or_text: str | bytes | os.PathLike[str]) -> tuple[str | bytes
     if isinstance(path_or_text, str) and path_or_text.lstrip().startswith("<"):
         return path_or_text, None
     p = Path(path_or_text)
-    try:
-        return p.read_bytes(), str(p)
-    except OSError as exc:
-        raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=str(p)) from None
+    return _read_file(p), str(p)
 
 
 def from_nccl_xml(

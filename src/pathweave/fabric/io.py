@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pathweave._files import atomic_write
-from pathweave.errors import FabricError, FabricFileError
+from pathweave._files import atomic_write, excerpt, read_input
+from pathweave.errors import FabricError, FabricFileError, InputError
 from pathweave.fabric._core import NODE_LOCAL_KINDS, Fabric, LinkKind, VertexKind
 
 FORMAT = "pathweave-fabric"
@@ -219,7 +219,9 @@ def save(fab: Fabric, path: str | os.PathLike[str]) -> Path:
     Raises
     ------
     FabricFileError
-        If the suffix is not one of the above or the folder is not writable.
+        If the suffix is not one of the above, ``path`` is not a place for a
+        regular file (a device, a directory) or the folder is not writable.
+        Missing folders are created.
 
     Examples
     --------
@@ -245,6 +247,8 @@ def save(fab: Fabric, path: str | os.PathLike[str]) -> Path:
         atomic_write(p, text.encode("utf-8"))
     except OSError as exc:
         raise FabricFileError(f"cannot write: {exc.strerror or exc}", path=str(p)) from None
+    except InputError as exc:  # a device, a directory, an unwritable folder
+        raise FabricFileError(str(exc)) from None
     return p
 
 
@@ -260,7 +264,7 @@ class _Reader:
 
     def mapping(self, x: Any, key: str, what: str) -> Mapping[str, Any]:
         if not isinstance(x, Mapping):
-            raise self.fail(key, f"{what} must be a mapping, got {type(x).__name__} {x!r}")
+            raise self.fail(key, f"{what} must be a mapping, got {type(x).__name__} {excerpt(x)}")
         return x
 
     def keys(self, m: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> None:
@@ -277,32 +281,32 @@ class _Reader:
 
     def string(self, x: Any, key: str) -> str:
         if not isinstance(x, str) or not x:
-            raise self.fail(key, f"expected a non-empty string, got {x!r}")
+            raise self.fail(key, f"expected a non-empty string, got {excerpt(x)}")
         return x
 
     def integer(self, x: Any, key: str) -> int:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-            raise self.fail(key, f"expected an integer, got {x!r}")
+            raise self.fail(key, f"expected an integer, got {excerpt(x)}")
         return int(x)
 
     def number(self, x: Any, key: str) -> float:
         if isinstance(x, str) and _NUMBER_TEXT.match(x.strip()):
             x = float(x.strip().replace("_", ""))
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-            raise self.fail(key, f"expected a number, got {x!r}")
+            raise self.fail(key, f"expected a number, got {excerpt(x)}")
         v = float(x)
         if not math.isfinite(v):
-            raise self.fail(key, f"expected a finite number, got {x!r}")
+            raise self.fail(key, f"expected a finite number, got {excerpt(x)}")
         return v
 
     def boolean(self, x: Any, key: str) -> bool:
         if not isinstance(x, bool):
-            raise self.fail(key, f"expected true or false, got {x!r}")
+            raise self.fail(key, f"expected true or false, got {excerpt(x)}")
         return x
 
     def choice(self, x: Any, key: str, options: Mapping[str, Any]) -> Any:
         if not isinstance(x, str) or x.lower() not in options:
-            raise self.fail(key, f"unknown kind {x!r}; expected one of {', '.join(options)}")
+            raise self.fail(key, f"unknown kind {excerpt(x)}; expected one of {', '.join(options)}")
         return options[x.lower()]
 
 
@@ -545,9 +549,11 @@ def load(path: str | os.PathLike[str]) -> Fabric:
     p = Path(path)
     name = str(p)
     try:
-        raw = p.read_bytes()
+        raw = read_input(p, "fabric file")
     except OSError as exc:
         raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=name) from None
+    except InputError as exc:
+        raise FabricFileError(str(exc)) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -555,5 +555,8 @@ def candidate_paths(
     key = (tuple(sorted(set(kinds))), max_hops)
     cache = fab.__dict__.setdefault("_path_cache", {})
     if key not in cache:
+        from pathweave.fabric._limits import check_fabric
+
+        check_fabric(fab)  # refuse a path set larger than memory before building it
         cache[key] = compile_paths(fab, kinds, max_hops)
     return cache[key]

@@ -20,17 +20,26 @@ cluster    :func:`pathweave.fabric.builders.cluster` with its parameters, e.g.
 ========== ====================================================================
 
 A spec string names a preset and optional parameters: ``h100-2x4``,
-``dgx-h100:nodes=16``, ``cluster:nodes=8,gpus_per_node=8``.
+``dgx-h100:nodes=16``, ``cluster:nodes=8,gpus_per_node=8`` (each key once).
+:func:`resolve` also takes a topology file, ``PATH[:key=value,...]``: a
+fabric file, NCCL topology XML or ``nvidia-smi topo -m`` text, told apart by
+content. Sizes are checked before anything is built (see
+:mod:`pathweave.fabric._limits`).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pathweave.errors import FabricError
 from pathweave.fabric._core import Fabric
+from pathweave.fabric._limits import check_fabric, check_size
 from pathweave.fabric.builders import (
     NDR400_Bps,
     NVSWITCH_H100_GPU_Bps,
@@ -96,21 +105,86 @@ PRESETS: dict[str, Callable[..., Fabric]] = {
 }
 
 
-def _parse_value(key: str, text: str) -> Any:
+#: Integer parameters of the presets and the least value each may take.
+_COUNT_KEYS = {"nodes": 1, "gpus_per_node": 1, "rails": 0, "spines": 0, "nics_per_gpu": 1}
+_TEXT_KEYS = ("node_kind", "name", "gpu", "nvlink_kind")
+#: Shape defaults of each preset, for the size check made before building.
+_SHAPES = {
+    "h100-2x4": {"nodes": 2, "gpus_per_node": 4, "node_kind": "nvlink-mesh"},
+    "dgx-h100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch"},
+    "cluster": {"gpus_per_node": 8, "node_kind": "nvswitch"},
+}
+#: Options of topology files (NCCL XML, ``nvidia-smi topo -m``), as spec keys.
+DISCOVERY_KEYS = {
+    "nccl-xml": ("nodes", "gpu", "nvlink_kind", "nvlink_Bps_per_link", "nic_Bps", "pcie_Bps",
+                 "name"),
+    "nvidia-smi": ("nodes", "gpu", "nvlink_kind", "nvlink_Bps_per_link", "nic_Bps", "pcie_Bps",
+                   "nics_per_gpu", "name"),
+    "fabric": (),
+}
+
+
+def _parse_value(spec: str, key: str, text: str) -> Any:
     t = text.strip()
-    if key == "node_kind" or key == "name":
+    if key in _TEXT_KEYS:
+        if not t:
+            raise FabricError(f"fabric spec {spec!r}: {key} is empty")
         return t
     try:
         v = float(t)
     except ValueError:
-        raise FabricError(f"fabric parameter {key}={text!r} is not a number") from None
-    return int(v) if v.is_integer() and key not in ("nvlink_Bps", "nic_Bps", "pcie_Bps") else v
+        raise FabricError(f"fabric spec {spec!r}: {key}={text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise FabricError(f"fabric spec {spec!r}: {key}={t} is not a finite number")
+    if key in _COUNT_KEYS:
+        if not v.is_integer():
+            raise FabricError(f"fabric spec {spec!r}: {key}={t} is not a whole number")
+        if v < _COUNT_KEYS[key]:
+            raise FabricError(f"fabric spec {spec!r}: {key}={t} must be >= {_COUNT_KEYS[key]}")
+        return int(v)
+    if v <= 0:
+        raise FabricError(f"fabric spec {spec!r}: {key}={t} must be positive")
+    return v
+
+
+def parse_options(spec: str, text: str) -> dict[str, Any]:
+    """``key=value,...`` of a spec string as a dict; a key given twice is an error.
+
+    >>> parse_options("dgx-h100:nodes=4", "nodes=4")
+    {'nodes': 4}
+    """
+    kw: dict[str, Any] = {}
+    if not text.strip():
+        return kw
+    for item in text.split(","):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise FabricError(f"fabric spec {spec!r}: expected key=value, got {item!r}")
+        if key in kw:
+            raise FabricError(f"fabric spec {spec!r}: {key} given twice")
+        kw[key] = _parse_value(spec, key, val)
+    return kw
+
+
+def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
+    shape = {**_SHAPES[base], **kw}
+    nodes = int(shape.get("nodes", 1))
+    gpus = int(shape["gpus_per_node"])
+    rails = int(shape.get("rails", gpus))
+    spines = int(shape.get("spines", 0))
+    node_links = gpus * (gpus - 1) if shape["node_kind"] == "nvlink-mesh" else 2 * gpus
+    links = nodes * (node_links + 4 * rails) + 2 * rails * spines
+    check_size(spec, nodes=nodes, gpus_per_node=gpus, rails=rails, spines=spines, links=links,
+               relays=shape["node_kind"] != "nvswitch")
 
 
 def preset(name: str, **params: Any) -> Fabric:
     """A named fabric; ``params`` override the preset's parameters.
 
-    ``name`` may carry parameters as ``NAME:key=value,...``.
+    ``name`` may carry parameters as ``NAME:key=value,...``; each key once.
+    The size is checked before anything is built (see
+    :func:`pathweave.fabric._limits.check_size`).
 
     Examples
     --------
@@ -124,23 +198,104 @@ def preset(name: str, **params: Any) -> Fabric:
     base = base.strip()
     if base not in PRESETS:
         raise FabricError(f"unknown fabric preset {base!r}; known presets: {', '.join(PRESETS)}")
-    kw: dict[str, Any] = {}
-    if rest.strip():
-        for item in rest.split(","):
-            key, eq, val = item.partition("=")
-            key = key.strip()
-            if not eq or not key:
-                raise FabricError(f"fabric spec {name!r}: expected key=value, got {item!r}")
-            kw[key] = _parse_value(key, val)
+    kw = parse_options(name, rest)
     kw.update(params)
     try:
+        _check_shape(name, base, kw)
         return PRESETS[base](**kw)
     except TypeError as exc:
         raise FabricError(f"fabric preset {base!r}: {exc}") from None
 
 
+def sniff(raw: bytes) -> str:
+    r"""What a topology file holds, by its content: ``nccl-xml``, ``nvidia-smi`` or ``fabric``.
+
+    >>> sniff(b"<system version='1'/>"), sniff(b"\tGPU0\tGPU1\nGPU0\t X \tNV18\n")
+    ('nccl-xml', 'nvidia-smi')
+    >>> sniff(b"format: pathweave-fabric")
+    'fabric'
+    """
+    head = raw.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"<"):
+        return "nccl-xml"
+    if re.search(rb"^[ \t]*GPU0[ \t]+\S", raw, re.M):
+        return "nvidia-smi"
+    return "fabric"
+
+
+def load_topology(path: str | os.PathLike[str], label: str | None = None,
+                  **options: Any) -> Fabric:
+    """A fabric from any topology file, its kind detected by content.
+
+    Parameters
+    ----------
+    path
+        A pathweave fabric file (YAML/JSON), an NCCL topology XML file or the
+        output of ``nvidia-smi topo -m``.
+    label
+        What to call it in errors (default: the path).
+    **options
+        Discovery options of the last two kinds (``nodes``, ``gpu``,
+        ``nvlink_kind``, ``nic_Bps``, ...; see
+        :func:`~pathweave.fabric.from_nccl_xml`). A fabric file takes none.
+
+    Raises
+    ------
+    FabricFileError
+        The file is not a regular file, too large, or does not parse.
+    FabricError
+        An unknown option, or a fabric too large to plan here.
+    """
+    from pathweave._files import read_input
+    from pathweave.errors import FabricFileError, InputError
+    from pathweave.fabric import discovery, io
+
+    label = label or os.fspath(path)
+    try:
+        raw = read_input(path, "topology file")
+    except OSError as exc:
+        raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=os.fspath(path)) from None
+    except InputError as exc:
+        raise FabricFileError(str(exc)) from None
+    kind = sniff(raw)
+    bad = [k for k in options if k not in DISCOVERY_KEYS[kind]]
+    if bad:
+        allowed = ", ".join(DISCOVERY_KEYS[kind]) or "none"
+        raise FabricError(f"{label}: option {bad[0]!r} does not apply to a {kind} file "
+                          f"(options: {allowed})")
+    if kind == "fabric":
+        fab = io.load(path)
+        check_fabric(fab, label)
+        return fab
+    reader = discovery.from_nccl_xml if kind == "nccl-xml" else discovery.from_nvidia_smi
+    nodes = int(options.pop("nodes", 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", discovery.DiscoveryWarning)
+        one = reader(Path(path), 1, **options)
+        check_size(label, nodes=nodes, gpus_per_node=one.gpus_per_node, rails=len(one.rails),
+                   spines=0, links=one.num_links * nodes, relays=one.nvlink_kind != "nvswitch")
+        fab = one if nodes == 1 else reader(Path(path), nodes, **options)
+    for text in dict.fromkeys(str(w.message) for w in caught):
+        warnings.warn(text, discovery.DiscoveryWarning, stacklevel=2)
+    return fab
+
+
+def _file_spec(text: str) -> tuple[str, dict[str, Any]] | None:
+    """``PATH`` or ``PATH:key=value,...`` naming an existing file, else ``None``."""
+    if os.path.lexists(text):
+        return text, {}
+    head, sep, tail = text.rpartition(":")
+    if sep and "=" in tail and os.path.lexists(head):
+        return head, parse_options(text, tail)
+    return None
+
+
 def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
-    """A fabric from a preset spec, a YAML/JSON file path, or a Fabric itself.
+    """A fabric from a preset spec, a topology file (``PATH[:key=value,...]``) or a Fabric.
+
+    Files are YAML/JSON fabric files, NCCL topology XML or ``nvidia-smi
+    topo -m`` text, told apart by content (:func:`sniff`); the last two take
+    discovery options as spec keys, e.g. ``node.xml:nodes=4,gpu=h100``.
 
     Examples
     --------
@@ -154,10 +309,9 @@ def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
     base = text.partition(":")[0].strip()
     if base in PRESETS:
         return preset(text)
-    if os.path.exists(text):
-        from pathweave.fabric.io import load
-
-        return load(text)
-    raise FabricError(
-        f"fabric {text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
-    )
+    found = _file_spec(text)
+    if found is None:
+        raise FabricError(
+            f"fabric {text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
+        )
+    return load_topology(found[0], text, **found[1])

@@ -77,8 +77,21 @@ def _num_ranks_arg(num_ranks: Any) -> int:
     return _int_arg("num_ranks", num_ranks, minimum=2)
 
 
-def _payload_arg(bytes_per_rank: Any) -> float:
-    return math.floor(_real_arg("bytes_per_rank", bytes_per_rank, low=0.0))
+#: Largest byte count a demand matrix may hold in all: plans and the data plane
+#: count bytes in int64.
+MAX_TOTAL_BYTES = 2**63 - 1
+#: Most token x expert routing keys :func:`moe` draws (about 15 s of CPU here).
+MAX_MOE_ROUTING_KEYS = 2**30
+
+
+def _payload_arg(bytes_per_rank: Any, num_ranks: int = 1) -> float:
+    total = math.floor(_real_arg("bytes_per_rank", bytes_per_rank, low=0.0))
+    if total * num_ranks > MAX_TOTAL_BYTES:
+        raise WorkloadError(
+            f"bytes {bytes_per_rank:g} per rank x {num_ranks} ranks exceeds the int64 byte "
+            f"range ({MAX_TOTAL_BYTES:.3g} bytes in all)"
+        )
+    return total
 
 
 def _rank_set_arg(name: str, value: Any, num_ranks: int) -> tuple[int, ...]:
@@ -168,7 +181,7 @@ def uniform(num_ranks: int, bytes_per_rank: float) -> np.ndarray:
     [[0, 5, 5], [5, 0, 5], [5, 5, 0]]
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     shares = np.full((n, n), total / (n - 1))
     return _finish(shares, total)
 
@@ -222,7 +235,7 @@ def hotspot(
     [[0, 400, 400, 400], [600, 0, 300, 300], [600, 300, 0, 300], [600, 300, 300, 0]]
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     ratio = _real_arg("ratio", ratio, low=0.0, high=1.0)
     hot_ranks = _rank_set_arg("hot", hot, n)
     num_cold_peers = n - 1 - len(hot_ranks)
@@ -282,7 +295,7 @@ def zipf(
     [0, 182, 273, 545]
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     alpha = _real_arg("alpha", alpha, low=0.0)
     rng = np.random.default_rng(_seed_arg(seed))
     weights = np.arange(1, n, dtype=np.float64) ** -alpha
@@ -488,6 +501,17 @@ def moe(
     top_k = _int_arg("top_k", top_k, minimum=1)
     if top_k > num_experts:
         raise WorkloadError(f"top_k = {top_k} exceeds num_experts = {num_experts}")
+    if tokens * top_k * copy_bytes > MAX_TOTAL_BYTES:
+        raise WorkloadError(
+            f"moe: tokens={tokens} x top_k={top_k} x {copy_bytes:g} bytes per copy exceeds the "
+            f"int64 byte range ({MAX_TOTAL_BYTES:.3g} bytes in all)"
+        )
+    if tokens * max(num_experts, top_k) > MAX_MOE_ROUTING_KEYS:
+        raise WorkloadError(
+            f"moe: tokens={tokens} x num_experts={num_experts} routing draws exceed the limit "
+            f"{MAX_MOE_ROUTING_KEYS} (minutes of CPU); the demand scales with tokens, so use "
+            "fewer tokens and a larger hidden size for the same bytes"
+        )
     hot_expert = _int_arg("hot_expert", hot_expert)
     if not 0 <= hot_expert < num_experts:
         raise WorkloadError(f"hot_expert = {hot_expert} is not an expert in [0, {num_experts})")
@@ -564,7 +588,7 @@ def many_to_few(
     [[0, 0, 0], [100, 0, 0], [100, 0, 0]]
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     _seed_arg(seed)
     if isinstance(sinks, numbers.Integral) and not isinstance(sinks, bool):
         count = int(sinks)
@@ -638,7 +662,7 @@ def stencil(
     [[0, 200, 0, 0], [50, 0, 50, 0], [0, 50, 0, 50], [0, 0, 200, 0]]
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     dims = _int_arg("dims", dims)
     if dims not in (1, 2):
         raise WorkloadError(f"dims must be 1 or 2, got {dims!r}")
@@ -729,7 +753,7 @@ def random_sparse(
     True
     """
     n = _num_ranks_arg(num_ranks)
-    total = _payload_arg(bytes_per_rank)
+    total = _payload_arg(bytes_per_rank, n)
     density = _real_arg("density", density, low=0.0, high=1.0, low_open=True)
     rng = np.random.default_rng(_seed_arg(seed))
     fanout = max(1, math.floor(density * (n - 1) + 0.5))

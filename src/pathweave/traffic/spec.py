@@ -44,6 +44,7 @@ import numpy as np
 from pathweave.errors import WorkloadError
 
 from . import generators
+from .generators import MAX_TOTAL_BYTES
 
 __all__ = ["WORKLOAD_NAMES", "WorkloadSpec", "parse_size", "parse_workload"]
 
@@ -74,13 +75,16 @@ _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
-def parse_size(text: str) -> float:
+def parse_size(text: str, what: str = "size") -> float:
     """Parse a byte size such as ``"64M"``, ``"1.5GiB"``, ``"100KB"`` or ``"4096"``.
 
     Parameters
     ----------
     text : str
-        A non-negative number with an optional unit (see the module docstring).
+        A non-negative number with an optional unit (see the module docstring),
+        at most the int64 byte range.
+    what : str
+        What the size is, for error messages (``"bytes"``, ``"--chunk"``).
 
     Returns
     -------
@@ -93,17 +97,25 @@ def parse_size(text: str) -> float:
     >>> parse_size("64M"), parse_size("1KB"), parse_size("2 KiB")
     (67108864.0, 1000.0, 2048.0)
     """
+    if not isinstance(text, str):
+        raise WorkloadError(f"{what} {text!r} is not a size string such as 64M")
     match = _SIZE_RE.match(text.strip())
     if match is None:
-        raise WorkloadError(f"{text!r} is not a size such as 4096, 64M, 1.5GiB or 100KB")
+        raise WorkloadError(f"{what} {text!r} is not a size such as 4096, 64M, 1.5GiB or 100KB")
     number, unit = match.groups()
     scale = _SIZE_UNITS.get(unit.lower())
     if scale is None:
         valid = ", ".join(u for u in ("B", "K", "M", "G", "T", "KiB", "MiB", "GiB", "KB", "MB"))
-        raise WorkloadError(f"{text!r} has unknown size unit {unit!r}; use one of {valid}, ...")
+        raise WorkloadError(
+            f"{what} {text!r} has unknown size unit {unit!r}; use one of {valid}, ..."
+        )
     value = float(number) * scale
     if not math.isfinite(value):
-        raise WorkloadError(f"{text!r} is not a finite size")
+        raise WorkloadError(f"{what} {text!r} is not a finite size")
+    if value > MAX_TOTAL_BYTES:
+        raise WorkloadError(
+            f"{what} {text.strip()} exceeds the int64 byte range ({MAX_TOTAL_BYTES:.3g} bytes)"
+        )
     return value
 
 
