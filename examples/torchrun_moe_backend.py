@@ -18,9 +18,11 @@ Each rank trains its experts for ``--steps`` steps (forward, backward, SGD;
 the backward pass runs the all-to-alls again) on tokens that favour the
 first experts, and saves its outputs, loss and expert weights to
 ``OUT/rank<r>.pt``; ``--compare DIR`` checks them bitwise against another
-run. With ``--backend pathweave`` rank 0 prints the orchestrator's account
-(``pathweave.distributed.default_orchestrator().stats``). The backend is
-configured by the environment (``PATHWEAVE_MULTIPATH``, ``PATHWEAVE_POLICY``,
+run. Each rank prints a JSON report (with ``--backend pathweave``, the
+orchestrator's account from
+``pathweave.distributed.default_orchestrator().stats``) and writes it to
+``OUT/report<r>.json``. The backend is configured by the environment
+(``PATHWEAVE_MULTIPATH``, ``PATHWEAVE_POLICY``,
 ``PATHWEAVE_FABRIC``; see ``docs/runtime.md``).
 """
 
@@ -96,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         report["differs"] = _compare(a.out, a.compare, rank)
     dist.barrier()
     dist.destroy_process_group()
-    print(json.dumps(report), flush=True)
+    text = json.dumps(report)
+    with open(os.path.join(a.out, f"report{rank}.json"), "w") as f:
+        f.write(text + "\n")
+    print(text, flush=True)
     return 1 if report.get("differs") else 0
 
 

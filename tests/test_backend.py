@@ -83,6 +83,19 @@ def _a2a_list(rank, ws, gloo, seed, async_op=False, equal=False):
     return all(_same(a, b) for a, b in zip(outs, refs, strict=True))
 
 
+def _a2a_functional(rank, ws, gloo, seed):
+    """torch's functional collective (DTensor, torch.compile): C++ dispatch into the group."""
+    import torch.distributed._functional_collectives as fc
+
+    rows = _rows(ws, seed)
+    inp = _data(torch.float32, (int(rows[rank].sum()), 3), seed + rank)
+    outs, ins = rows[:, rank].tolist(), rows[rank].tolist()
+    out = fc.wait_tensor(fc.all_to_all_single(inp, outs, ins, dist.group.WORLD))
+    ref = torch.zeros(sum(outs), 3)
+    dist.all_to_all_single(ref, inp, outs, ins, group=gloo)
+    return _same(out, ref)
+
+
 def _others(rank, ws, gloo):
     """Every delegated operation against the same one on gloo."""
     res = {}
@@ -143,6 +156,7 @@ def job_eight(rank, ws):
     res["single async"] = _a2a_single(rank, ws, gloo, 99, torch.float32, (2,), True)
     res["list"] = _a2a_list(rank, ws, gloo, 5) and _a2a_list(rank, ws, gloo, 6, equal=True)
     res["list async"] = _a2a_list(rank, ws, gloo, 7, True)
+    res["single functional"] = _a2a_functional(rank, ws, gloo, 8)
     res["stats"] = {k: v for k, v in orch.stats.as_dict().items() if k != "last_call"}
     res.update(_others(rank, ws, gloo))
     res["calls after others"] = orch.stats.calls  # delegated ops never reach it
@@ -162,7 +176,7 @@ def test_plain_all_to_alls_are_bitwise_gloo_and_forwarded(eight):
     stats = [r["stats"] for r in eight]
     assert all(s == stats[0] for s in stats[1:]), "stats differ between ranks"
     s = stats[0]
-    assert s["calls"] == 12 and s["multipath_calls"] == 12
+    assert s["calls"] == 13 and s["multipath_calls"] == 13
     forwarded = sum(s["bytes_per_path_kind"].get(k, 0) for k in FORWARDED)
     assert forwarded > 0, s["bytes_per_path_kind"]
     assert "torch" not in s["bytes_per_path_kind"]
@@ -280,3 +294,37 @@ def test_bad_environment_fails_init_on_every_rank():
                   env={B.MULTIPATH_ENV: "sometimes"})
     text = "\n".join(info.value.failures.values())
     assert text.count("PATHWEAVE_MULTIPATH='sometimes' is not one of auto, on, off") == 2
+
+
+# ------------------------------------------- pathweave.distributed.all_to_all
+def job_list_gloo(rank, ws):
+    """``pwd.all_to_all`` on a plain gloo job, and a size mismatch in the list form."""
+    orch = pwd.Orchestrator(fabric=FORCED4["PATHWEAVE_FABRIC"], enabled=True,
+                            min_split_bytes=0, chunk_bytes=4096)
+    ins = [_data(torch.int64, (3 + rank + j, 2), 40 + 7 * rank + j) for j in range(ws)]
+    outs = [torch.zeros(3 + j + rank, 2, dtype=torch.int64) for j in range(ws)]
+    pwd.all_to_all(outs, ins, orchestrator=orch)
+    refs = [torch.ones_like(t) for t in outs]
+    ops = [dist.P2POp(dist.isend, ins[j], j) for j in range(ws) if j != rank]
+    ops += [dist.P2POp(dist.irecv, refs[j], j) for j in range(ws) if j != rank]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    refs[rank] = ins[rank]
+    same = all(_same(a, b) for a, b in zip(outs, refs, strict=True))
+    if rank == 2:
+        outs[0] = torch.zeros(1, 2, dtype=torch.int64)  # expects 1 row, rank 0 sends 5
+    try:
+        pwd.all_to_all(outs, ins, orchestrator=orch)
+        err = "no error"
+    except ValueError as exc:
+        err = str(exc)
+    return same, err, orch.stats.multipath_calls
+
+
+def test_list_all_to_all_on_gloo_and_its_errors():
+    results = run_local(job_list_gloo, 4, timeout_s=60)
+    assert {r[1] for r in results} != {"no error"}
+    assert len({r[1] for r in results}) == 1, results
+    assert "rank 2" in results[0][1]
+    for same, _, multipath in results:
+        assert same and multipath == 1

@@ -119,8 +119,7 @@ def _resolve(
         raise TypeError(f"orchestrator must be an Orchestrator, got {type(orchestrator).__name__}")
     pw = _pathweave_group(group)
     if pw is not None:
-        pw._orchestrate(device)  # resolves a subgroup's fabric on first use
-        group = pw.inner_group(device)
+        _, group = pw.route(device)
     return orchestrator, group
 
 

@@ -207,11 +207,12 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         pg = dist.ProcessGroup(self._store, self.rank(), self.size())
         pg._register_backend(torch.device(dev), kind, backend)
         pg._set_default_backend(kind)
-        pg._set_group_name(f"{self.group_name}:pathweave-{name}")
         # NOTE: torch.distributed's functions look groups up in its private
         # registry; the entries mirror those torch makes for a new group. The
-        # group is left out of pg_names, so destroy_process_group shuts the
-        # shared backend down once, through this group.
+        # group gets no name of its own: a name lives in the shared backend,
+        # and ops dispatched from C++ by name (functional collectives) must
+        # keep finding this group, not the inner one. Left out of pg_names,
+        # so destroy_process_group shuts the shared backend down once.
         from torch.distributed.distributed_c10d import _world
 
         _world.pg_map[pg] = (name, self._store)
@@ -220,7 +221,11 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         self._inner[dev] = pg
         return pg
 
-    def _orchestrate(self, device: torch.device) -> tuple[Orchestrator, dist.ProcessGroup]:
+    def route(self, device: torch.device | str) -> tuple[Orchestrator, dist.ProcessGroup]:
+        """The group's orchestrator and the inner group it runs on for ``device`` tensors.
+
+        A subgroup's fabric is resolved here, on its first all-to-all.
+        """
         orch = self.orchestrator
         if orch.fabric is None:
             orch.fabric = default_fabric(self.size(), is_world=False)
@@ -246,7 +251,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         opts: Any = None,
     ) -> dist.Work:
         """c10d ``alltoall_base``: the orchestrator's ``all_to_all_single`` on the inner group."""
-        orch, inner = self._orchestrate(input.device)
+        orch, inner = self.route(input.device)
         handle = orch.all_to_all_single(
             output, input, list(output_split_sizes) or None, list(input_split_sizes) or None,
             group=inner, async_op=bool(getattr(opts, "asyncOp", False)),
@@ -261,7 +266,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
     ) -> dist.Work:
         """c10d ``alltoall``: :func:`all_to_all_list` on the inner group."""
         device = (input_tensors or output_tensors or [torch.empty(0)])[0].device
-        orch, inner = self._orchestrate(device)
+        orch, inner = self.route(device)
         return all_to_all_list(
             orch, output_tensors, input_tensors, inner,
             async_op=bool(getattr(opts, "asyncOp", False)),
