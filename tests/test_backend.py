@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import pathweave.distributed as pwd
-from pathweave.errors import RankError
+from pathweave.errors import FabricError, RankError
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import policies
 from pathweave.runtime import backend as B
@@ -142,6 +142,15 @@ def _others(rank, ws, gloo):
         t = torch.ones(2) * rank
         dist.all_reduce(t, group=sub)
         res["subgroup all_reduce"] = t.tolist() == [12.0, 12.0]
+        res["subgroup orchestrator"] = pwd.default_orchestrator(sub) is sub.orchestrator
+        # PATHWEAVE_FABRIC names the 8-rank world: a 4-rank subgroup's all-to-all
+        # refuses it on every member before data moves.
+        out = torch.full((4,), 7.0)
+        try:
+            dist.all_to_all_single(out, torch.ones(4), group=sub)
+            res["subgroup a2a"] = ("no error", False)
+        except FabricError as exc:
+            res["subgroup a2a"] = (str(exc), bool((out == 7.0).all()))
     return res
 
 
@@ -189,7 +198,9 @@ def test_every_other_operation_is_gloos(eight):
             assert res[key] is True, (rank, key)
         assert res["subgroup type"] == "ProcessGroupPathweave"
         if rank % 2 == 0:
-            assert res["subgroup all_reduce"] is True
+            assert res["subgroup all_reduce"] is True and res["subgroup orchestrator"]
+            msg, untouched = res["subgroup a2a"]
+            assert "has 8 ranks but the process group has 4" in msg and untouched, msg
         assert res["calls after others"] == res["stats"]["calls"]
 
 
