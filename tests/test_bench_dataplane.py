@@ -88,6 +88,7 @@ def test_cli_writes_records_that_add_up(cli_run):
         ("transfer", "balanced", "auto", True),
         ("transfer", dataplane.HOTSPOT, "auto", True),
         ("transfer", dataplane.HOTSPOT, "multipath", True),
+        ("transfer", "balanced", "backend", True),
         ("overhead", "balanced", "auto", True),
         ("overhead", dataplane.HOTSPOT, "multipath", True),
         ("overhead", dataplane.HOTSPOT, "multipath", False),
@@ -119,7 +120,9 @@ def test_cli_writes_records_that_add_up(cli_run):
         for key in ("floor_s_median", "a2a_s_median"):
             assert (r[key] is not None) == (r["case"] == "overhead")
             assert r[key] is None or r[key] > 0
-    small, cached, changing = records[3:]
+    # Through the pathweave backend, balanced 64 KiB: its orchestrator hands it to gloo.
+    assert transfer[3]["variant"] == "backend" and not transfer[3]["multipath"]
+    small, cached, changing = records[4:]
     assert not small["multipath"] and small["cache_hits"] == REPEAT  # small: torch, no planning
     # A repeated pattern is served from the plan cache; a changing one plans every call.
     assert cached["multipath"] and changing["multipath"]

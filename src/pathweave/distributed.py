@@ -11,12 +11,21 @@ Each function uses a per-group default :class:`~pathweave.Orchestrator`
 environment, see :func:`pathweave.runtime.orchestrator.default_fabric`), or
 the one passed as ``orchestrator=``.
 
-``batch_isend_irecv`` is a **collective** here: every rank of the group calls
-it, possibly with an empty list. A large message is split over several paths,
-some through forwarding ranks, and those ranks must take part in the step
-even if they send nothing themselves (NIMBLE hooks into NCCL group calls the
-same way). torch's own ``batch_isend_irecv`` only needs the ranks that have
-messages.
+No code change at all: after ``import pathweave.distributed`` the
+``pathweave`` backend is registered, and a job that calls
+``torch.distributed.init_process_group("pathweave")`` sends its plain
+``torch.distributed.all_to_all_single``/``all_to_all`` through pathweave
+(:mod:`pathweave.runtime.backend`); everything else runs on gloo or NCCL.
+
+``send``/``recv``/``isend``/``irecv`` are torch's own: single-path
+point-to-point between two ranks, no other rank joins (on a ``pathweave``
+group they run on its inner gloo/NCCL backend).
+``batch_isend_irecv`` is the multi-path form and a **collective** here:
+every rank of the group calls it, possibly with an empty list. A large
+message is split over several paths, some through forwarding ranks, and
+those ranks must take part in the step even if they send nothing
+themselves (NIMBLE hooks into NCCL group calls the same way). torch's own
+``batch_isend_irecv`` only needs the ranks that have messages.
 
 Examples
 --------
@@ -32,18 +41,24 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import P2POp, irecv, isend
+from torch.distributed import P2POp, irecv, isend, recv, send
 
+from pathweave.runtime import backend as _backend
 from pathweave.runtime.orchestrator import Orchestrator
+
+_backend.register()
 
 __all__ = [
     "Orchestrator",
     "P2POp",
+    "all_to_all",
     "all_to_all_single",
     "batch_isend_irecv",
     "default_orchestrator",
     "irecv",
     "isend",
+    "recv",
+    "send",
     "set_default_orchestrator",
 ]
 
@@ -54,8 +69,24 @@ def _key(group: Any) -> Any:
     return None if group is None or group is dist.group.WORLD else group
 
 
+def _pathweave_group(group: Any) -> _backend.ProcessGroupPathweave | None:
+    """``group`` (``None``: the default group) if it is a ``pathweave`` backend group."""
+    if group is None and dist.is_initialized():
+        group = dist.group.WORLD
+    return group if isinstance(group, _backend.ProcessGroupPathweave) else None
+
+
 def default_orchestrator(group: Any = None) -> Orchestrator:
-    """The default orchestrator of ``group`` (created with default settings on first use)."""
+    """The default orchestrator of ``group`` (created with default settings on first use).
+
+    For a group of the ``pathweave`` backend (``init_process_group("pathweave")``)
+    it is the group's own orchestrator, the one plain ``torch.distributed``
+    all-to-alls on the group use, configured from the environment; its
+    ``stats`` count those calls.
+    """
+    pw = _pathweave_group(group)
+    if pw is not None and _key(group) not in _DEFAULTS:
+        return pw.orchestrator
     key = _key(group)
     orch = _DEFAULTS.get(key)
     if orch is None:
@@ -74,12 +105,22 @@ def set_default_orchestrator(orchestrator: Orchestrator | None, group: Any = Non
         _DEFAULTS[key] = orchestrator
 
 
-def _resolve(orchestrator: Orchestrator | None, group: Any) -> Orchestrator:
+def _resolve(
+    orchestrator: Orchestrator | None, group: Any, device: Any = "cpu"
+) -> tuple[Orchestrator, Any]:
+    """The orchestrator of a call and the group it runs on.
+
+    A ``pathweave`` backend group runs its orchestrator on its inner gloo or
+    NCCL group (by the tensors' ``device``), never on itself.
+    """
     if orchestrator is None:
-        return default_orchestrator(group)
-    if not isinstance(orchestrator, Orchestrator):
+        orchestrator = default_orchestrator(group)
+    elif not isinstance(orchestrator, Orchestrator):
         raise TypeError(f"orchestrator must be an Orchestrator, got {type(orchestrator).__name__}")
-    return orchestrator
+    pw = _pathweave_group(group)
+    if pw is not None:
+        _, group = pw.route(device)
+    return orchestrator, group
 
 
 def all_to_all_single(
@@ -140,11 +181,40 @@ def all_to_all_single(
     pathweave.errors.CommError
         A transfer failed or ran past the orchestrator's ``timeout_s``.
     """
-    orch = _resolve(orchestrator, group)
+    orch, group = _resolve(orchestrator, group, getattr(input, "device", "cpu"))
     return orch.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op,
         split_matrix=split_matrix,
     )
+
+
+def all_to_all(
+    output_tensor_list: Sequence[torch.Tensor],
+    input_tensor_list: Sequence[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    orchestrator: Orchestrator | None = None,
+) -> Any:
+    """Send ``input_tensor_list[j]`` to rank ``j``; rank ``i``'s lands in ``output_tensor_list[i]``.
+
+    Same semantics as :func:`torch.distributed.all_to_all` (tensors of any
+    shape, one dtype, as many as ranks), run as one
+    :meth:`~pathweave.Orchestrator.all_to_all_single` of the flattened
+    tensors (a copy of the inputs in and of the outputs out), so it plans,
+    validates and accounts exactly like it. A tensor whose size does not
+    match its peer's raises the same ``ValueError`` on every rank before
+    data moves (the split sizes it names are element counts).
+
+    Returns
+    -------
+    None, or a handle with ``wait()`` when ``async_op`` is true.
+    """
+    outs, ins = list(output_tensor_list), list(input_tensor_list)
+    device = (ins or outs)[0].device if (ins or outs) else "cpu"
+    orch, group = _resolve(orchestrator, group, device)
+    work = _backend.all_to_all_list(orch, outs, ins, group, async_op=async_op)
+    return work if async_op else None
 
 
 def batch_isend_irecv(
@@ -162,5 +232,17 @@ def batch_isend_irecv(
     list
         One handle per op, like torch's; ``wait()`` on any completes all.
     """
-    orch = _resolve(orchestrator, group)
-    return orch.batch_isend_irecv(p2p_op_list, group=group)
+    ops = list(p2p_op_list)
+    device = next((op.tensor.device for op in ops if isinstance(op, P2POp)), "cpu")
+    orch, run_group = _resolve(orchestrator, group, device)
+    pw = _pathweave_group(group)
+    if pw is not None:
+        ops = [_onto(op, pw, run_group) for op in ops]
+    return orch.batch_isend_irecv(ops, group=run_group)
+
+
+def _onto(op: Any, pw: Any, inner: Any) -> Any:
+    """``op`` of the ``pathweave`` group ``pw`` moved onto its inner group (same peer, tag)."""
+    if isinstance(op, P2POp) and _pathweave_group(op.group) is pw:
+        return P2POp(op.op, op.tensor, op.peer, inner, op.tag)
+    return op  # not ours to move: the orchestrator names the problem

@@ -28,6 +28,13 @@ Cases
       fabric, so forwarding really happens. Loopback has no link structure,
       so forwarding through relay ranks can only cost here; the forced rows
       show how much.
+    * ``balanced``, ``backend``: the same balanced sizes through the
+      ``pathweave`` torch.distributed backend: plain
+      ``torch.distributed.all_to_all_single`` on a group made with
+      ``new_group(backend="pathweave")`` (configured by the environment,
+      default ``PATHWEAVE_MULTIPATH=auto``), against the same call on gloo;
+      the cost of reaching the orchestrator through torch's process-group
+      API instead of calling it.
     * ``overhead``: 4 KiB per pair (the transfer is a small part of the
       call), 100 repeats: balanced with the default orchestrator (an
       exchange this small goes to torch without planning), and hotspot 0.8
@@ -52,9 +59,10 @@ Data are float32 tensors whose bit patterns differ per rank and offset, made
 from integers, so no NaN comparison can hide a difference.
 
 Targets (:func:`summarize`): no loss on loopback, pathweave / torch <= 1.10 on
-balanced traffic at 16 MiB per pair; a cached repeated call spends at most
-200 us beyond its transfer (wall time of the call minus the orchestrator's
-``transfer_s``, median over ranks and calls); every output verified.
+balanced traffic at 16 MiB per pair, called directly and through the backend;
+a cached repeated call spends at most 200 us beyond its transfer (wall time
+of the call minus the orchestrator's ``transfer_s``, median over ranks and
+calls); every output verified.
 
 Examples
 --------
@@ -72,6 +80,7 @@ transfer hotspot:0.8 1 MiB/pair, multipath
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -128,9 +137,11 @@ class Case:
     """One row of the benchmark.
 
     ``case`` is ``"transfer"`` or ``"overhead"``; ``variant`` is ``"auto"``
-    (the default orchestrator) or ``"multipath"`` (``enabled=True`` on
-    :data:`MULTIPATH_FABRIC`); ``cached=False`` changes the pattern on every
-    call (:func:`_vary`), so no call is served from the plan cache.
+    (the default orchestrator), ``"multipath"`` (``enabled=True`` on
+    :data:`MULTIPATH_FABRIC`) or ``"backend"`` (plain torch calls on a
+    ``pathweave`` backend group, its orchestrator from the environment);
+    ``cached=False`` changes the pattern on every call (:func:`_vary`), so no
+    call is served from the plan cache.
     """
 
     case: str
@@ -186,6 +197,8 @@ def cases(
     for s in sizes:
         for variant in ("auto", "multipath"):
             out.append(Case("transfer", HOTSPOT, int(s), variant, repeat or repeats_for(s)))
+    for s in sizes:
+        out.append(Case("transfer", "balanced", int(s), "backend", repeat or repeats_for(s)))
     ov_reps = overhead_repeat or repeat or OVERHEAD_REPEATS
     # With enabled="auto" an exchange this small goes to torch without planning,
     # so only the forced multi-path rows have a changing pattern: a plan per call.
@@ -299,6 +312,15 @@ def _time_a2a(torch: Any, dist: Any, world_size: int) -> float:
     return time.perf_counter() - t0
 
 
+def _backend_call(out: Any, inp: Any, *sizes: Any, orchestrator: Any, group: Any) -> None:
+    """Plain ``torch.distributed.all_to_all_single`` on a ``pathweave`` group, the way an
+    unmodified client calls it (``orchestrator`` is the group's own, used for the stats)."""
+    import torch.distributed as dist
+
+    del orchestrator
+    dist.all_to_all_single(out, inp, *sizes, group=group)
+
+
 def _run_case(rank: int, world_size: int, case: Case, job: _Job, fabrics: dict) -> dict:
     import torch
     import torch.distributed as dist
@@ -323,6 +345,12 @@ def _run_case(rank: int, world_size: int, case: Case, job: _Job, fabrics: dict) 
     if case.variant == "multipath":
         fabric = fabrics["multipath"]
         orch = Orchestrator(fabric=fabric, enabled=True)
+    elif case.variant == "backend":
+        fabric = None
+        group = fabrics["backend"]
+        orch = group.orchestrator
+        if job.all_to_all is None:
+            impl = functools.partial(_backend_call, group=group)
     else:
         fabric = None
         orch = Orchestrator()
@@ -411,7 +439,13 @@ def _rank_main(rank: int, world_size: int, job: _Job, progress: Any) -> list[dic
     # Eight processes share the cores; one compute thread each keeps the
     # fills and comparisons from fighting gloo for them.
     torch.set_num_threads(1)
-    fabrics = {"multipath": job.multipath_fabric}
+    fabrics: dict[str, Any] = {"multipath": job.multipath_fabric}
+    if any(c.variant == "backend" for c in job.cases):
+        import torch.distributed as dist
+
+        import pathweave.distributed  # noqa: F401  (registers the backend)
+
+        fabrics["backend"] = dist.new_group(backend="pathweave")
     results = []
     for i, case in enumerate(job.cases):
         if rank == 0 and progress is not None:
@@ -713,19 +747,23 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Check]:
     ...        "bytes_per_pair": 16 << 20, "ratio": 1.04, "verified": True,
     ...        "outputs_checked": 16, "outputs_wrong": 0, "mismatches": []}
     >>> [(c.name, c.passed) for c in summarize([rec])]  # doctest: +NORMALIZE_WHITESPACE
-    [('balanced ratio', True), ('cached overhead auto', None),
-     ('cached overhead multipath', None), ('verified', True)]
+    [('balanced ratio', True), ('backend balanced ratio', None),
+     ('cached overhead auto', None), ('cached overhead multipath', None), ('verified', True)]
     """
     checks: list[Check] = []
-    bal = [r for r in records if r["case"] == "transfer" and r["workload"] == "balanced"
-           and r["variant"] == "auto" and r["bytes_per_pair"] == RATIO_TARGET_BYTES_PER_PAIR]
-    ratio = bal[0]["ratio"] if bal else None
     size = f"{RATIO_TARGET_BYTES_PER_PAIR >> 20} MiB/pair"
-    checks.append(Check(
-        "balanced ratio", ratio, RATIO_TARGET, None if ratio is None else ratio <= RATIO_TARGET,
-        f"pathweave/torch on balanced {size}: "
-        + ("not run" if ratio is None else f"{ratio:.3f}") + f" (target <= {RATIO_TARGET:.2f})",
-    ))
+    for variant, name, what in (("auto", "balanced ratio", "pathweave/torch"),
+                                ("backend", "backend balanced ratio",
+                                 "pathweave backend/gloo")):
+        bal = [r for r in records if r["case"] == "transfer" and r["workload"] == "balanced"
+               and r["variant"] == variant
+               and r["bytes_per_pair"] == RATIO_TARGET_BYTES_PER_PAIR]
+        ratio = bal[0]["ratio"] if bal else None
+        checks.append(Check(
+            name, ratio, RATIO_TARGET, None if ratio is None else ratio <= RATIO_TARGET,
+            f"{what} on balanced {size}: " + ("not run" if ratio is None else f"{ratio:.3f}")
+            + f" (target <= {RATIO_TARGET:.2f})",
+        ))
     for variant, what in (("auto", "default orchestrator"), ("multipath", "forced multi-path")):
         ov = [r for r in records if r["case"] == "overhead" and r["cached"]
               and r["variant"] == variant]
