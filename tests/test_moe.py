@@ -141,7 +141,9 @@ def _check_case(rank: int, world: int, case: dict[str, Any], moe: Any = None) ->
     out = moe.combine(y, handle, w, weighted=weighted, async_op=async_op)
     if async_op:
         out = out.wait()
-    again = moe.combine(y, handle, w, weighted=weighted)
+    # A handle serves one combine: dispatch the same tokens again for the determinism check.
+    _, _, handle2 = moe.dispatch(mine["x"], mine["idx"], mine["scale"])
+    again = moe.combine(y, handle2, w, weighted=weighted)
 
     ref = reference_dispatch([d["x"] for d in inputs], [d["idx"] for d in inputs], placement,
                              x_scales=scales, dp_size=dp)

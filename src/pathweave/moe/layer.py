@@ -45,6 +45,9 @@ from pathweave.moe._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     MoEArgError,
+    check_config,
+    check_handle_ids,
+    check_same_layer,
     dtype_code,
     dtype_name,
     raise_first,
@@ -135,6 +138,9 @@ class MoEHandle:
 
     owner: Any
     layout: str
+    #: Which dispatch of the layer this is (0, 1, ...: the same on every rank); combine
+    #: checks it in its metadata exchange.
+    call_id: int
     num_tokens: int
     expert_num_tokens: np.ndarray
     recv_src_rank: np.ndarray  # per received row, in arrival order
@@ -151,6 +157,8 @@ class MoEHandle:
     # [r, t]: rows rank r returns to rank t in combine (every rank's, from dispatch's metadata)
     ret_matrix: np.ndarray | None = None
     slot_rows: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(default_factory=list)
+    #: Set by the combine that consumed this handle; a second combine raises.
+    combined: bool = False
 
     @property
     def num_pairs(self) -> int:
@@ -355,6 +363,17 @@ class MoEAllToAll:
             "cap": self.expert_capacity,
         }
         self._pool = _Pool()
+        # Every parameter that shapes the exchange: checked across ranks once per layer
+        # (a fixed-width row, so a rank with another num_experts cannot desize the gather),
+        # then its digest rides in every call's row.
+        self._config_row = np.array([
+            self.num_experts, self.experts_per_token, self.hidden_dim, self.max_num_tokens,
+            dtype_code(dtype), R.LAYOUTS.index(layout), self.dp_size, self.expert_capacity,
+            R.fingerprint(self.placement.reshape(1, -1)), self.num_ranks,
+        ], dtype=np.int64)
+        self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
+        self._config_checked = False
+        self._dispatches = 0  # call id of the next dispatch
         # Payload rows are copied as integers of the same width: bit-exact, and every
         # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
         self._move_dtype = _INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
@@ -369,6 +388,12 @@ class MoEAllToAll:
         )
 
     # ------------------------------------------------------------ helpers
+    def _check_config(self) -> None:
+        """Compare every rank's layer parameters (once per layer; raises on every rank)."""
+        if not self._config_checked:
+            check_config(self._exchange(self._config_row)(), R.LAYOUTS)
+            self._config_checked = True
+
     def _exchange(self, row: np.ndarray) -> Any:
         """Start an all-gather of one ``int64`` row per rank; returns a function that waits.
 
@@ -479,6 +504,7 @@ class MoEAllToAll:
             Bad arguments on any rank: raised on every rank, naming the
             rank and the values, before any data moves.
         """
+        self._check_config()
         k = self.experts_per_token
         n = self.num_ranks
         E = self.num_experts
@@ -494,20 +520,24 @@ class MoEAllToAll:
             )
         except MoEArgError as exc:
             err = exc.row()
-        # Row: error | m, digest, scale columns | pairs per expert | rows per rank.
-        row = np.zeros(ERR_FIELDS + 3 + E + n, dtype=np.int64)
+        # Row: error | layer digest, m, routing digest, scale columns | pairs per expert |
+        # rows per rank.
+        c0 = ERR_FIELDS + 4
+        row = np.zeros(c0 + E + n, dtype=np.int64)
         row[:ERR_FIELDS] = err
+        row[ERR_FIELDS] = self._config_digest
         if plan is not None:
-            row[ERR_FIELDS : ERR_FIELDS + 3] = (m, R.fingerprint(idx), cols)
-            row[ERR_FIELDS + 3 : ERR_FIELDS + 3 + E] = plan.pairs_per_expert
-            row[ERR_FIELDS + 3 + E :] = np.diff(plan.row_ptr)
+            row[ERR_FIELDS + 1 : c0] = (m, R.fingerprint(idx), cols)
+            row[c0 : c0 + E] = plan.pairs_per_expert
+            row[c0 + E :] = np.diff(plan.row_ptr)
         wait = self._exchange(row)
         packed = None if plan is None else self._pack(x, x_scale, plan, cols)
         meta = wait()
+        check_same_layer(meta[:, ERR_FIELDS], "dispatch")
         raise_first(meta, self._fields)
-        ms, digests, scols = meta[:, ERR_FIELDS], meta[:, ERR_FIELDS + 1], meta[:, ERR_FIELDS + 2]
-        pairs = meta[:, ERR_FIELDS + 3 : ERR_FIELDS + 3 + E]  # [src, expert]
-        rows = meta[:, ERR_FIELDS + 3 + E :]  # [src, dst]
+        ms, digests, scols = (meta[:, ERR_FIELDS + i] for i in (1, 2, 3))
+        pairs = meta[:, c0 : c0 + E]  # [src, expert]
+        rows = meta[:, c0 + E :]  # [src, dst]
         self._check_global(ms, digests, scols, pairs)
         assert plan is not None and packed is not None
         return self._dispatch_data(x, idx, plan, pairs, rows, cols, packed, async_op)
@@ -642,10 +672,11 @@ class MoEAllToAll:
         expert_num_tokens = block.sum(axis=0).astype(np.int64)
         src_rank = np.repeat(np.arange(n, dtype=np.int64), recv_counts)
         handle = MoEHandle(
-            owner=self, layout=self.layout, num_tokens=int(x.shape[0]),
+            owner=self, layout=self.layout, call_id=self._dispatches, num_tokens=int(x.shape[0]),
             expert_num_tokens=expert_num_tokens, recv_src_rank=src_rank,
             recv_src_token=np.zeros(0, dtype=np.int64), positions=None,
         )
+        self._dispatches += 1
         member_plans = self._member_plans(idx, plan)
         self._combine_recv_tables(handle, member_plans, dev)
         if not compact:
@@ -813,20 +844,26 @@ class MoEAllToAll:
         out
             ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
         """
+        self._check_config()
         err = np.zeros(ERR_FIELDS, dtype=np.int64)
         try:
             w = self._check_combine(expert_y, handle, topk_weights, weighted)
         except MoEArgError as exc:
             err = exc.row()
             w = None
-        row = np.zeros(ERR_FIELDS + 1, dtype=np.int64)
+        # Row: error | expert_y dtype | layer digest | the handle's dispatch call id.
+        row = np.zeros(ERR_FIELDS + 3, dtype=np.int64)
         row[:ERR_FIELDS] = err
+        row[ERR_FIELDS + 1] = self._config_digest
         if not err[0]:
             row[ERR_FIELDS] = dtype_code(expert_y.dtype)
+            row[ERR_FIELDS + 2] = handle.call_id
         wait = self._exchange(row)
         send = None if err[0] else self._pack_combine(expert_y, handle)
         meta = wait()
+        check_same_layer(meta[:, ERR_FIELDS + 1], "combine")
         raise_first(meta, self._fields)
+        check_handle_ids(meta[:, ERR_FIELDS + 2])
         codes = meta[:, ERR_FIELDS]
         if (codes != codes[0]).any():
             r = int(np.flatnonzero(codes != codes[0])[0])
@@ -835,13 +872,18 @@ class MoEAllToAll:
                 f"{dtype_name(int(codes[r]))} on rank {r}; it must be the same on every rank"
             )
         assert send is not None
+        handle.combined = True
         return self._combine_data(expert_y, handle, w, send, async_op)
 
     def _check_combine(
         self, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
     ) -> torch.Tensor | None:
-        if not isinstance(handle, MoEHandle) or handle.owner is not self:
+        if not isinstance(handle, MoEHandle):
             raise MoEArgError(20, type_code(handle))
+        if handle.owner is not self:
+            raise MoEArgError(28)
+        if handle.combined:
+            raise MoEArgError(29, handle.call_id)
         if not isinstance(expert_y, torch.Tensor):
             raise MoEArgError(21, type_code(expert_y))
         if not _dtype_ok(expert_y, FLOAT_DTYPES):
