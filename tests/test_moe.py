@@ -133,7 +133,7 @@ def _check_case(rank: int, world: int, case: dict[str, Any], moe: Any = None) ->
         y = torch.zeros(handle.num_pairs, H, dtype=out_dtype)
         for l_, e in enumerate(local):
             a, b = int(handle.expert_offsets[l_]), int(handle.expert_offsets[l_ + 1])
-            rows = torch.from_numpy(handle.expert_rows[a:b])
+            rows = handle.expert_rows[a:b]
             sc = None if sc_all is None else sc_all[rows]
             y[a:b] = expert_fn(e, expert_x[rows], sc, out_dtype)
     weighted = case.get("weighted", True)
@@ -169,10 +169,10 @@ def _check_case(rank: int, world: int, case: dict[str, Any], moe: Any = None) ->
             got_scale = None if sc_all is None else sc_all[l_, :n]
         else:
             a, b = int(handle.expert_offsets[l_]), int(handle.expert_offsets[l_ + 1])
-            rows = torch.from_numpy(handle.expert_rows[a:b])
+            rows = handle.expert_rows[a:b]
             assert b - a == n
             # The row's local expert ids name this expert.
-            assert bool((torch.from_numpy(handle.expert_ids)[rows] == l_).any(1).all())
+            assert bool((handle.expert_ids[rows] == l_).any(1).all())
             got_src, got_rows = src[rows], expert_x[rows]
             got_scale = None if sc_all is None else sc_all[rows]
         order = sorted(range(n), key=lambda i: tuple(got_src[i].tolist()))

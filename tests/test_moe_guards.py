@@ -53,7 +53,7 @@ def _inputs(world: int, seed: int) -> list[dict[str, torch.Tensor]]:
 def _experts(moe: Any, expert_x: torch.Tensor, handle: Any) -> torch.Tensor:
     """Expert ``e`` multiplies its rows by ``e + 1`` (either layout)."""
     if moe.layout == "compact":
-        y = expert_x[torch.from_numpy(handle.expert_rows)]
+        y = expert_x[handle.expert_rows]
         for l_, e in enumerate(moe.local_expert_ids.tolist()):
             a, b = handle.expert_offsets[l_], handle.expert_offsets[l_ + 1]
             y[a:b] *= e + 1

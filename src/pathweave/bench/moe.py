@@ -107,7 +107,7 @@ class _Exact:
         L, cap = moe.num_local_experts, moe.expert_capacity
         m = x.shape[0]
         idx_np = idx.numpy()
-        plan = R.send_plan(idx_np, moe.placement, moe.local_index, n)
+        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
         # Counts per (destination, local expert): every rank has L local experts here.
         cnt = np.zeros((n, L), dtype=np.int64)
         np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
@@ -117,7 +117,7 @@ class _Exact:
         block = recv_cnt.numpy().reshape(n, L)
         send_rows = cnt.sum(1)
         pad = m * min(k, L) if self.padded else 0
-        tok = torch.from_numpy(plan.row_token)
+        tok = plan.row_token
         recv_rows = block.sum(1)
         starts_out = np.concatenate(([0], np.cumsum(send_rows)))
         starts_in = np.concatenate(([0], np.cumsum(recv_rows)))
@@ -162,7 +162,7 @@ class _Exact:
         acc = torch.zeros(m, H, dtype=torch.float32)
         slot = plan.ret_slot
         for j in range(k):
-            sel = torch.from_numpy(np.flatnonzero(slot == j))
+            sel = torch.nonzero(slot == j).flatten()
             c = int(sel.numel())
             if not c:
                 continue
