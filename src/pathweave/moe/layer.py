@@ -1043,7 +1043,8 @@ def _slot_sum(
     """
     acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
     if rows.shape[0] == 0 or m == 0:
-        return acc + rows.sum().to(torch.float32) * 0
+        link = rows.sum().to(torch.float32) * 0
+        return acc + (link if w is None else link + w.sum() * 0)
     inplace = not (torch.is_grad_enabled() and (rows.requires_grad or (
         w is not None and w.requires_grad)))
     for j in range(slot_row.shape[1]):
