@@ -451,7 +451,9 @@ def test_bench_moe_baselines_agree_with_pathweave() -> None:
         assert r["bytes_pathweave"] == r["bytes_exact"] < r["bytes_padded"], r
         # k * m rows per rank go out and come back: 4 ranks x 2 x k x m x H x 2 bytes.
         assert r["bytes_exact"] == 4 * 2 * 2 * r["tokens"] * 64 * 2, r
-    assert bench.summary(recs)["outputs_equal"]
+        # Forward + backward: pathweave's gradients equal torch's differentiable baseline's.
+        assert r["grads_close"] and r["train_pathweave_s"] > 0 and r["train_exact_s"] > 0, r
+    assert bench.summary(recs)["outputs_equal"] and bench.summary(recs)["grads_close"]
 
 
 def _absent_peer(rank: int, world: int) -> str:
