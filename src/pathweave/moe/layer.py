@@ -1006,21 +1006,25 @@ class MoEAllToAll:
         n_recv = int(sum(handle.ret_recv_splits))
         if grad:  # saved for the weight gradients: never a reused buffer
             recv = torch.empty(n_recv, H, dtype=dt, device=dev)
-        else:
-            buf = self._pool.get("c_recv", n_recv, H * expert_y.element_size(), dev)
-            recv = buf.view(dt).view(n_recv, H) if n_recv else send[:0]
+            padded = recv
+        else:  # one more row of zeros: what slots without an expert read
+            buf = self._pool.get("c_recv", n_recv + 1, H * expert_y.element_size(), dev)
+            padded = buf.view(dt).view(n_recv + 1, H)
+            padded[n_recv].zero_()
+            recv = padded[:n_recv]
         m = handle.num_tokens
 
         def finish() -> torch.Tensor:
             self._pool.busy.discard("c_send")
             self._pool.busy.discard("c_recv")
-            ys = recv
+            assert handle.slot_pos is not None
             if grad:
                 ys = attach(recv, send, handle.ret_recv_splits, handle.ret_send_splits,
                             self.group, orchestrator=self.orchestrator,
                             split_matrix=handle.ret_matrix)
-            assert handle.slot_pos is not None
-            out = _slot_sum(ys, handle.slot_pos, w, m, H)
+                out = _slot_sum(ys, handle.slot_pos, w, m, H)
+            else:
+                out = _slot_sum(padded, handle.slot_pos, w, m, H, self._pool, zero_row=n_recv)
             return out if dt == torch.float32 else out.to(dt)
 
         work = self._a2a(recv, send.detach(), handle.ret_recv_splits, handle.ret_send_splits,
@@ -1032,7 +1036,8 @@ class MoEAllToAll:
 
 
 def _slot_sum(
-    rows: torch.Tensor, slot_row: torch.Tensor, w: torch.Tensor | None, m: int, H: int
+    rows: torch.Tensor, slot_row: torch.Tensor, w: torch.Tensor | None, m: int, H: int,
+    pool: _Pool | None = None, zero_row: int | None = None,
 ) -> torch.Tensor:
     """``out[i] = sum_j w[i, j] * rows[slot_row[i, j]]`` over slots with a row, in float32.
 
@@ -1040,20 +1045,33 @@ def _slot_sum(
     same on every run and every device); differentiable in ``rows`` and
     ``w``. An empty ``rows`` still joins the result's graph, so the
     backward's collective runs on every rank.
+
+    Without gradients the caller may pass ``zero_row``, the index of a row
+    of zeros in ``rows``: slots without a row read it (adding ``+-0.0``
+    leaves the sum's bits alone) instead of being masked, and the per-slot
+    temporaries come from ``pool`` (fresh ``[m, H]`` buffers would cost a
+    page fault per page, more than the arithmetic).
     """
     acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
-    if rows.shape[0] == 0 or m == 0:
+    if rows.shape[0] == (0 if zero_row is None else 1) or m == 0:
         link = rows.sum().to(torch.float32) * 0
         return acc + (link if w is None else link + w.sum() * 0)
-    inplace = not (torch.is_grad_enabled() and (rows.requires_grad or (
-        w is not None and w.requires_grad)))
     for j in range(slot_row.shape[1]):
         pos = slot_row[:, j]
-        part = rows.index_select(0, pos.clamp(min=0)).to(torch.float32)
+        if zero_row is None or pool is None:
+            part = rows.index_select(0, pos.clamp(min=0)).to(torch.float32)
+            if w is not None:
+                part = part * w[:, j : j + 1]
+            acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
+            continue
+        lo = pool.get("c_tmp", m, H * rows.element_size(), rows.device)
+        lo = lo.view(rows.dtype).view(m, H)
+        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos), out=lo)
+        part = pool.get("c_tmp32", m, 4 * H, rows.device).view(torch.float32).view(m, H)
+        part.copy_(lo)
         if w is not None:
-            part = part * w[:, j : j + 1]
-        part = torch.where((pos >= 0).unsqueeze(1), part, 0.0)
-        acc = acc.add_(part) if inplace else acc + part
+            part.mul_(w[:, j : j + 1])
+        acc.add_(part)
     return acc
 
 
