@@ -6,7 +6,8 @@ with its own loss ``sum(out * G_rank)``, and returns its gradients; the test
 process computes the same total loss densely in one process (no pathweave
 code) and compares the gradients of ``x``, ``topk_weights`` and every
 ``W_e`` (relative error <= 1e-4 in float32), for every layout, with and
-without DP groups, with ``-1`` slots and a rank without tokens.
+without DP groups, with ``-1`` slots, a rank without tokens, a rank without
+experts and the async halves.
 """
 
 from __future__ import annotations
@@ -63,20 +64,26 @@ def _expert_outputs(moe: Any, expert_x: torch.Tensor, counts: torch.Tensor, hand
     return torch.cat(rows)
 
 
-def _grad_job(rank: int, world: int, cases: list[tuple[str, int]]) -> list[dict[str, Any]]:
+NO_EXPERTS_ON_3 = [0, 0, 0, 1, 1, 1, 2, 2]  # rank 3 holds no expert
+
+
+def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     from pathweave.moe import MoEAllToAll
 
     out = []
-    for layout, dp in cases:
+    for layout, dp, placement, async_op in cases:
         d = _data(dp, seed=11 + dp)
         gi = rank // dp
-        moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout)
+        moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout,
+                          placement=placement)
         x = d["x"][gi].clone().requires_grad_()
         w = d["w"][gi].clone().requires_grad_()
         weights = {e: d["W"][e].clone().requires_grad_() for e in moe.local_expert_ids.tolist()}
-        expert_x, counts, handle = moe.dispatch(x, d["idx"][gi])
+        res = moe.dispatch(x, d["idx"][gi], async_op=async_op)
+        expert_x, counts, handle = res.wait() if async_op else res
         y = _expert_outputs(moe, expert_x, counts, handle, weights)
-        res = moe.combine(y, handle, w)
+        res = moe.combine(y, handle, w, async_op=async_op)
+        res = res.wait() if async_op else res
         (res * d["G"][rank]).sum().backward()
         # numpy: tensors would travel back through shared memory of a process that has exited
         out.append({"layout": layout, "dp": dp, "out": res.detach().numpy(),
@@ -114,9 +121,11 @@ def _rel(got: Any, want: torch.Tensor) -> float:
 
 
 def test_gradients_through_dispatch_and_combine_equal_dense() -> None:
-    cases = [(layout, dp) for layout in LAYOUTS for dp in (1, 2)]
+    cases = [(layout, dp, None, False) for layout in LAYOUTS for dp in (1, 2)]
+    # A rank without experts, and the async halves, in every layout.
+    cases += [(layout, 1, NO_EXPERTS_ON_3, True) for layout in LAYOUTS]
     per_rank = run_local(_grad_job, WORLD, (cases,), timeout_s=180)
-    for c, (layout, dp) in enumerate(cases):
+    for c, (layout, dp, *_) in enumerate(cases):
         ref = _dense(dp)
         got = [per_rank[r][c] for r in range(WORLD)]
         errs = {}
