@@ -24,6 +24,12 @@ row back to its source rank (every rank of the source's DP group) with one
 more ``all_to_all_single``, and sums the
 ``k`` contributions of each token in float32 in top-k slot order.
 
+Routing (checks, send order, return order, packing) runs with torch ops on
+the tensor's device; the only device-to-host copy of a call is its row of
+counts. Both directions are differentiable: the backward of dispatch is a
+combine of the gradients and that of combine a dispatch of them (plus the
+router weights' gradients), each one more exchange through the data plane.
+
 Byte buffers used only inside a call are kept and reused: first-touch page
 faults of freshly allocated buffers cost more than the copies themselves.
 """
