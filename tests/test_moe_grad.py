@@ -7,7 +7,8 @@ process computes the same total loss densely in one process (no pathweave
 code) and compares the gradients of ``x``, ``topk_weights`` and every
 ``W_e`` (relative error <= 1e-4 in float32), for every layout, with and
 without DP groups, with ``-1`` slots, a rank without tokens, a rank without
-experts and the async halves.
+experts, the async halves, and a forced multi-path orchestrator (the
+backward's exchanges relayed too).
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ NO_EXPERTS_ON_3 = [0, 0, 0, 1, 1, 1, 2, 2]  # rank 3 holds no expert
 
 
 def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    import pathweave as pw
     from pathweave.moe import MoEAllToAll
 
     out = []
-    for layout, dp, placement, async_op in cases:
+    for layout, dp, placement, async_op, multipath in cases:
         d = _data(dp, seed=11 + dp)
         gi = rank // dp
+        orch = None
+        if multipath:  # every pair split over several paths, relays included, both directions
+            orch = pw.Orchestrator(fabric="h100-2x4:gpus_per_node=2", enabled=True,
+                                   min_split_bytes=1, chunk_bytes=256)
         moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout,
-                          placement=placement)
+                          placement=placement, orchestrator=orch)
         x = d["x"][gi].clone().requires_grad_()
         w = d["w"][gi].clone().requires_grad_()
         weights = {e: d["W"][e].clone().requires_grad_() for e in moe.local_expert_ids.tolist()}
@@ -84,9 +90,15 @@ def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[
         y = _expert_outputs(moe, expert_x, counts, handle, weights)
         res = moe.combine(y, handle, w, async_op=async_op)
         res = res.wait() if async_op else res
+        before = dict(orch.stats.bytes_per_path_kind) if orch else {}
         (res * d["G"][rank]).sum().backward()
+        relayed = 0
+        if orch:
+            after = orch.stats.bytes_per_path_kind
+            relayed = sum(v - before.get(kk, 0) for kk, v in after.items()
+                          if kk not in ("direct", "torch"))
         # numpy: tensors would travel back through shared memory of a process that has exited
-        out.append({"layout": layout, "dp": dp, "out": res.detach().numpy(),
+        out.append({"layout": layout, "dp": dp, "relayed": relayed, "out": res.detach().numpy(),
                     "x": x.grad.numpy(), "w": w.grad.numpy(),
                     "W": {e: t.grad.numpy() for e, t in weights.items()}})
     return out
@@ -121,11 +133,15 @@ def _rel(got: Any, want: torch.Tensor) -> float:
 
 
 def test_gradients_through_dispatch_and_combine_equal_dense() -> None:
-    cases = [(layout, dp, None, False) for layout in LAYOUTS for dp in (1, 2)]
-    # A rank without experts, and the async halves, in every layout.
-    cases += [(layout, 1, NO_EXPERTS_ON_3, True) for layout in LAYOUTS]
+    cases = [(layout, dp, None, False, False) for layout in LAYOUTS for dp in (1, 2)]
+    # A rank without experts, and the async halves, in every layout; then a forced multi-path
+    # orchestrator, whose backward exchanges must move bytes over relay/rail paths too.
+    cases += [(layout, 1, NO_EXPERTS_ON_3, True, False) for layout in LAYOUTS]
+    cases += [(layout, 2, None, False, True) for layout in LAYOUTS]
     per_rank = run_local(_grad_job, WORLD, (cases,), timeout_s=180)
-    for c, (layout, dp, *_) in enumerate(cases):
+    for c, (layout, dp, _, _, multipath) in enumerate(cases):
+        if multipath:
+            assert sum(per_rank[r][c]["relayed"] for r in range(WORLD)) > 0, (layout, "relay")
         ref = _dense(dp)
         got = [per_rank[r][c] for r in range(WORLD)]
         errs = {}
