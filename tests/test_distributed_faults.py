@@ -144,7 +144,8 @@ def test_every_survivor_raises_within_the_timeout(mode, enabled, tmp_path):
         assert "CommError after" in text, (r, text)
         took = float(text.rsplit("CommError after ", 1)[1].split(" s")[0])
         assert took <= TIMEOUT_S + 1.0, (r, took)
-        assert "(output untouched: True)" in text, (r, text)
+        if enabled is True:  # multi-path stages; torch's path writes a dense output itself
+            assert "(output untouched: True)" in text, (r, text)
         if mode == "hang":
             assert took >= TIMEOUT_S * 0.9, (r, took)  # waited for the peer, then gave up
     if mode == "hang":

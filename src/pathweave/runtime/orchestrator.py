@@ -242,6 +242,26 @@ class _GroupState:
         self.fingerprints = _LRU(cache_size)  # field values -> words
         # fingerprints already checked by an exchange (split_matrix calls skip theirs)
         self.checked_configs = _LRU(cache_size)
+        self._scratch: Any = None
+
+    def scratch(self, like: Any, *, reuse: bool) -> Any:
+        """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
+
+        With ``reuse`` (a blocking call on the CPU) it is a view of one buffer
+        kept per group: the call is over before the next can use it, and a
+        fresh CPU allocation of an output's size costs a page fault per page
+        (about as much as copying it). CUDA's caching allocator reuses memory
+        by itself.
+        """
+        import torch
+
+        if not reuse:
+            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        nbytes = like.numel() * like.element_size()
+        buf = self._scratch
+        if buf is None or buf.numel() < nbytes or buf.device != like.device:
+            buf = self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        return buf[:nbytes].view(like.dtype).view(like.shape)
 
 
 @dataclass(eq=False)
@@ -250,21 +270,21 @@ class _Call:
 
     ``decode()`` validates the exchanged metadata and returns the call's
     layout (anything with ``pair_bytes``); it is skipped when ``mkey`` is the
-    previous call's. ``buffers()``, called once the arguments are known to be
-    good, returns ``(send_bufs, recv_bufs, post_torch, finish)``: dense
-    ``uint8`` views that pathweave owns (``send_bufs`` hold the caller's
-    input, ``recv_bufs`` are scratch), ``post_torch(layout)`` starting torch's
-    own collective on those buffers and returning its works, and ``finish``
-    copying the scratch into the caller's outputs once every byte has
-    arrived.
+    previous call's. ``buffers(multipath)``, called once the arguments are
+    known to be good, returns ``(send_bufs, recv_bufs, post_torch, finish)``:
+    dense ``uint8`` views (``send_bufs`` hold the caller's input,
+    ``recv_bufs`` are scratch, or on torch's path a dense output itself),
+    ``post_torch(layout)`` starting torch's own collective on those buffers
+    and returning its works, and ``finish`` copying the scratch into the
+    caller's outputs once every byte has arrived.
     """
 
     op: str
     mkey: bytes
     decode: Callable[[], Any]
     segments: Callable[[Any], Segments]
-    buffers: Callable[[], tuple[list[Any], list[Any], Callable[[Any], list[Any]],
-                                Callable[[], None]]]
+    buffers: Callable[[bool], tuple[list[Any], list[Any], Callable[[Any], list[Any]],
+                                    Callable[[], None] | None]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -557,7 +577,7 @@ class Orchestrator:
 
             def decode() -> V.A2ALayout:
                 return V.decode_a2a(meta)
-        call = self._a2a_call(st, output, input, mkey, decode)
+        call = self._a2a_call(st, output, input, mkey, decode, reuse=not async_op)
         handle = self._pipeline(st, call, t0, deadline, wait=not async_op)
         return handle if async_op else None
 
@@ -623,19 +643,28 @@ class Orchestrator:
 
     # -------------------------------------------------------- op adapters
     def _a2a_call(
-        self, st: _GroupState, output: Any, input: Any, mkey: bytes, decode: Callable[[], Any]
+        self, st: _GroupState, output: Any, input: Any, mkey: bytes, decode: Callable[[], Any],
+        *, reuse: bool,
     ) -> _Call:
         """``all_to_all_single`` on normalised buffers: a dense input, a scratch output."""
-        import torch
 
-        from pathweave.runtime.executor import as_bytes, dense
+        from pathweave.runtime.executor import as_bytes, dense, is_dense
 
         tr = st.transport
 
-        def buffers() -> tuple[list[Any], list[Any], Any, Callable[[], None]]:
+        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
             src = as_bytes(dense(input))
-            scratch = torch.empty(output.shape, dtype=output.dtype, device=output.device)
-            dst = as_bytes(scratch)
+            if not multipath and is_dense(output):
+                # torch's path into the output itself, as torch's own call: no
+                # copy (docs/runtime.md, "Outputs of a failed call").
+                dst = as_bytes(output)
+                finish = None
+            else:
+                scratch = st.scratch(output, reuse=reuse and output.device.type == "cpu")
+                dst = as_bytes(scratch)
+
+                def finish() -> None:
+                    output.copy_(scratch)
 
             def post_torch(layout: V.A2ALayout) -> list[Any]:
                 rows = layout.in_rows
@@ -644,9 +673,6 @@ class Orchestrator:
                 recv = (rows[:, tr.rank] * layout.row_bytes).tolist()
                 return [_dist().all_to_all_single(dst, src, recv, send, group=tr.group,
                                                   async_op=True)]
-
-            def finish() -> None:
-                output.copy_(scratch)
 
             return [src], [dst], post_torch, finish
 
@@ -659,15 +685,17 @@ class Orchestrator:
         """``batch_isend_irecv`` on normalised buffers: dense sends, scratch receives."""
         import torch
 
-        from pathweave.runtime.executor import as_bytes, dense
+        from pathweave.runtime.executor import as_bytes, dense, is_dense
 
         dist = _dist()
 
-        def buffers() -> tuple[list[Any], list[Any], Any, Callable[[], None]]:
+        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
             bufs, outs = [], []
             for op in ops:
                 if op.op is dist.isend:
                     bufs.append(as_bytes(dense(op.tensor)))
+                elif not multipath and is_dense(op.tensor):
+                    bufs.append(as_bytes(op.tensor))
                 else:
                     t = op.tensor
                     tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -721,7 +749,7 @@ class Orchestrator:
                 entry = self._schedule(st, dec, call.segments(layout), pair_bytes)
                 st.schedules.put(key, entry)
         t2 = time.perf_counter()
-        send_bufs, recv_bufs, post_torch, finish = call.buffers()
+        send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
         if entry is None:
             try:
                 works = post_torch(layout)
