@@ -124,6 +124,12 @@ def job_peer_fault(rank, ws, mode, enabled, piddir):
         untouched = bool((out == -1.0).all())
         raise RuntimeError(f"CommError after {time.perf_counter() - t0:.3f} s "
                            f"(output untouched: {untouched}): {exc}") from exc
+    if mode == "kill-while-relaying":
+        # A rank whose bytes had all moved before the relay died may finish;
+        # its output must then be right (every rank sends the same input).
+        mine = inp.reshape(ws, -1)[rank]
+        correct = bool(torch.equal(out.reshape(ws, -1), mine.expand(ws, -1)))
+        raise RuntimeError(f"finished (output correct: {correct})")
     return "finished"
 
 
@@ -141,6 +147,11 @@ def test_every_survivor_raises_within_the_timeout(mode, enabled, tmp_path):
     survivors = [r for r in range(8) if r != victim]
     for r in survivors:
         text = err.failures[r]
+        if mode == "kill-while-relaying" and "finished" in text:
+            # its bytes had all moved before the relay died; never the ranks
+            # whose streams it relayed (1 <-> 2 inside node 0)
+            assert "(output correct: True)" in text and r not in (1, 2), (r, text)
+            continue
         assert "CommError after" in text, (r, text)
         took = float(text.rsplit("CommError after ", 1)[1].split(" s")[0])
         assert took <= TIMEOUT_S + 1.0, (r, took)

@@ -263,6 +263,10 @@ class _GroupState:
             buf = self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
         return buf[:nbytes].view(like.dtype).view(like.shape)
 
+    def drop_scratch(self) -> None:
+        """Forget the reused scratch buffer (after a failed call)."""
+        self._scratch = None
+
 
 @dataclass(eq=False)
 class _Call:
@@ -750,18 +754,24 @@ class Orchestrator:
                 st.schedules.put(key, entry)
         t2 = time.perf_counter()
         send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
-        if entry is None:
-            try:
-                works = post_torch(layout)
-            except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
-                raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
-            handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
-                            host_wait=not tr.nccl)
-        else:
-            handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline, wait=False,
-                            finish=finish)
-        if wait:
-            handle.wait()
+        try:
+            if entry is None:
+                try:
+                    works = post_torch(layout)
+                except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
+                    raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
+                handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
+                                host_wait=not tr.nccl)
+            else:
+                handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline, wait=False,
+                                finish=finish)
+            if wait:
+                handle.wait()
+        except CommError:
+            # Receives of this call may still be posted into the group's reused
+            # scratch; a later call must not share that memory with them.
+            st.drop_scratch()
+            raise
         self._account(call.op, total, entry, t0, t1, t2, cached)
         return handle
 
