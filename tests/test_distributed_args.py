@@ -271,3 +271,79 @@ def test_batch_isend_irecv_refreshes_its_cache_entries():
     # A, B, A(hit: A most recent), C (evicts B), A (hit) -> three schedules built
     results = run_local(job_p2p_lru, 4, timeout_s=120)
     assert all(r == (3, 2) for r in results), results
+
+
+# ------------------------------------------------------ fingerprint codec
+def test_fingerprint_names_the_setting_and_both_values():
+    from pathweave.runtime import _validate as V
+
+    base = {"fabric": "h100-2x4 (content f0fe40f5)", "chunk_bytes": 4096}
+    same = np.stack([V.fingerprint(base)] * 3)
+    V.check_fingerprints(same, "op")  # no error
+    rows = np.stack([V.fingerprint(base), V.fingerprint(base),
+                     V.fingerprint({**base, "chunk_bytes": 8192})])
+    with pytest.raises(ValueError, match=r"^op: rank 2 uses chunk_bytes 8192 but rank 0 uses "
+                                         r"4096; every rank"):
+        V.check_fingerprints(rows, "op")
+    extra = np.stack([V.fingerprint(base), V.fingerprint({**base, "moe.layout": "padded"})])
+    with pytest.raises(ValueError, match=r"rank 1 sets moe\.layout padded where rank 0 sets "
+                                         r"no such field"):
+        V.check_fingerprints(extra, "op")
+    # more fields than slots: a difference in the shared last slot is still found
+    many = {f"f{i}": i for i in range(V.FP_SLOTS + 5)}
+    rows = np.stack([V.fingerprint(many), V.fingerprint({**many, f"f{V.FP_SLOTS + 3}": -1})])
+    with pytest.raises(ValueError, match=r"rank 1 uses \+6 fields"):
+        V.check_fingerprints(rows, "op")
+    assert V.fingerprint(many).shape == V.fingerprint({}).shape == (V.FP_WORDS,)
+
+
+def job_call_config(rank, ws):
+    """A caller's own ``config=`` fields, with and without ``split_matrix``."""
+    from pathweave.errors import CommError
+
+    orch = _orch(ws, True, timeout_s=5)
+    tr = orch._state(None).transport
+    seen = []
+
+    def count_exchange(*args, _real=tr.exchange, **kwargs):
+        seen.append(1)
+        return _real(*args, **kwargs)
+
+    tr.exchange = count_exchange
+    rows = _rows(ws, 8)
+    in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+    inp = torch.randn(sum(in_s), 4)
+    out = torch.zeros(sum(out_s), 4)
+    res = {}
+    try:
+        orch.all_to_all_single(out, inp, out_s, in_s, config={"chunk_bytes": 1})
+    except ValueError as exc:
+        res["clash"] = str(exc)
+    # the last case breaks the group: a rank that changes its fields between
+    # split_matrix calls is not seen (no exchange) and every rank times out
+    for name, experts, mat in (("agree", 8, rows), ("agree again", 8, rows),
+                               ("differ, exchanged", 8 + (rank == 2), None),
+                               ("differ, split_matrix", 8 + (rank == 2), rows)):
+        before = len(seen)
+        try:
+            pwd.all_to_all_single(out, inp, out_s, in_s, orchestrator=orch, split_matrix=mat,
+                                  config={"moe.num_experts": experts})
+            res[name] = ("ok", _same(out, _reference(out.shape, out.dtype, inp, out_s, in_s)))
+        except (ValueError, CommError) as exc:
+            res[name] = (type(exc).__name__, str(exc))
+        res[name] += (len(seen) - before,)
+    return res
+
+
+def test_a_callers_config_fields_are_checked_on_every_rank():
+    results = run_local(job_call_config, 4, timeout_s=120)
+    msg = ("all_to_all_single: rank 2 uses moe.num_experts 9 but rank 0 uses 8; every rank of "
+           "the group must use the same configuration (fabric, policy, chunk_bytes, ...)")
+    for rank, res in enumerate(results):
+        assert res["clash"] == "config names ['chunk_bytes'] clash with the orchestrator's own " \
+                               "settings"
+        assert res["agree"] == ("ok", True, 1)  # a new configuration: checked once
+        assert res["agree again"] == ("ok", True, 0)  # then no exchange
+        assert res["differ, exchanged"] == ("ValueError", msg, 1)
+        kind, _, exchanges = res["differ, split_matrix"]
+        assert kind == "CommError" and exchanges == (rank == 2), (rank, res)

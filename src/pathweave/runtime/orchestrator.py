@@ -3,9 +3,10 @@
 One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 
 1. **exchange**: each rank encodes its arguments (splits, dtype, row shape,
-   any local problem) in one ``int64`` row; one all-gather gives every rank
-   every row; every rank validates them the same way, so bad input raises
-   the same error everywhere before any data moves;
+   any local problem) and its configuration fingerprint in one ``int64``
+   row; one all-gather gives every rank every row; every rank validates them
+   the same way, so bad input or a differing configuration raises the same
+   error everywhere before any data moves;
 2. **plan**: the demand matrix (bytes per pair) is quantised to 5
    significant bits; a plan per quantised demand is cached, so a repeated
    pattern costs no planning; hysteresis keeps the current plan unless a new
@@ -15,7 +16,19 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 3. **schedule**: the plan's split of each pair is applied to the exact bytes
    and cut into a per-rank schedule of chunked point-to-point operations
    (:mod:`pathweave.runtime.schedule`), cached by the exact metadata;
-4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`).
+4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`)
+   on normalised buffers (a dense input, a scratch output copied back on
+   success), or torch's own collective on the same buffers;
+5. **account** in :class:`OrchestratorStats`.
+
+Steps 2 to 5 are one pipeline (``Orchestrator._pipeline``) for every op.
+An op is an adapter: it exchanges and validates its own metadata, then
+hands the pipeline a ``_Call``: a metadata key, ``decode()`` (its layout:
+``pair_bytes`` and whatever its segments need), ``segments(layout)`` (its
+buffers' byte ranges per pair, :class:`~pathweave.runtime.schedule.Segments`)
+and ``buffers(multipath)`` (normalised send and receive buffers, torch's own
+collective on them, the copy back). ``all_to_all_single`` and
+``batch_isend_irecv`` are the two adapters today.
 
 Every rank holds the same metadata and the same history of calls, so every
 rank makes the same decisions without talking about them.
