@@ -79,7 +79,7 @@ def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[
         orch = None
         if multipath:  # every pair split over several paths, relays included, both directions
             orch = pw.Orchestrator(fabric="h100-2x4:gpus_per_node=2", enabled=True,
-                                   min_split_bytes=1, chunk_bytes=256)
+                                   min_split_bytes=1, chunk_bytes=4096)
         moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout,
                           placement=placement, orchestrator=orch)
         x = d["x"][gi].clone().requires_grad_()
