@@ -77,11 +77,13 @@ def test_registry_and_option_errors():
     assert isinstance(make_policy("hopper", ctx), policy_class("hopper"))
     with pytest.raises(PlanError, match="unknown dynamic policy 'rps'"):
         policy_class("rps")
-    with pytest.raises(PlanError, match="hopper option probes=0"):
+    with pytest.raises(PlanError, match=r"hopper option probes must be in \[1, 64\], got 0"):
         make_policy("hopper", ctx, probes=0)
+    with pytest.raises(TypeError, match="hopper option probes must be a real number, got str '2'"):
+        make_policy("hopper", ctx, probes="2")
     with pytest.raises(PlanError, match=r"'flowbender' got unknown option 'gain'.*patience_epochs"):
         make_policy("flowbender", ctx, gain=1)
-    with pytest.raises(PlanError, match="nimble-online option min_gain=2"):
+    with pytest.raises(PlanError, match=r"option min_gain must be in \[0.0, 1.0\], got 2"):
         make_policy("nimble-online", ctx, min_gain=2)
     with pytest.raises(TypeError, match="policy must be a name"):
         make_policy(3, ctx)

@@ -80,6 +80,7 @@ from typing import Any
 
 import numpy as np
 
+from pathweave import _check
 from pathweave.errors import FabricError, PlanError
 from pathweave.fabric import Fabric, LinkKind, PathSet, candidate_paths, resolve
 from pathweave.sim._maxmin import maxmin_into
@@ -330,15 +331,6 @@ def _resolve_links(fab: Fabric, links: Iterable[LinkKey], what: str) -> np.ndarr
     return np.array(out, dtype=np.int64)
 
 
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return v
-
-
 def _path_line_rate(fab: Fabric, ps: PathSet) -> np.ndarray:
     """Capacity of each path's first network link (a NIC's line rate), else its first link."""
     lk = ps.links.astype(np.int64)
@@ -418,14 +410,12 @@ def run_dynamic(
         raise ValueError(
             f"trace is for {trace.num_ranks} ranks but fabric {fab.name!r} has {fab.num_ranks}"
         )
-    dt = _positive("epoch_s", epoch_s)
-    K = float(queue_target_bytes)
-    if not (K >= 0 and math.isfinite(K)):
-        raise ValueError(f"queue_target_bytes must be >= 0 and finite, got {queue_target_bytes!r}")
-    tau = _positive("drain_epochs", drain_epochs) * dt
-    t_limit = math.inf if max_time_s is None else _positive("max_time_s", max_time_s)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
+    dt = _check.real("epoch_s", epoch_s, low=0.0, low_open=True)
+    K = _check.real("queue_target_bytes", queue_target_bytes, low=0.0)
+    tau = _check.real("drain_epochs", drain_epochs, low=0.0, low_open=True) * dt
+    t_limit = (math.inf if max_time_s is None
+               else _check.real("max_time_s", max_time_s, low=0.0, low_open=True))
+    _check.integer("seed", seed)
     ps = candidate_paths(fab) if paths is None else paths
     if ps.fabric is not fab:
         raise PlanError("paths were compiled for another fabric")
