@@ -595,7 +595,7 @@ def test_spec_gpus_per_node_must_divide() -> None:
 
 
 def test_spec_not_a_string() -> None:
-    with pytest.raises(WorkloadError, match="42"):
+    with pytest.raises(TypeError, match="workload spec must be a string, got int 42"):
         WorkloadSpec.parse(42)  # type: ignore[arg-type]
 
 
