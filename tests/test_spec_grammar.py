@@ -58,4 +58,4 @@ def test_values_parse_the_same_in_both_layers() -> None:
 
 def test_spec_must_be_a_string() -> None:
     with pytest.raises(TypeError, match="got int 3"):
-        _spec.parse(3, label="spec", error=ValueError)  # type: ignore[arg-type]
+        _spec.split(3, "spec")  # type: ignore[arg-type]

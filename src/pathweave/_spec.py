@@ -15,12 +15,14 @@ caller's own error class and name the spec, the key and the text.
 
 Examples
 --------
->>> from pathweave._spec import parse
->>> parse("dgx-h100:nodes=4, spines=2", label="fabric spec", error=ValueError)
-('dgx-h100', [('nodes', 'nodes', '4'), ('spines', 'spines', '2')])
->>> parse("hotspot:0.8", label="workload spec", error=ValueError, positional="ratio")
-('hotspot', [('ratio', None, '0.8')])
->>> parse("x:a=1,a=2", label="spec", error=ValueError)
+>>> from pathweave._spec import items, split
+>>> split("dgx-h100:nodes=4, spines=2", "fabric spec")
+('dgx-h100', 'nodes=4, spines=2')
+>>> items("nodes=4, spines=2", where="fabric spec", error=ValueError)
+[('nodes', 'nodes', '4'), ('spines', 'spines', '2')]
+>>> items("0.8", where="workload spec", error=ValueError, positional="ratio")
+[('ratio', None, '0.8')]
+>>> items("a=1,a=2", where="spec 'x:a=1,a=2'", error=ValueError)
 Traceback (most recent call last):
 ...
 ValueError: spec 'x:a=1,a=2': a given twice
@@ -38,26 +40,39 @@ _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
-def parse(
-    spec: str,
+def split(spec: str, label: str) -> tuple[str, str | None]:
+    """``(head, rest)`` of ``spec``, both stripped; ``rest`` is None without a ``:``.
+
+    Raises
+    ------
+    TypeError
+        ``spec`` is not a string (``label`` names what it should be).
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"a {label} must be a string, got {type(spec).__name__} {spec!r}")
+    head, sep, rest = spec.strip().partition(":")
+    return head.strip(), (rest.strip() if sep else None)
+
+
+def items(
+    text: str | None,
     *,
-    label: str,
+    where: str,
     error: type[Exception],
     canonical: Callable[[str], str] = lambda key: key,
     positional: str | None = None,
     hint: str = "",
-) -> tuple[str, list[Item]]:
-    """Split ``spec`` into its head and its items.
+) -> list[Item]:
+    """The items of ``text``, what follows the ``:`` (None: no ``:``, no items).
 
     Parameters
     ----------
-    spec
-        The spec string.
-    label
-        What the spec is, for messages (``"fabric spec"``, ``"workload spec"``);
-        errors read ``LABEL 'SPEC': problem``.
+    text
+        The items, from :func:`split`.
+    where
+        Leads every message (``"fabric spec 'node.xml:nodes=x'"``).
     error
-        Raised for a spec that breaks the grammar.
+        Raised for text that breaks the grammar.
     canonical
         Maps a key as written (stripped) to the key it sets (aliases, case);
         two items with one canonical key are an error.
@@ -69,39 +84,18 @@ def parse(
 
     Returns
     -------
-    head, items
-        The stripped head and one :data:`Item` per item, in the order written.
+    list of Item
+        One :data:`Item` per item, in the order written.
 
     Raises
     ------
-    TypeError
-        ``spec`` is not a string.
     error
-        On a grammar error, naming the spec and the item.
+        On a grammar error, naming ``where`` and the item.
     """
-    head = head_of(spec, label)
-    _, sep, rest = spec.strip().partition(":")
-    where = f"{label} {spec!r}"
-    if sep and not rest.strip():
+    if text is None:
+        return []
+    if not text.strip():
         raise error(f"{where} has nothing after ':'")
-    found = items(rest, where=where, error=error, canonical=canonical, positional=positional,
-                  hint=hint) if sep else []
-    return head, found
-
-
-def items(
-    text: str,
-    *,
-    where: str,
-    error: type[Exception],
-    canonical: Callable[[str], str] = lambda key: key,
-    positional: str | None = None,
-    hint: str = "",
-) -> list[Item]:
-    """The items of ``text`` (what follows the ``:``); see :func:`parse`.
-
-    ``where`` leads every message (``"fabric spec 'node.xml:nodes=x'"``).
-    """
     found: list[Item] = []
     for index, item in enumerate(part.strip() for part in text.split(",")):
         if item == "":
@@ -123,13 +117,6 @@ def items(
             raise error(f"{where}: {name} given twice")
         found.append((name, key, value))
     return found
-
-
-def head_of(spec: str, label: str) -> str:
-    """The head of ``spec`` (the name before ``:``), stripped; TypeError for a non-string."""
-    if not isinstance(spec, str):
-        raise TypeError(f"a {label} must be a string, got {type(spec).__name__} {spec!r}")
-    return spec.strip().partition(":")[0].strip()
 
 
 def number(text: str, where: str, error: type[Exception]) -> float:
@@ -165,4 +152,4 @@ def boolean(text: str, where: str, error: type[Exception]) -> bool:
     raise error(f"{where} is not a boolean (true/false)")
 
 
-__all__ = ["Item", "boolean", "head_of", "integer", "items", "number", "parse"]
+__all__ = ["Item", "boolean", "integer", "items", "number", "split"]

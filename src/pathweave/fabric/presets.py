@@ -181,11 +181,10 @@ def preset(name: str, **params: Any) -> Fabric:
     >>> preset("dgx-h100:nodes=4").num_ranks
     32
     """
-    base, _, rest = name.partition(":")
-    base = base.strip()
+    base, rest = _spec.split(name, "fabric spec")
     if base not in PRESETS:
         raise FabricError(f"unknown fabric preset {base!r}; known presets: {', '.join(PRESETS)}")
-    kw = parse_options(name, rest)
+    kw = parse_options(name, rest or "")
     kw.update(params)
     try:
         _check_shape(name, base, kw)

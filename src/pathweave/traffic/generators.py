@@ -22,6 +22,7 @@ and the value.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -48,19 +49,9 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-def _int_arg(name: str, value: Any, *, minimum: int | None = None) -> int:
-    return _check.integer(name, value, minimum=minimum, error=WorkloadError)
-
-
-def _real_arg(
-    name: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-) -> float:
-    return _check.real(name, value, low=low, high=high, low_open=low_open, error=WorkloadError)
+# The generators' argument checks: pathweave._check with WorkloadError for bad values.
+_int_arg = functools.partial(_check.integer, error=WorkloadError)
+_real_arg = functools.partial(_check.real, error=WorkloadError)
 
 
 def _num_ranks_arg(num_ranks: Any) -> int:

@@ -293,7 +293,7 @@ class WorkloadSpec:
             Naming the unknown workload or key, or the value that does not
             parse, and listing what is valid.
         """
-        head = _spec.head_of(spec, "workload spec")
+        head, rest = _spec.split(spec, "workload spec")
         name = head.lower().replace("-", "_")
         if name not in _KINDS:
             raise _unknown("workload", head, list(_KINDS))
@@ -303,8 +303,8 @@ class WorkloadSpec:
             key = key.lower()
             return "bytes" if key in _BYTES_KEYS else kind.aliases.get(key, key)
 
-        _, items = _spec.parse(
-            spec, label="workload spec", error=WorkloadError, canonical=canonical,
+        items = _spec.items(
+            rest, where=f"workload spec {spec!r}", error=WorkloadError, canonical=canonical,
             positional=kind.positional,
             hint=f"; write key=value with keys {', '.join(cls._keys(name))}",
         )
