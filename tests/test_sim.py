@@ -253,7 +253,7 @@ WORKLOADS = (
 
 
 @pytest.mark.parametrize("fabric_spec", ["h100-2x4", "dgx-h100:nodes=2"])
-@pytest.mark.parametrize("policy", ["static", "multirail", "mwu", "optimal", "hscore"])
+@pytest.mark.parametrize("policy", pw.plan.policies())
 def test_makespan_never_below_congestion(fabric_spec, policy):
     fab = pw.fabric.preset(fabric_spec)
     for spec in WORKLOADS:

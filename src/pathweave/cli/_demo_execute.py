@@ -46,7 +46,7 @@ def execute_step(ctx: DemoContext) -> None:
     out = ctx.console
     if importlib.util.find_spec("torch") is None:
         out.print("[yellow]skipped:[/] torch is not installed, so nothing can run for real "
-                  "(pip install 'pathweave[torch]').")
+                  "(torch is a dependency of pathweave: pip install torch).")
         return
     from pathweave.bench import dataplane
 
