@@ -26,6 +26,7 @@ from pathweave.plan.static import static_paths
 @register(
     "multirail",
     options={},
+    baseline=True,
     summary="UCX/MPI-like: direct inside a node, striped over the source GPU's rails across",
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:

@@ -38,6 +38,7 @@ def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
 @register(
     "static",
     options={},
+    baseline=True,
     summary="NCCL-like: direct NVLink inside a node, PXN (destination's rail) across nodes",
 )
 def static(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:

@@ -1,0 +1,186 @@
+"""The default policy, ``mintime``: the candidate plan of least predicted time.
+
+pathweave's promise is "faster under skew, never slower". The congestion
+bound alone does not keep it: forwarding costs time the bound does not see
+(relay efficiency, per-forwarder set-up, pipeline fill, the NVLink-injection
+and NIC-aggregate limits), and a min-congestion plan that forwards a lot can
+be slower than plain rail striping with the same bound. ``mintime`` plans
+several candidates and returns the one the time model
+(:func:`pathweave.plan.timemodel.predict_time`) predicts fastest:
+
+* every registered *baseline* (``static``, ``multirail``, ``hscore``;
+  :func:`pathweave.plan.registry.baselines`), so by construction the result
+  is never predicted slower than any of them;
+* ``mwu`` (NIMBLE's Algorithm 1, min-congestion over the real links);
+* ``mwu_time``: the same kernel over the model's *effective* links (network
+  efficiency, the virtual NVLink-injection and NIC-aggregate links) with each
+  path's forwarding time (set-up per relay, pipeline fill) as its penalty
+  over the pair's cheapest path.
+
+Choosing. The model is a lower bound of the simulator's max-min fluid
+makespan, tight for plans with few paths per pair and up to ~7 % optimistic
+for plans that load many links to the maximum at once (measured,
+``docs/simulator.md``). So a multi-path candidate replaces the best
+baseline only if its prediction is lower by more than ``margin`` (default
+3 %), and among baselines within ``tie`` (0.2 %) of each other the first
+registered wins (``static`` before ``multirail`` before ``hscore``: the
+simplest; the model cannot tell such plans apart).
+
+``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
+and the CLI use it where no policy is given.
+
+Examples
+--------
+>>> import pathweave as pw
+>>> fab = pw.fabric.preset("h100-2x4")
+>>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+>>> plan = pw.plan.make(fab, D)
+>>> plan.policy, plan.info["chosen"]
+('mintime', 'multirail')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pathweave.errors import PlanError
+from pathweave.fabric import Fabric, PathSet
+from pathweave.plan._plan import Plan
+from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
+from pathweave.plan.mwu import _check, route
+from pathweave.plan.registry import baselines, policy_info, register
+from pathweave.plan.timemodel import default_model, path_costs, predict_time
+
+#: The policy used wherever none is given.
+DEFAULT_POLICY = "mintime"
+
+#: Multi-path candidates planned beside the baselines.
+MULTIPATH = ("mwu", "mwu_time")
+
+MWU_TIME_DEFAULTS: dict[str, Any] = {
+    "fraction": MWU_DEFAULTS["fraction"],
+    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
+    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
+    "refine": MWU_DEFAULTS["refine"],
+    "model": None,
+}
+
+FASTEST_DEFAULTS: dict[str, Any] = {
+    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
+    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
+    "model": None,
+    "margin": 0.03,
+    "tie": 0.002,
+}
+
+
+def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-path forwarding penalty (s) over the pair's cheapest path, and 1/capacity."""
+    m = default_model() if model is None else model
+    pc = path_costs(paths, m)
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        fixed = pc.fixed_s(np.arange(paths.num_paths))
+        ptr = paths.pair_ptr
+        starts = ptr[:-1]
+        nonempty = ptr[1:] > starts
+        mins = np.zeros(starts.size)
+        mins[nonempty] = np.minimum.reduceat(fixed, starts[nonempty])
+        pen = fixed - np.repeat(mins, np.diff(ptr))
+        inv = 1.0 / pc.capacity_Bps
+        pen.setflags(write=False)
+        inv.setflags(write=False)
+        return pen, inv
+
+    return paths.derived(("mwu_time.tables", m), build)
+
+
+@register(
+    "mwu_time",
+    options=MWU_TIME_DEFAULTS,
+    summary="Algorithm 1 over the time model's effective links, forwarding time as penalty",
+)
+def mwu_time(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    *,
+    fraction: float = MWU_TIME_DEFAULTS["fraction"],
+    chunk_bytes: int = MWU_TIME_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MWU_TIME_DEFAULTS["min_split_bytes"],
+    refine: int = MWU_TIME_DEFAULTS["refine"],
+    model: Any = None,
+) -> Plan:
+    """Time-aware MWU: see the module docstring."""
+    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
+    _check("chunk_bytes", chunk_bytes, 1, 2**62)
+    _check("min_split_bytes", min_split_bytes, 0, 2**62)
+    _check("refine", refine, 0, 1000)
+    pc = path_costs(paths, model)
+    pen, inv = _time_tables(paths, model)
+    return route(
+        fabric, demand, paths, "mwu_time", pc.links, pc.length, pen, inv,
+        fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+        refine=refine,
+    )
+
+
+def candidates(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, *, chunk_bytes: int,
+    min_split_bytes: int, model: Any = None,
+) -> dict[str, Plan]:
+    """Every baseline's plan and every multi-path candidate's, by policy name."""
+    out = {name: policy_info(name).func(fabric, demand, paths) for name in baselines()}
+    split = {"chunk_bytes": chunk_bytes, "min_split_bytes": min_split_bytes}
+    if int(demand.max(initial=0)) >= min_split_bytes:
+        out["mwu"] = policy_info("mwu").func(fabric, demand, paths, **split)
+        out["mwu_time"] = mwu_time(fabric, demand, paths, model=model, **split)
+    return out
+
+
+def choose(
+    plans: dict[str, Plan], times_s: dict[str, float], *, margin: float, tie: float
+) -> str:
+    """The chosen candidate's name (rule in the module docstring)."""
+    base = [n for n in plans if policy_info(n).baseline]
+    best_base = min(times_s[n] for n in base)
+    near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]
+    pick = near[0]  # registration order: the simplest of the tied baselines
+    multi = [n for n in plans if n not in base]
+    if multi:
+        m = min(multi, key=lambda n: times_s[n])
+        if times_s[m] * (1.0 + margin) < times_s[pick]:
+            return m
+    return pick
+
+
+@register(
+    DEFAULT_POLICY,
+    options=FASTEST_DEFAULTS,
+    summary="default: plans every baseline, mwu and mwu_time; returns the least predicted time",
+)
+def mintime(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    *,
+    chunk_bytes: int = FASTEST_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = FASTEST_DEFAULTS["min_split_bytes"],
+    model: Any = None,
+    margin: float = FASTEST_DEFAULTS["margin"],
+    tie: float = FASTEST_DEFAULTS["tie"],
+) -> Plan:
+    """Plan every candidate and return the fastest in prediction (module docstring)."""
+    for name, v in (("margin", margin), ("tie", tie)):
+        if not (0.0 <= v < 1.0):
+            raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
+    plans = candidates(fabric, demand, paths, chunk_bytes=chunk_bytes,
+                       min_split_bytes=min_split_bytes, model=model)
+    times = {n: predict_time(p, model) for n, p in plans.items()}
+    name = choose(plans, times, margin=margin, tie=tie)
+    p = plans[name]
+    info = {**p.info, "chosen": name, "predicted_s": times[name],
+            "candidates_s": dict(times)}
+    return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
