@@ -67,7 +67,7 @@ MWU_TIME_DEFAULTS: dict[str, Any] = {
     "model": None,
 }
 
-FASTEST_DEFAULTS: dict[str, Any] = {
+MINTIME_DEFAULTS: dict[str, Any] = {
     "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
     "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
     "model": None,
@@ -158,7 +158,7 @@ def choose(
 
 @register(
     DEFAULT_POLICY,
-    options=FASTEST_DEFAULTS,
+    options=MINTIME_DEFAULTS,
     summary="default: plans every baseline, mwu and mwu_time; returns the least predicted time",
 )
 def mintime(
@@ -166,11 +166,11 @@ def mintime(
     demand: np.ndarray,
     paths: PathSet,
     *,
-    chunk_bytes: int = FASTEST_DEFAULTS["chunk_bytes"],
-    min_split_bytes: int = FASTEST_DEFAULTS["min_split_bytes"],
+    chunk_bytes: int = MINTIME_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MINTIME_DEFAULTS["min_split_bytes"],
     model: Any = None,
-    margin: float = FASTEST_DEFAULTS["margin"],
-    tie: float = FASTEST_DEFAULTS["tie"],
+    margin: float = MINTIME_DEFAULTS["margin"],
+    tie: float = MINTIME_DEFAULTS["tie"],
 ) -> Plan:
     """Plan every candidate and return the fastest in prediction (module docstring)."""
     for name, v in (("margin", margin), ("tie", tie)):
