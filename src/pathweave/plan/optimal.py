@@ -169,6 +169,7 @@ def time_optimum(
     *,
     model: Any = None,
     time_limit_s: float = 120.0,
+    min_split_bytes: int = 1 << 20,
 ) -> Plan:
     """The time yardstick: a plan of least predicted time over the same paths (LP).
 
@@ -190,6 +191,12 @@ def time_optimum(
     is returned. ``info["predicted_s"]`` is its predicted time; no plan over
     these paths is predicted faster, up to the fill of fragments smaller
     than one chunk (charged a whole chunk here) and rounding.
+
+    Pairs below ``min_split_bytes`` stay whole on their ``static`` path, the
+    rule every planner keeps (NIMBLE's size threshold): the model does not
+    see what splitting small messages costs (many short flows sharing links
+    max-min), so without the rule the yardstick would reward exactly the
+    plans the threshold exists to prevent. ``min_split_bytes=0`` lifts it.
     """
     from pathweave.fabric import candidate_paths
     from pathweave.plan.registry import as_demand
@@ -203,6 +210,12 @@ def time_optimum(
                                {"predicted_s": 0.0})
     pc = path_costs(ps, model)
     which, pid = matching_paths(ps, pairs, np.ones(ps.num_paths, dtype=bool))
+    small = nbytes[which] < min_split_bytes
+    if small.any():
+        from pathweave.plan.mwu import static_pins
+
+        keep = ~small | (pid == static_pins(ps)[pairs[which]])
+        which, pid = which[keep], pid[keep]
     fixed = pc.fixed_s(pid)
     pair_min = np.full(pairs.size, np.inf)
     np.minimum.at(pair_min, which, fixed)
