@@ -226,3 +226,33 @@ def test_time_yardstick_in_the_ideal_model_is_the_congestion_optimum():
         yard = time_optimum(H100, D, model=SimModel.ideal())
         opt = pw.plan.make(H100, D, "optimal")
         assert yard.info["predicted_s"] == pytest.approx(opt.info["optimum_s"], rel=1e-6)
+
+
+# ------------------------------------------------------------------ replan
+@pytest.mark.parametrize("fab", [H100, DGX2], ids=["h100-2x4", "dgx-2x4"])
+def test_replan_is_valid_and_never_predicted_slower_than_a_baseline(fab):
+    spec = "moe:tokens=65536,hidden=4096,experts=8,topk=2,hot=0.9"
+    step1 = pw.traffic.parse_workload(spec, 8, seed=0)
+    step2 = pw.traffic.parse_workload(spec, 8, seed=1)
+    plan = pw.plan.replan(pw.plan.make(fab, step1), step2).validate()
+    assert plan.policy == pw.plan.DEFAULT_POLICY
+    tie = MINTIME_DEFAULTS["tie"]
+    for name in pw.plan.baselines():
+        assert predict_time(plan) <= predict_time(pw.plan.make(fab, step2, name)) * (1 + tie)
+
+
+def test_warm_start_keeps_the_previous_split_of_an_unchanged_demand():
+    # Same demand, no refinement pass: the warm start is the previous plan.
+    from pathweave.plan.mintime import warm_start
+
+    D = pw.traffic.parse_workload("stencil:dims=2", 8, bytes_per_rank=256 << 20)
+    prev = pw.plan.make(H100, D, "mwu_time")
+    d = pw.plan.registry.as_demand(D, 8)
+    again = warm_start(prev, d, chunk_bytes=1 << 20, min_split_bytes=1 << 20, refine=0)
+    assert np.array_equal(again.flow_path, prev.flow_path)
+    assert np.array_equal(again.flow_bytes, prev.flow_bytes)
+    # Twice the bytes: the same paths, every fragment doubled.
+    twice = warm_start(prev, d * 2, chunk_bytes=1 << 20, min_split_bytes=1 << 20, refine=0)
+    assert np.array_equal(twice.flow_path, prev.flow_path)
+    assert np.array_equal(twice.flow_bytes, prev.flow_bytes * 2)
+    assert twice.validate() is twice

@@ -35,11 +35,21 @@ Repeats
 Quick mode
     Skips the 1024-GPU fabric and the LP at 256 GPUs; under a minute.
 
+Time
+    Every plan's predicted time (:func:`pathweave.plan.predict_time`), its
+    simulated makespan (:func:`pathweave.sim.simulate`, up to 256 GPUs; 64
+    in quick mode) and, where the LP is solved, the case's time yardstick
+    (:func:`pathweave.plan.optimal.time_optimum`), all from the same run.
+
 Targets (:func:`summarize`): ``mwu`` within 2 % of the optimum at the median
 and 5 % at worst; ``mwu`` median planning time at most 50 us, 5 ms, 100 ms and
 2 s at 8, 64, 256 and 1024 ranks; and, as a check of the fabric model
 against the NIMBLE paper, ``static`` at 3.8x and 2.7x the optimum for
-hotspot 0.9 and 0.5 on ``h100-2x4``.
+hotspot 0.9 and 0.5 on ``h100-2x4``. For the default policy
+(:func:`time_checks`): simulated makespan at most the best baseline's on
+every case (ties within 0.1 %) and never above ``static``'s; predicted time
+within 2 % (median) and 5 % (worst) of the time yardstick; planning time
+under the same per-size targets as ``mwu``.
 
 Examples
 --------
@@ -92,11 +102,17 @@ STATIC_REFERENCE_FABRIC = "h100-2x4"
 #: Keys of every record :func:`run` returns.
 RECORD_KEYS = (
     "fabric", "ranks", "workload", "policy", "congestion_s", "optimal_s", "plan_s_median",
-    "predicted_s", "sim_s", "time_optimum_s",
+    "predicted_s", "sim_s", "time_optimum_s", "replan_s",
 )
+#: Replanning a changed MoE step must take at most this share of its predicted time.
+REPLAN_SHARE_TARGET = 0.10
 
-#: Plans are simulated (``sim_s``) on fabrics up to this many ranks.
+#: Seed of the "next step" of a MoE workload, replanned from the plan of the first.
+REPLAN_SEED = 1
+#: Plans are simulated (``sim_s``) on fabrics up to this many ranks (quick: 64);
+#: a 256-GPU simulation of every policy takes minutes.
 SIM_MAX_RANKS = 256
+SIM_MAX_RANKS_QUICK = 64
 #: Time targets of the default policy (issue 10): simulated makespan at most the
 #: best baseline's on every case and never above ``static``'s; predicted time
 #: within 2 % (median) and 5 % (worst) of the time yardstick.
@@ -240,11 +256,16 @@ def run(
         (congestion bound of the plan; ``None`` for an unsolved LP),
         ``optimal_s`` (LP optimum of the case or ``None``) and
         ``plan_s_median`` (median planning time; ``None`` where the LP was
-        skipped).
+        skipped), ``predicted_s`` (the time model's
+        :func:`~pathweave.plan.predict_time`), ``sim_s`` (simulated makespan,
+        up to 256 GPUs, 64 in quick mode; else ``None``) and
+        ``time_optimum_s`` (the case's time yardstick,
+        :func:`~pathweave.plan.optimal.time_optimum`, where the LP is solved).
     """
     if repeat is not None and repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     names = _policy_order(pwplan.policies() if policies is None else policies)
+    sim_max = SIM_MAX_RANKS_QUICK if quick else SIM_MAX_RANKS
     for n in names:
         pwplan.policy_info(n)
     todo = cases(quick, lp_max_ranks)
@@ -286,11 +307,16 @@ def run(
             step(f"{fab.name} {case.workload}: {name}")
             results[name], plans[name] = _time_policy(fab, demand, name, reps)
         yard = _time_yardstick(fab, demand, time_limit_s) if case.solve_optimal else None
+        replan_s = None
+        if case.workload.startswith("moe") and pwplan.DEFAULT_POLICY in plans:
+            # The next MoE step: the same layer, other tokens (another seed).
+            nxt = traffic.parse_workload(case.workload, fab.num_ranks, seed=REPLAN_SEED)
+            replan_s = _time_replan(plans[pwplan.DEFAULT_POLICY], nxt, reps)
         for name in names:
             congestion, plan_s = results[name]
             plan = plans.get(name)
             sim_s = None
-            if plan is not None and fab.num_ranks <= SIM_MAX_RANKS:
+            if plan is not None and fab.num_ranks <= sim_max:
                 sim_s = sim.simulate(fab, plan).makespan_s
             records.append(
                 {
@@ -304,6 +330,7 @@ def run(
                     "predicted_s": None if plan is None else pwplan.predict_time(plan),
                     "sim_s": sim_s,
                     "time_optimum_s": yard,
+                    "replan_s": replan_s if name == pwplan.DEFAULT_POLICY else None,
                 }
             )
     if on_progress is not None:
@@ -330,6 +357,13 @@ def _time_policy(
         plan = pwplan.make(fab, demand, policy)
         times.append(plan.plan_s)
     return (plan.congestion_s, statistics.median(times)), plan
+
+
+def _time_replan(prev: pwplan.Plan, demand: np.ndarray, reps: int) -> tuple[float, float]:
+    """``(median replan time, predicted time of the replanned step)``."""
+    plan = pwplan.replan(prev, demand)
+    times = [pwplan.replan(prev, demand).plan_s for _ in range(reps)]
+    return statistics.median(times), float(plan.info["predicted_s"])
 
 
 def _time_yardstick(fab: pwfabric.Fabric, demand: np.ndarray, time_limit_s: float) -> float | None:
@@ -515,6 +549,16 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
              f"{default}/time yardstick predicted worst  {{v:.4f}} "
              f"(target <= {RATIO_TARGET_WORST})"),
     ]
+    for r in records:
+        rp = r.get("replan_s")
+        if r["policy"] == default and rp and int(r["ranks"]) >= 64:
+            share = rp[0] / rp[1]
+            out.append(Check(
+                f"replan {r['ranks']}", share, REPLAN_SHARE_TARGET, share <= REPLAN_SHARE_TARGET,
+                f"replan of a changed MoE step at {int(r['ranks']):>4} ranks: "
+                f"{_fmt_time(rp[0])}, {share:.1%} of its predicted {_fmt_time(rp[1])} "
+                f"(target <= {REPLAN_SHARE_TARGET:.0%})",
+            ))
     times: dict[int, list[float]] = {}
     for r in records:
         if r["policy"] == default and r.get("plan_s_median") is not None:

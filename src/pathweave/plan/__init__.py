@@ -14,12 +14,12 @@ Examples
 from pathweave.plan import static, multirail, mwu, optimal, hscore, mintime  # noqa: F401
 # isort: on
 from pathweave.plan._plan import Plan, Route
-from pathweave.plan.mintime import DEFAULT_POLICY
+from pathweave.plan.mintime import DEFAULT_POLICY, replan
 from pathweave.plan.pinned import pinned
 from pathweave.plan.registry import Policy, baselines, make, policies, policy_info, register
 from pathweave.plan.timemodel import predict_time
 
 __all__ = [
     "DEFAULT_POLICY", "Plan", "Policy", "Route", "baselines", "make", "pinned", "policies",
-    "policy_info", "predict_time", "register",
+    "policy_info", "predict_time", "register", "replan",
 ]

@@ -161,9 +161,28 @@ def route_kernel(
             )
             rem[k] = r - f
             left -= f
-    # Phase 2: rip up and re-route. Early pairs chose paths before later
-    # pairs loaded the fabric; re-routing each pair against everyone else's
-    # final load removes most of that order bias.
+    # Phase 2: rip up and re-route (also the warm start of a replan).
+    sweeps += refine_kernel(
+        pair_lo, pair_hi, demand, off, links, length, penalty_s, inv_cap, lam, chunk,
+        min_split, refine, load, flow,
+    )
+    return sweeps
+
+
+@njit(cache=True)
+def refine_kernel(
+    pair_lo, pair_hi, demand, off, links, length, penalty_s, inv_cap, lam, chunk, min_split,
+    refine, load, flow,
+):
+    """Rip up and re-route the pairs on hot links, ``refine`` passes; returns the passes.
+
+    Early pairs chose paths before later pairs loaded the fabric; re-routing
+    each pair against everyone else's final load removes most of that order
+    bias. Given any ``flow`` and its ``load`` (a previous plan's split of a
+    new demand), it is also the warm start of an incremental replan.
+    """
+    k_pairs = pair_lo.shape[0]
+    sweeps = 0
     for _ in range(refine):
         sweeps += 1
         # Only pairs that touch a link near the current maximum can lower

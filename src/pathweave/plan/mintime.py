@@ -45,16 +45,19 @@ Examples
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
+from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
 from pathweave.plan._plan import Plan
 from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
 from pathweave.plan.mwu import _check, route
 from pathweave.plan.registry import baselines, policy_info, register
+from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import default_model, path_costs, predict_time
 
 #: The policy used wherever none is given.
@@ -148,7 +151,7 @@ def choose(
     plans: dict[str, Plan], times_s: dict[str, float], *, margin: float, tie: float
 ) -> str:
     """The chosen candidate's name (rule in the module docstring)."""
-    base = [n for n in plans if policy_info(n).baseline]
+    base = [n for n in plans if n in baselines()]
     best_base = min(times_s[n] for n in base)
     near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]
     pick = near[0]  # registration order: the simplest of the tied baselines
@@ -188,3 +191,101 @@ def mintime(
     info = {**p.info, "chosen": name, "predicted_s": times[name],
             "candidates_s": dict(times)}
     return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
+
+
+# ------------------------------------------------------------ incremental replan
+def warm_start(
+    prev: Plan, demand: np.ndarray, *, model: Any = None, chunk_bytes: int,
+    min_split_bytes: int, refine: int = 2, fraction: float = MWU_DEFAULTS["fraction"],
+) -> Plan:
+    """``mwu_time`` started from ``prev``'s split instead of from scratch.
+
+    Each pair keeps ``prev``'s shares of its paths, applied to its new bytes
+    (new pairs and pairs below ``min_split_bytes`` go whole on their static
+    path); then ``refine`` rip-up-and-re-route passes over the hot links
+    (:func:`~pathweave.plan._mwu_kernel.refine_kernel`) move what the new
+    demand overloads.
+    """
+    ps = prev.paths
+    flat = demand.reshape(-1)
+    pairs = np.flatnonzero(flat)
+    pins = static_pins(ps)
+    dem = flat[pairs].astype(np.int64)
+    small = dem < min_split_bytes
+    lo = np.where(small, pins[pairs], ps.pair_ptr[pairs])
+    hi = np.where(small, pins[pairs] + 1, ps.pair_ptr[pairs + 1])
+    off = np.concatenate([[0], np.cumsum(hi - lo)])
+    kidx = np.full(flat.size, -1, dtype=np.int64)
+    kidx[pairs] = np.arange(pairs.size)
+    # The previous shares, applied to the new bytes (rounded down).
+    pf, fp, fb = prev._pair_of_flow, prev.flow_path, prev.flow_bytes
+    prev_tot = np.bincount(pf, weights=fb, minlength=flat.size)
+    k = kidx[pf]
+    ok = (k >= 0) & (fb > 0)
+    ok[ok] &= (fp[ok] >= lo[k[ok]]) & (fp[ok] < hi[k[ok]])
+    k, fpk = k[ok], fp[ok]
+    share = np.floor(dem[k] * (fb[ok] / prev_tot[pf[ok]])).astype(np.int64)
+    nslot = int(off[-1])
+    flow = np.bincount(off[k] + fpk - lo[k], weights=share, minlength=nslot)
+    # What rounding or new pairs leave goes to the static path.
+    got = np.bincount(k, weights=share, minlength=pairs.size)
+    flow += np.bincount(off[:-1] + pins[pairs] - lo, weights=dem - got, minlength=nslot)
+    flow = np.rint(flow).astype(np.int64)
+    pc = path_costs(ps, model)
+    pen, inv = _time_tables(ps, model)
+    slot_path = np.repeat(lo - off[:-1], hi - lo) + np.arange(nslot)
+    rows = pc.links[slot_path]
+    m = rows >= 0
+    load = np.bincount(rows[m], weights=np.broadcast_to(flow[:, None], rows.shape)[m],
+                       minlength=inv.size).astype(np.float64)
+    refine_kernel(lo, hi, dem, off, pc.links, pc.length, pen, inv, float(fraction),
+                  np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine), load,
+                  flow)
+    pid, nb = compact_flows(lo, hi, flow)
+    pid.setflags(write=False)
+    nb.setflags(write=False)
+    return Plan(prev.fabric, ps, demand, pid, nb, "mwu_time", 0.0, {"warm_start": True})
+
+
+def replan(
+    prev: Plan, demand: Any, *, model: Any = None, chunk_bytes: int | None = None,
+    min_split_bytes: int | None = None, margin: float | None = None, tie: float | None = None,
+) -> Plan:
+    """Plan ``demand`` from ``prev`` (a plan on the same paths): the incremental default policy.
+
+    When the demand changes a little (the next MoE step), the previous
+    split is a good start: :func:`warm_start` applies it to the new bytes and
+    re-routes only what got hot. The result competes with every baseline
+    exactly as in ``mintime`` (the same :func:`choose`), so a replan is never
+    predicted slower than a baseline either; ``info["chosen"]`` says which
+    won (``"warm"`` for the warm start).
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> D1 = pw.traffic.parse_workload("stencil:dims=2", 8, bytes_per_rank=256 << 20)
+    >>> p1 = pw.plan.make(fab, D1)
+    >>> p2 = pw.plan.replan(p1, D1 * 1.1 // 1)
+    >>> p2.policy, p2.info["chosen"]
+    ('mintime', 'warm')
+    """
+    from pathweave.plan.registry import as_demand
+
+    d = MINTIME_DEFAULTS
+    chunk = d["chunk_bytes"] if chunk_bytes is None else chunk_bytes
+    split = d["min_split_bytes"] if min_split_bytes is None else min_split_bytes
+    t0 = time.perf_counter()
+    dem = as_demand(demand, prev.paths.num_ranks)
+    fab, ps = prev.fabric, prev.paths
+    plans = {name: policy_info(name).func(fab, dem, ps) for name in baselines()}
+    if int(dem.max(initial=0)) >= split:
+        plans["warm"] = warm_start(prev, dem, model=model, chunk_bytes=chunk,
+                                   min_split_bytes=split)
+    times = {n: predict_time(p, model) for n, p in plans.items()}
+    name = choose(plans, times, margin=d["margin"] if margin is None else margin,
+                  tie=d["tie"] if tie is None else tie)
+    p = plans[name]
+    info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times)}
+    return Plan(fab, ps, dem, p.flow_path, p.flow_bytes, DEFAULT_POLICY,
+                time.perf_counter() - t0, info)

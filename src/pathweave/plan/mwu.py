@@ -57,7 +57,7 @@ from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._mwu_kernel import route_pinned
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
-from pathweave.plan.static import static_paths
+from pathweave.plan.static import static_pins
 
 DEFAULTS = {
     "fraction": 0.5,
@@ -128,19 +128,6 @@ def mwu(
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
         refine=refine,
     )
-
-
-def static_pins(paths: PathSet) -> np.ndarray:
-    """``int64[N * N]``: every pair's ``static`` path (-1 on the diagonal), kept with the paths."""
-
-    def build() -> np.ndarray:
-        n = paths.num_ranks
-        pairs = np.flatnonzero(paths.pair_ptr[1:] > paths.pair_ptr[:-1])
-        out = np.full(n * n, -1, dtype=np.int64)
-        out[pairs] = static_paths(paths, pairs.astype(np.int64))
-        return _readonly(out)
-
-    return paths.derived("static.pins", build)
 
 
 def route(

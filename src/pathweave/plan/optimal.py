@@ -212,7 +212,7 @@ def time_optimum(
     which, pid = matching_paths(ps, pairs, np.ones(ps.num_paths, dtype=bool))
     small = nbytes[which] < min_split_bytes
     if small.any():
-        from pathweave.plan.mwu import static_pins
+        from pathweave.plan.static import static_pins
 
         keep = ~small | (pid == static_pins(ps)[pairs[which]])
         which, pid = which[keep], pid[keep]
