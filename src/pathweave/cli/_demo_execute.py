@@ -63,7 +63,7 @@ def execute_step(ctx: DemoContext) -> None:
         "are forwarded by relay ranks as they would be by GPUs."
     )
     with out.status("running on local ranks"):
-        result = dataplane.execute(fab, demand, policy="mwu", enabled=True)
+        result = dataplane.execute(fab, demand, policy="mintime", enabled=True)
     if not result["verified"]:
         out.print(f"[bold red]MISMATCH[/] with torch.distributed.all_to_all_single: "
                   f"{result['mismatch']}")
