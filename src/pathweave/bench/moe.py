@@ -101,6 +101,27 @@ class _Exact:
             self.bufs[name] = b
         return b[: rows * width].view(rows, width)
 
+    def _counts(self, idx: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+        """The send plan, this rank's rows per (destination, local expert) and the rows
+        every rank sends here per local expert (one count exchange, as the exact
+        baseline's own metadata step)."""
+        import torch
+        import torch.distributed as dist
+
+        from pathweave.moe import _routing as R
+
+        moe = self.moe
+        n, L = moe.num_ranks, moe.num_local_experts
+        idx_np = idx.numpy()
+        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
+        # Every rank has L local experts here.
+        cnt = np.zeros((n, L), dtype=np.int64)
+        live = idx_np[idx_np >= 0]
+        np.add.at(cnt, (moe.placement[live], moe.local_index[live]), 1)
+        recv_cnt = torch.empty(n * L, dtype=torch.int64)
+        dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
+        return plan, cnt, recv_cnt.numpy().reshape(n, L)
+
     def round_trip(self, x: Any, idx: Any, w: Any) -> tuple[Any, int]:
         """Dispatch ``x`` and combine it back unchanged; returns (out, bytes sent)."""
         import torch
@@ -112,15 +133,7 @@ class _Exact:
         n, H, k = moe.num_ranks, moe.hidden_dim, moe.experts_per_token
         L, cap = moe.num_local_experts, moe.expert_capacity
         m = x.shape[0]
-        idx_np = idx.numpy()
-        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
-        # Counts per (destination, local expert): every rank has L local experts here.
-        cnt = np.zeros((n, L), dtype=np.int64)
-        np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
-                        moe.local_index[idx_np[idx_np >= 0]]), 1)
-        recv_cnt = torch.empty(n * L, dtype=torch.int64)
-        dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
-        block = recv_cnt.numpy().reshape(n, L)
+        plan, cnt, block = self._counts(idx)
         send_rows = cnt.sum(1)
         pad = m * min(k, L) if self.padded else 0
         tok = plan.row_token
@@ -186,22 +199,14 @@ class _Exact:
         """Forward + backward of the exact round trip with torch's differentiable all-to-all;
         returns the gradients of ``x`` and ``w``."""
         import torch
-        import torch.distributed as dist
         import torch.distributed.nn.functional as tnf
 
         from pathweave.moe import _routing as R
 
         moe = self.moe
-        n, H, k = moe.num_ranks, moe.hidden_dim, moe.experts_per_token
+        H, k = moe.hidden_dim, moe.experts_per_token
         L, cap = moe.num_local_experts, moe.expert_capacity
-        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
-        idx_np = idx.numpy()
-        cnt = np.zeros((n, L), dtype=np.int64)
-        np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
-                        moe.local_index[idx_np[idx_np >= 0]]), 1)
-        recv_cnt = torch.empty(n * L, dtype=torch.int64)
-        dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
-        block = recv_cnt.numpy().reshape(n, L)
+        plan, cnt, block = self._counts(idx)
         send_rows, recv_rows = cnt.sum(1).tolist(), block.sum(1).tolist()
         pos = torch.from_numpy(R.expert_major_positions(block, cap))
         xl = x.detach().requires_grad_()
