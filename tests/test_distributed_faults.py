@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-
-import pathweave as pw  # noqa: E402
-import pathweave.distributed as pwd  # noqa: E402
-from pathweave.errors import CommError, LaunchTimeoutError, RankError  # noqa: E402
-from pathweave.runtime.launch import run_local  # noqa: E402
+import pathweave as pw
+import pathweave.distributed as pwd
+from pathweave.errors import CommError, LaunchTimeoutError, RankError
+from pathweave.runtime.launch import run_local
 
 TIMEOUT_S = 3.0
 
@@ -100,6 +99,9 @@ def job_peer_fault(rank, ws, mode, enabled, piddir):
     inp = torch.arange(ws * 40000, dtype=torch.float32)
     out = torch.empty_like(inp)
     pwd.all_to_all_single(out, inp, orchestrator=orch)  # a good call first: all connected
+    # A rank returns once its own bytes are in, while it may still relay for
+    # others: the victim must not act before every rank is out of that call.
+    dist.barrier()
     out.fill_(-1.0)
     if rank == _victim(mode):
         if mode == "die-mid-transfer":
