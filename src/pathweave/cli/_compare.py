@@ -34,6 +34,11 @@ class PolicyResult:
     def congestion_s(self) -> float | None:
         return None if self.plan is None else self.plan.congestion_s
 
+    @property
+    def predicted_s(self) -> float | None:
+        """Completion time by the planner's time model (bound + forwarding costs)."""
+        return None if self.plan is None else pwplan.predict_time(self.plan)
+
 
 @dataclass
 class Comparison:
@@ -74,6 +79,7 @@ class Comparison:
                     "bytes_per_rank": self.bytes_per_rank,
                     "policy": r.policy,
                     "congestion_s": None if p is None else p.congestion_s,
+                    "predicted_s": r.predicted_s,
                     "optimal_s": self.optimum_s,
                     "ratio": self.ratio(r.policy),
                     "paths_used": None if p is None else p.paths_used,
@@ -87,19 +93,21 @@ class Comparison:
         return out
 
     def table(self, title: str | None = None) -> Table:
-        """The policy table: congestion, ratio to optimal, paths, split pairs, time."""
+        """The policy table: congestion, ratio to optimal, predicted time, paths, split pairs,
+        planning time."""
         table = Table(title=title, title_justify="left")
         table.add_column("policy")
         table.add_column("congestion (ms)", justify="right")
         table.add_column("x optimal", justify="right")
-        table.add_column("paths used", justify="right")
-        table.add_column("split pairs", justify="right")
-        table.add_column("planning time", justify="right")
+        table.add_column("time (ms)", justify="right")
+        table.add_column("paths", justify="right")
+        table.add_column("split", justify="right")
+        table.add_column("planned in", justify="right")
         table.add_column("bottleneck link")
         for r in self.results:
             p = r.plan
             if p is None:
-                table.add_row(r.policy, "n/a", "n/a", "", "", "", f"[yellow]{r.error}[/]")
+                table.add_row(r.policy, "n/a", "n/a", "n/a", "", "", "", f"[yellow]{r.error}[/]")
                 continue
             ratio = self.ratio(r.policy)
             style = "green" if ratio is not None and ratio <= 1.02 else None
@@ -107,6 +115,7 @@ class Comparison:
                 r.policy,
                 fmt_ms(p.congestion_s),
                 fmt_ratio(ratio),
+                fmt_ms(r.predicted_s),
                 str(p.paths_used),
                 str(p.split_pairs()),
                 fmt_duration(p.plan_s),

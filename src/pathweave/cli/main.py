@@ -208,7 +208,8 @@ def plan_cmd(
     if cmp.optimum_s is not None:
         out.print(
             f"congestion = max over links of load / capacity; x optimal = congestion / LP "
-            f"optimum ({fmt_ms(cmp.optimum_s)} ms)"
+            f"optimum ({fmt_ms(cmp.optimum_s)} ms); time = predicted completion "
+            "(pathweave.plan.predict_time: congestion + forwarding, set-up, pipeline fill)"
         )
     else:
         out.print(f"[yellow]LP optimum not available:[/] {cmp.optimum_error}", soft_wrap=True)
