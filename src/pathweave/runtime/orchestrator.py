@@ -929,10 +929,7 @@ def _callable_text(fn: Any) -> str:
 
 
 def _link_bytes(st: _GroupState, fpath: np.ndarray, fbytes: np.ndarray) -> np.ndarray:
-    rows = st.paths.links[fpath]
-    w = np.broadcast_to(np.asarray(fbytes, dtype=np.float64)[:, None], rows.shape)
-    m = rows >= 0
-    return np.bincount(rows[m], weights=w[m], minlength=st.fabric.num_links)
+    return st.paths.link_load_bytes(fpath, fbytes)
 
 
 def _p2p_segments(matches: list[tuple[int, int, int, int, int]], n: int) -> Segments:
