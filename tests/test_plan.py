@@ -222,7 +222,7 @@ def test_unknown_policy_and_option():
         pw.plan.make(H100, D, "nccl")
     with pytest.raises(PlanError, match="unknown option 'lam'"):
         pw.plan.make(H100, D, "mwu", lam=0.3)
-    with pytest.raises(PlanError, match=r"fraction=1.5"):
+    with pytest.raises(PlanError, match=r"mwu option fraction must be in \(0.0, 1.0\], got 1.5"):
         pw.plan.make(H100, D, "mwu", fraction=1.5)
     with pytest.raises(PlanError, match="time_limit_s=0"):
         pw.plan.make(H100, D, "optimal", time_limit_s=0)
