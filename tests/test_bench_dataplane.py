@@ -19,16 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
 
-torch = pytest.importorskip("torch")
-
-from rich.console import Console  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-from pathweave import fabric as pwfabric  # noqa: E402
-from pathweave import traffic  # noqa: E402
-from pathweave.bench import dataplane  # noqa: E402
-from pathweave.cli.main import app  # noqa: E402
+from pathweave import fabric as pwfabric
+from pathweave import traffic
+from pathweave.bench import dataplane
+from pathweave.cli.main import app
 
 RANKS = 4
 FABRIC_4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"

@@ -12,18 +12,18 @@ import functools
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-import pathweave as pw  # noqa: E402
-import pathweave.distributed as pwd  # noqa: E402
-from pathweave.runtime.launch import run_local  # noqa: E402
+import pathweave as pw
+import pathweave.distributed as pwd
+from pathweave.runtime.launch import run_local
 
 MESH4 = "cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh"
 RAILS4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"

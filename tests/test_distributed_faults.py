@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-
-import pathweave as pw  # noqa: E402
-import pathweave.distributed as pwd  # noqa: E402
-from pathweave.errors import CommError, LaunchTimeoutError, RankError  # noqa: E402
-from pathweave.runtime.launch import run_local  # noqa: E402
+import pathweave as pw
+import pathweave.distributed as pwd
+from pathweave.errors import CommError, LaunchTimeoutError, RankError
+from pathweave.runtime.launch import run_local
 
 TIMEOUT_S = 3.0
 
