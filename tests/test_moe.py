@@ -203,13 +203,15 @@ def _check_case(rank: int, world: int, case: dict[str, Any], moe: Any = None) ->
         assert sum(v for kk, v in kinds.items() if kk not in ("direct", "torch")) > 0, kinds
 
 
-def _run_cases(rank: int, world: int, cases: list[dict[str, Any]]) -> list[str]:
-    failures = []
+def _run_cases(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[str, str]:
+    """Each case's failure on this rank (``""``: passed); one launch serves many tests."""
+    failures = {}
     for case in cases:
         try:
             _check_case(rank, world, case)
+            failures[case["name"]] = ""
         except Exception:
-            failures.append(f"{case['name']}: {traceback.format_exc()}")
+            failures[case["name"]] = traceback.format_exc()
     return failures
 
 
@@ -298,12 +300,31 @@ CASES_8 = [
 ]
 
 
-def test_moe_4_ranks() -> None:
-    _report(run_local(_run_cases, 4, (CASES_4,), timeout_s=240))
+# Multi-rank launches are the cost of these tests: each group of cases runs in
+# one launch (a module-scoped fixture) and each case is its own test.
+@pytest.fixture(scope="module")
+def results_4() -> list[dict[str, str]]:
+    return run_local(_run_cases, 4, (CASES_4,), timeout_s=240)
 
 
-def test_moe_8_ranks() -> None:
-    _report(run_local(_run_cases, 8, (CASES_8,), timeout_s=240))
+@pytest.fixture(scope="module")
+def results_8() -> list[dict[str, str]]:
+    return run_local(_run_cases, 8, (CASES_8,), timeout_s=240)
+
+
+def _report_case(results: list[dict[str, str]], name: str) -> None:
+    bad = [f"rank {r}: {fs[name]}" for r, fs in enumerate(results) if fs[name]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES_4])
+def test_moe_4_ranks(results_4: list[dict[str, str]], name: str) -> None:
+    _report_case(results_4, name)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES_8])
+def test_moe_8_ranks(results_8: list[dict[str, str]], name: str) -> None:
+    _report_case(results_8, name)
 
 
 def test_moe_repeated_calls() -> None:

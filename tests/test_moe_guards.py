@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from pathweave.moe._routing import LAYOUTS
@@ -131,17 +132,33 @@ EXPECT_HANDLES = {
 }
 
 
-def test_mismatched_layers_and_stale_handles_raise_on_every_rank() -> None:
-    for layout in LAYOUTS:
-        seen = run_local(_guards, 4, (layout,), timeout_s=120)
-        for r in range(1, 4):
-            assert seen[r] == seen[0], (layout, r, seen[r], seen[0])
-        want = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
-        labels = [s[0] for s in seen[0]]
-        assert labels == [*want, "good", "good", "good", "good"], labels
-        for label, exc, msg in seen[0]:
-            if label == "good":
-                assert exc == "none", (layout, exc)
-                continue
-            assert exc == want[label][0], (layout, label, exc, msg)
-            assert want[label][1] in msg, (layout, label, msg)
+WANT = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
+
+
+# One 4-rank launch per layout runs every case (launches are the cost); each case
+# is then its own test.
+@pytest.fixture(scope="module", params=LAYOUTS)
+def guards(request: pytest.FixtureRequest) -> tuple[str, list[list[tuple[str, str, str]]]]:
+    return request.param, run_local(_guards, 4, (request.param,), timeout_s=120)
+
+
+def test_every_rank_sees_the_same_errors(guards) -> None:
+    layout, seen = guards
+    labels = [s[0] for s in seen[0]]
+    assert labels == [*WANT, "good", "good", "good", "good"], labels
+    for r in range(1, 4):
+        assert seen[r] == seen[0], (layout, r, seen[r], seen[0])
+
+
+@pytest.mark.parametrize("label", list(WANT))
+def test_mismatch_or_stale_handle_raises(guards, label: str) -> None:
+    layout, seen = guards
+    [(exc, msg)] = [(e, m) for lab, e, m in seen[0] if lab == label]
+    assert exc == WANT[label][0], (layout, label, exc, msg)
+    assert WANT[label][1] in msg, (layout, label, msg)
+
+
+def test_good_calls_after_the_errors_match_the_reference(guards) -> None:
+    layout, seen = guards
+    goods = [e for lab, e, _ in seen[0] if lab == "good"]
+    assert goods == ["none"] * 4, (layout, goods)
