@@ -11,9 +11,13 @@ expert capacity) run on the gathered rows the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
+
+from pathweave.moe._work import MoEHandle
 
 # One dtype numbering for every metadata row pathweave exchanges.
 from pathweave.runtime._validate import dtype_code, dtype_name
@@ -248,3 +252,118 @@ def check_handle_ids(call_ids: np.ndarray) -> None:
             f"rank {r} combines the handle of dispatch call {int(call_ids[r])} but rank 0 that "
             f"of call {int(call_ids[0])}; every rank must combine the handle of the same dispatch"
         )
+
+
+# ------------------------------------------------- the layer's argument checks
+def dtype_ok(t: torch.Tensor, names: Sequence[str]) -> bool:
+    return str(t.dtype).removeprefix("torch.") in names
+
+
+def check_dispatch(
+    layer: Any, x: Any, topk_idx: Any, x_scale: Any) -> int:
+    """Local checks of types, dtypes, shapes and devices; returns the scale columns (-1: none).
+
+    The routing table's values are checked on its device
+    (:func:`pathweave.moe._routing.check_topk`), with the counts.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise MoEArgError(1, type_code(x))
+    if x.dtype != layer.dtype:
+        raise MoEArgError(2, dtype_code(x.dtype), dtype_code(layer.dtype))
+    if x.dim() != 2 or x.shape[1] != layer.hidden_dim:
+        raise MoEArgError(3, *shape_nums(x))
+    m = int(x.shape[0])
+    if m > layer.max_num_tokens:
+        raise MoEArgError(4, m)
+    if not isinstance(topk_idx, torch.Tensor):
+        raise MoEArgError(5, type_code(topk_idx))
+    if not dtype_ok(topk_idx, INDEX_DTYPES):
+        raise MoEArgError(6, dtype_code(topk_idx.dtype))
+    if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, layer.experts_per_token):
+        raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
+    if topk_idx.device != x.device:
+        raise MoEArgError(13, 1)
+    cols = -1
+    if x_scale is not None:
+        if not isinstance(x_scale, torch.Tensor):
+            raise MoEArgError(10, type_code(x_scale))
+        if x_scale.dtype != torch.float32:
+            raise MoEArgError(11, dtype_code(x_scale.dtype))
+        if x_scale.dim() != 2 or x_scale.shape[0] != m or x_scale.shape[1] < 1:
+            raise MoEArgError(12, *shape_nums(x_scale), 0, 0, m)
+        if x_scale.device != x.device:
+            raise MoEArgError(13, 2)
+        cols = int(x_scale.shape[1])
+    return cols
+
+def check_global(
+    layer: Any, ms: np.ndarray, digests: np.ndarray, scols: np.ndarray, pairs: np.ndarray
+) -> None:
+    """Checks over all ranks' rows (the same outcome on every rank)."""
+    if (scols != scols[0]).any():
+        r = int(np.flatnonzero(scols != scols[0])[0])
+
+        def say(c: int) -> str:
+            return "no x_scale" if c < 0 else f"x_scale with {c} columns"
+
+        raise ValueError(
+            f"rank 0 passed {say(int(scols[0]))} but rank {r} passed {say(int(scols[r]))}; "
+            "all ranks must pass scales of the same width, or none"
+        )
+    dp = layer.dp_size
+    if dp > 1:
+        for g in range(layer.num_dp_groups):
+            lo = g * dp
+            for r in range(lo + 1, lo + dp):
+                if ms[r] != ms[lo] or digests[r] != digests[lo]:
+                    what = (
+                        f"{int(ms[lo])} and {int(ms[r])} tokens" if ms[r] != ms[lo]
+                        else "different topk_idx"
+                    )
+                    raise ValueError(
+                        f"ranks {lo} and {r} are in one DP group (dp_size={dp}) but hold "
+                        f"{what}; ranks of a DP group must pass identical tokens and routing"
+                    )
+    load = pairs.sum(axis=0)
+    over = np.flatnonzero(load > layer.expert_capacity)
+    if over.size and layer.layout == "expert-major":
+        e = int(over[0])
+        raise ValueError(
+            f"expert {e} (rank {int(layer.placement[e])}) would receive {int(load[e])} tokens, "
+            f"more than expert_capacity={layer.expert_capacity}"
+        )
+
+def check_combine(
+    layer: Any, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
+) -> torch.Tensor | None:
+    if not isinstance(handle, MoEHandle):
+        raise MoEArgError(20, type_code(handle))
+    if handle.owner is not layer:
+        raise MoEArgError(28)
+    if handle.combined:
+        raise MoEArgError(29, handle.call_id)
+    if not isinstance(expert_y, torch.Tensor):
+        raise MoEArgError(21, type_code(expert_y))
+    if not dtype_ok(expert_y, FLOAT_DTYPES):
+        raise MoEArgError(22, dtype_code(expert_y.dtype))
+    H = layer.hidden_dim
+    if layer.layout == "compact":
+        want: tuple[int, ...] = (handle.num_pairs, H)
+        exp_nums = (handle.num_pairs, 1)
+    else:
+        want = (layer.num_local_experts, layer.expert_capacity, H)
+        exp_nums = (layer.num_local_experts, 0)
+    if tuple(expert_y.shape) != want:
+        raise MoEArgError(23, *shape_nums(expert_y), *exp_nums)
+    if not weighted:
+        return None
+    m = handle.num_tokens
+    if not isinstance(topk_weights, torch.Tensor):
+        raise MoEArgError(24, type_code(topk_weights))
+    if not dtype_ok(topk_weights, FLOAT_DTYPES):
+        raise MoEArgError(25, dtype_code(topk_weights.dtype))
+    if tuple(topk_weights.shape) != (m, layer.experts_per_token):
+        raise MoEArgError(26, *shape_nums(topk_weights), 0, 0, m)
+    if topk_weights.device != expert_y.device:
+        raise MoEArgError(27)
+    return topk_weights.to(torch.float32)

@@ -97,10 +97,22 @@ def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False)
     _args.real(f"mwu option {name}", value, low=lo, high=hi, low_open=lo_open, error=PlanError)
 
 
+def _check_options(
+    *, fraction: float, chunk_bytes: int, min_split_bytes: int, hop_penalty_s: float, refine: int
+) -> None:
+    """Every ``mwu`` option in range; PlanError naming the first that is not."""
+    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
+    _check("chunk_bytes", chunk_bytes, 1, 2**62)
+    _check("min_split_bytes", min_split_bytes, 0, 2**62)
+    _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
+    _check("refine", refine, 0, 1000)
+
+
 @register(
     "mwu",
     options=DEFAULTS,
     summary="NIMBLE Algorithm 1: multiplicative-weights min-congestion over all candidate paths",
+    check=_check_options,
 )
 def mwu(
     fabric: Fabric,
@@ -114,11 +126,8 @@ def mwu(
     refine: int = DEFAULTS["refine"],
 ) -> Plan:
     """Plan with NIMBLE's Algorithm 1 (see the module docstring)."""
-    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
-    _check("chunk_bytes", chunk_bytes, 1, 2**62)
-    _check("min_split_bytes", min_split_bytes, 0, 2**62)
-    _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
-    _check("refine", refine, 0, 1000)
+    _check_options(fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+                   hop_penalty_s=hop_penalty_s, refine=refine)
     penalty, inv_cap = _derived(paths, hop_penalty_s)
     return route(
         fabric, demand, paths, "mwu", paths.links, paths.length, penalty, inv_cap,

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from pathweave import _check
+
 __all__ = [
     "A2ALayout", "check_fingerprints", "check_split_matrix", "decode_a2a", "encode_a2a",
     "fingerprint",
@@ -541,20 +543,10 @@ def match_p2p(tables: list[np.ndarray]) -> list[tuple[int, int, int, int, int]]:
 
 # ------------------------------------------------------------ other kinds
 def positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``; TypeError / ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    """``value`` as an int >= ``minimum`` (:func:`pathweave._check.integer`)."""
+    return _check.integer(name, value, minimum=minimum)
 
 
 def nonnegative_float(name: str, value: Any, *, positive: bool = False) -> float:
-    """``value`` as a finite float (> 0 if ``positive``); errors name ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not np.isfinite(v) or v < 0 or (positive and v == 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} "
-                         f"finite number, got {value!r}")
-    return v
+    """``value`` as a finite float >= 0 (> 0 if ``positive``) (:func:`pathweave._check.real`)."""
+    return _check.real(name, value, low=0.0, low_open=positive)

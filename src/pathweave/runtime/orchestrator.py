@@ -393,9 +393,9 @@ class Orchestrator:
         if not (callable(policy) or isinstance(policy, str)):
             raise TypeError(f"policy must be a policy name or a callable, got {policy!r}")
         if isinstance(policy, str):
-            from pathweave.plan import policy_info
+            from pathweave.plan.registry import check_options
 
-            policy_info(policy)  # unknown names fail here, naming the known ones
+            check_options(policy, policy_options)  # unknown names and options fail here
         self.policy = policy
         self.policy_options = dict(policy_options)
         extra = sorted(set(self.policy_options) - {"kinds", "max_hops"})
