@@ -22,21 +22,19 @@ E, K, H, M = 8, 2, 16, 6
 
 # parameter -> (keyword arguments of the odd rank's layer, expected message)
 MISMATCH: dict[str, tuple[dict[str, Any], str]] = {
-    "num_experts": ({"num_experts": 16}, "rank 3 uses num_experts=16 but rank 0 uses "
-                                         "num_experts=8"),
-    "experts_per_token": ({"experts_per_token": 3}, "rank 3 uses experts_per_token=3 but "
-                                                    "rank 0 uses experts_per_token=2"),
-    "hidden_dim": ({"hidden_dim": 32}, "rank 3 uses hidden_dim=32 but rank 0 uses hidden_dim=16"),
-    "max_num_tokens": ({"max_num_tokens": 7}, "rank 3 uses max_num_tokens=7 but rank 0 uses "
-                                              "max_num_tokens=6"),
-    "dtype": ({"dtype": torch.bfloat16}, "rank 3 uses dtype=bfloat16 but rank 0 uses "
-                                         "dtype=float32"),
-    "layout": ({"layout": "other"}, "rank 3 uses layout="),
-    "dp_size": ({"dp_size": 2}, "rank 3 uses dp_size=2 but rank 0 uses dp_size=1"),
-    "expert_capacity": ({"expert_capacity": 20}, "rank 3 uses expert_capacity=20 but rank 0 "
-                                                 "uses expert_capacity=24"),
-    "placement": ({"placement": [3, 2, 1, 0, 0, 1, 2, 3]}, "rank 3 uses placement an expert "
-                                                           "placement with digest"),
+    "num_experts": ({"num_experts": 16}, "rank 3 uses num_experts 16 but rank 0 uses 8"),
+    "experts_per_token": ({"experts_per_token": 3}, "rank 3 uses experts_per_token 3 but "
+                                                    "rank 0 uses 2"),
+    "hidden_dim": ({"hidden_dim": 32}, "rank 3 uses hidden_dim 32 but rank 0 uses 16"),
+    "max_num_tokens": ({"max_num_tokens": 7}, "rank 3 uses max_num_tokens 7 but rank 0 uses 6"),
+    "dtype": ({"dtype": torch.bfloat16}, "rank 3 uses dtype bfloat16 but rank 0 uses float32"),
+    "layout": ({"layout": "other"}, "rank 3 uses layout "),
+    "dp_size": ({"dp_size": 2}, "rank 3 uses dp_size 2 but rank 0 uses 1"),
+    "expert_capacity": ({"expert_capacity": 20}, "rank 3 uses expert_capacity 20 but rank 0 "
+                                                 "uses 24"),
+    "placement": ({"placement": [3, 2, 1, 0, 0, 1, 2, 3]}, "rank 3 uses placement "
+                                                           "[3, 2, 1, 0, 0, 1, 2, 3] but rank 0 "
+                                                           "uses [0, 0, 1, 1, 2, 2, 3, 3]"),
 }
 
 

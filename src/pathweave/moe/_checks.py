@@ -19,39 +19,38 @@ import torch
 
 from pathweave.moe._work import MoEHandle
 
-# One dtype numbering for every metadata row pathweave exchanges.
-from pathweave.runtime._validate import dtype_code, dtype_name
+# One numbering of dtypes and types, and one configuration fingerprint, for every
+# metadata row pathweave exchanges.
+from pathweave.runtime._validate import (
+    check_fingerprints,
+    dtype_code,
+    dtype_name,
+    fingerprint,
+    type_code,
+    type_name,
+)
 
 __all__ = [
-    "CONFIG_FIELDS",
     "ERR_FIELDS",
     "MoEArgError",
     "check_config",
     "check_handle_ids",
     "check_same_layer",
+    "config_fields",
+    "config_fingerprint",
     "dtype_code",
     "dtype_name",
     "raise_first",
     "type_code",
+    "type_name",
 ]
 
 #: Error code plus this many numbers per row.
 ERR_FIELDS = 8
 
-_TYPES = ("None", "list", "tuple", "int", "float", "str", "ndarray", "Tensor")
-
 #: Integer dtypes accepted for ``topk_idx``; floating dtypes accepted for outputs and weights.
 INDEX_DTYPES = ("int64", "int32", "int16", "uint8", "int8")
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def type_code(x: Any) -> int:
-    name = type(x).__name__
-    return _TYPES.index(name) if name in _TYPES else len(_TYPES)
-
-
-def type_name(code: int) -> str:
-    return _TYPES[code] if 0 <= code < len(_TYPES) else "another type"
 
 
 class MoEArgError(Exception):
@@ -169,52 +168,54 @@ def shape_nums(t: Any) -> tuple[int, int, int, int]:
     return (t.dim(), *(dims + [-1] * (3 - len(dims))))  # type: ignore[return-value]
 
 
-#: Layer parameters every rank must agree on, in the order a mismatch is reported.
-CONFIG_FIELDS = (
-    "num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "dtype", "layout",
-    "dp_size", "expert_capacity", "placement", "group size",
-)
+#: Longest placement shown as a list in a mismatch message; longer ones show a digest.
+_PLACEMENT_TEXT = 48
 
 
-def _config_value(name: str, value: int, layouts: tuple[str, ...]) -> str:
-    if name == "dtype":
-        return dtype_name(value)
-    if name == "layout":
-        return repr(layouts[value]) if 0 <= value < len(layouts) else f"<layout {value}>"
-    if name == "placement":
-        return f"an expert placement with digest {value:#x}"
-    return str(value)
+def config_fields(layer: Any) -> dict[str, Any]:
+    """The layer parameters every rank must agree on, in the order a mismatch is reported.
+
+    Each value's text is what :func:`~pathweave.runtime._validate.fingerprint`
+    compares and what the error shows.
+    """
+    place = ", ".join(str(int(p)) for p in layer.placement)
+    if len(place) > _PLACEMENT_TEXT:
+        from pathweave.moe._routing import fingerprint as digest
+
+        place = f"digest {digest(layer.placement.reshape(1, -1)):#x}"
+    else:
+        place = f"[{place}]"
+    return {
+        "num_experts": layer.num_experts, "experts_per_token": layer.experts_per_token,
+        "hidden_dim": layer.hidden_dim, "max_num_tokens": layer.max_num_tokens,
+        "dtype": dtype_name(dtype_code(layer.dtype)), "layout": layer.layout,
+        "dp_size": layer.dp_size, "expert_capacity": layer.expert_capacity,
+        "placement": place, "group_size": layer.num_ranks,
+    }  # fmt: skip
 
 
-def check_config(rows: np.ndarray, layouts: tuple[str, ...]) -> None:
-    """Raise if any rank's layer parameters (one row per rank) differ from rank 0's.
+def config_fingerprint(layer: Any) -> np.ndarray:
+    """The layer's :func:`config_fields` as fingerprint words (``int64[FP_WORDS]``)."""
+    return fingerprint(config_fields(layer))
+
+
+def check_config(rows: np.ndarray) -> None:
+    """Raise if any rank's layer fingerprint (one row per rank) differs from rank 0's.
 
     Every rank holds the same ``rows`` after the exchange, so every rank
-    raises the same error, naming the lowest differing rank and the first
-    differing parameter in :data:`CONFIG_FIELDS` order.
+    raises the same error, naming the lowest differing rank, the first
+    differing parameter of :func:`config_fields` and both values.
 
     Examples
     --------
-    >>> rows = np.array([[8, 2, 32, 8, 1, 0, 1, 32, 7, 4]] * 4)
-    >>> rows[3, 0] = 16
-    >>> check_config(rows, ("expert-major", "compact"))  # doctest: +ELLIPSIS
+    >>> a = fingerprint({"num_experts": 8, "hidden_dim": 32})
+    >>> b = fingerprint({"num_experts": 16, "hidden_dim": 32})
+    >>> check_config(np.stack([a, a, a, b]))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: rank 3 uses num_experts=16 but rank 0 uses num_experts=8; every rank must ...
+    ValueError: MoEAllToAll: rank 3 uses num_experts 16 but rank 0 uses 8; every rank ...
     """
-    diff = rows != rows[0]
-    bad = np.flatnonzero(diff.any(axis=1))
-    if not bad.size:
-        return
-    r = int(bad[0])
-    c = int(np.flatnonzero(diff[r])[0])
-    name = CONFIG_FIELDS[c]
-    mine, first = (_config_value(name, int(rows[i, c]), layouts) for i in (r, 0))
-    sep = " " if name == "placement" else "="
-    raise ValueError(
-        f"rank {r} uses {name}{sep}{mine} but rank 0 uses {name}{sep}{first}; every rank "
-        "must build the MoE layer with the same parameters"
-    )
+    check_fingerprints(rows, "MoEAllToAll", "layer parameters")
 
 
 def check_same_layer(layer_digests: np.ndarray, op: str) -> None:

@@ -205,13 +205,9 @@ class MoEAllToAll:
         self._pool = Pool()
         self._dev_tables: dict[torch.device, Any] = {}
         # Every parameter that shapes the exchange: checked across ranks once per layer
-        # (a fixed-width row, so a rank with another num_experts cannot desize the gather),
-        # then its digest rides in every call's row.
-        self._config_row = np.array([
-            self.num_experts, self.experts_per_token, self.hidden_dim, self.max_num_tokens,
-            dtype_code(dtype), R.LAYOUTS.index(layout), self.dp_size, self.expert_capacity,
-            R.fingerprint(self.placement.reshape(1, -1)), self.num_ranks,
-        ], dtype=np.int64)
+        # (a fingerprint has a fixed width, so a rank with another num_experts cannot
+        # desize the gather), then its digest rides in every call's row.
+        self._config_row = C.config_fingerprint(self)
         self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
         self._config_checked = False
         self._dispatches = 0  # call id of the next dispatch
@@ -232,7 +228,7 @@ class MoEAllToAll:
     def _check_config(self) -> None:
         """Compare every rank's layer parameters (once per layer; raises on every rank)."""
         if not self._config_checked:
-            check_config(self._exchange(self._config_row)(), R.LAYOUTS)
+            check_config(self._exchange(self._config_row)())
             self._config_checked = True
 
     def _exchange(self, row: np.ndarray) -> Any:
