@@ -35,7 +35,7 @@ def test_version():
     assert result.output.strip() == f"pathweave {pw.__version__}"
 
 
-def test_topo_show_prints_node_and_gpu_counts(tmp_path: Path):
+def test_topo_show_prints_node_and_gpu_counts(tmp_path: Path, assert_drawn):
     png = tmp_path / "fabric.png"
     result = invoke("topo", "show", "h100-2x4", "--png", png)
     assert result.exit_code == 0, result.output
@@ -44,7 +44,7 @@ def test_topo_show_prints_node_and_gpu_counts(tmp_path: Path):
     assert re.search(r"rails\W+4\b", result.output)
     assert "nvlink-mesh" in result.output
     assert "rail drd" in result.output  # candidate paths by kind
-    assert png.stat().st_size > 0
+    assert_drawn(png)
 
 
 def test_topo_validate_accepts_a_preset():
@@ -123,16 +123,16 @@ def test_policies_lists_every_policy():
         assert name in result.output
 
 
-def test_demo_writes_plot_and_prints_every_policy(tmp_path: Path):
+def test_demo_writes_plot_and_prints_every_policy(tmp_path: Path, assert_drawn):
     result = invoke("demo", "--out", tmp_path / "demo")
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "demo" / "policies.png").stat().st_size > 0
+    assert_drawn(tmp_path / "demo" / "policies.png")
     for name in pw.plan.policies():
         assert re.search(rf"^\W*{name}\b", result.output, re.MULTILINE), name
 
 
 @pytest.mark.slow
-def test_bench_planner_quick(tmp_path: Path):
+def test_bench_planner_quick(tmp_path: Path, assert_drawn):
     out = tmp_path / "bench.json"
     result = invoke("bench", "planner", "--quick", "--json", out,
                     "--out", tmp_path)
@@ -149,4 +149,4 @@ def test_bench_planner_quick(tmp_path: Path):
     assert all(r["optimal_s"] is not None for r in records if r["ranks"] <= 64)
     assert all(r["optimal_s"] is None for r in records if r["ranks"] == 256)
     assert "mwu/optimal median" in result.output
-    assert (tmp_path / "bench_planner.png").stat().st_size > 0
+    assert_drawn(tmp_path / "bench_planner.png")

@@ -13,7 +13,7 @@ from pathweave.cli.main import app
 runner = CliRunner()
 
 
-def test_simulate_writes_records_above_the_congestion_bound(tmp_path: Path):
+def test_simulate_writes_records_above_the_congestion_bound(tmp_path: Path, assert_drawn):
     out, png = tmp_path / "sim.json", tmp_path / "util.png"
     result = runner.invoke(app, [
         "simulate", "-f", "h100-2x4", "-w", "hotspot:0.9", "-b", "64M",
@@ -31,7 +31,7 @@ def test_simulate_writes_records_above_the_congestion_bound(tmp_path: Path):
     static_floor_s = 4 * 0.9 * (64 << 20) / 50e9
     assert records["static"]["makespan_s"] >= static_floor_s
     assert records["static"]["makespan_s"] / records["mwu"]["makespan_s"] > 2.5
-    assert png.stat().st_size > 0
+    assert_drawn(png)
     assert "vs static" in result.output
 
 

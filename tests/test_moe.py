@@ -203,13 +203,15 @@ def _check_case(rank: int, world: int, case: dict[str, Any], moe: Any = None) ->
         assert sum(v for kk, v in kinds.items() if kk not in ("direct", "torch")) > 0, kinds
 
 
-def _run_cases(rank: int, world: int, cases: list[dict[str, Any]]) -> list[str]:
-    failures = []
+def _run_cases(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[str, str]:
+    """Each case's failure on this rank (``""``: passed); one launch serves many tests."""
+    failures = {}
     for case in cases:
         try:
             _check_case(rank, world, case)
+            failures[case["name"]] = ""
         except Exception:
-            failures.append(f"{case['name']}: {traceback.format_exc()}")
+            failures[case["name"]] = traceback.format_exc()
     return failures
 
 
@@ -298,12 +300,31 @@ CASES_8 = [
 ]
 
 
-def test_moe_4_ranks() -> None:
-    _report(run_local(_run_cases, 4, (CASES_4,), timeout_s=240))
+# Multi-rank launches are the cost of these tests: each group of cases runs in
+# one launch (a module-scoped fixture) and each case is its own test.
+@pytest.fixture(scope="module")
+def results_4() -> list[dict[str, str]]:
+    return run_local(_run_cases, 4, (CASES_4,), timeout_s=240)
 
 
-def test_moe_8_ranks() -> None:
-    _report(run_local(_run_cases, 8, (CASES_8,), timeout_s=240))
+@pytest.fixture(scope="module")
+def results_8() -> list[dict[str, str]]:
+    return run_local(_run_cases, 8, (CASES_8,), timeout_s=240)
+
+
+def _report_case(results: list[dict[str, str]], name: str) -> None:
+    bad = [f"rank {r}: {fs[name]}" for r, fs in enumerate(results) if fs[name]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES_4])
+def test_moe_4_ranks(results_4: list[dict[str, str]], name: str) -> None:
+    _report_case(results_4, name)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES_8])
+def test_moe_8_ranks(results_8: list[dict[str, str]], name: str) -> None:
+    _report_case(results_8, name)
 
 
 def test_moe_repeated_calls() -> None:
@@ -457,24 +478,39 @@ def test_bench_moe_baselines_agree_with_pathweave() -> None:
 
 
 def _absent_peer(rank: int, world: int) -> str:
-    """Ranks 0 and 1 dispatch; rank 2 never does: the metadata exchange must time out."""
+    """Ranks 0 and 1 dispatch; rank 2 never does: the metadata exchange must time out.
+
+    The exchange's deadline is recorded as the layer passes it: it must be the
+    orchestrator's ``timeout_s`` after the moment of the call (bracketed by
+    two clock readings, so the check holds however slow the machine is).
+    """
     import time
 
     import pathweave as pw
-    from pathweave.moe import MoEAllToAll
+    from pathweave.moe import layer as moe_layer
 
     orch = pw.Orchestrator(timeout_s=1.0)
-    moe = MoEAllToAll(6, 2, 8, 4, torch.float32, orchestrator=orch)
+    moe = moe_layer.MoEAllToAll(6, 2, 8, 4, torch.float32, orchestrator=orch)
     if rank == world - 1:
         time.sleep(3.0)  # outlive the others' deadline, then leave without calling
         return "absent"
+    deadlines: list[float] = []
+    real = moe_layer.start_row_exchange
+
+    def recording(row, group=None, *, deadline):
+        deadlines.append(deadline)
+        return real(row, group, deadline=deadline)
+
+    moe_layer.start_row_exchange = recording
     x = torch.ones(2, 8)
     idx = torch.tensor([[0, 5], [1, 2]])
     t0 = time.monotonic()
     try:
         moe.dispatch(x, idx)
     except Exception as exc:
-        return f"{type(exc).__name__} after {time.monotonic() - t0:.1f}s: {exc}"
+        t1 = time.monotonic()
+        on_time = all(t0 + 1.0 <= d <= t1 + 1.0 for d in deadlines) and deadlines
+        return f"{type(exc).__name__} deadline={'ok' if on_time else deadlines}: {exc}"
     return "no error"
 
 
@@ -484,7 +520,5 @@ def test_moe_exchange_keeps_the_orchestrator_deadline() -> None:
     seen = run_local(_absent_peer, 3, timeout_s=60)
     assert seen[2] == "absent"
     for r in (0, 1):
-        assert seen[r].startswith("CommError after "), (r, seen[r])
-        took_s = float(seen[r].split()[2].rstrip("s:"))
-        assert 0.9 <= took_s < 2.5, (r, seen[r])
+        assert seen[r].startswith("CommError deadline=ok: "), (r, seen[r])
         assert f"rank {r}: metadata exchange" in seen[r], (r, seen[r])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from pathweave.moe._routing import LAYOUTS
@@ -21,21 +22,19 @@ E, K, H, M = 8, 2, 16, 6
 
 # parameter -> (keyword arguments of the odd rank's layer, expected message)
 MISMATCH: dict[str, tuple[dict[str, Any], str]] = {
-    "num_experts": ({"num_experts": 16}, "rank 3 uses num_experts=16 but rank 0 uses "
-                                         "num_experts=8"),
-    "experts_per_token": ({"experts_per_token": 3}, "rank 3 uses experts_per_token=3 but "
-                                                    "rank 0 uses experts_per_token=2"),
-    "hidden_dim": ({"hidden_dim": 32}, "rank 3 uses hidden_dim=32 but rank 0 uses hidden_dim=16"),
-    "max_num_tokens": ({"max_num_tokens": 7}, "rank 3 uses max_num_tokens=7 but rank 0 uses "
-                                              "max_num_tokens=6"),
-    "dtype": ({"dtype": torch.bfloat16}, "rank 3 uses dtype=bfloat16 but rank 0 uses "
-                                         "dtype=float32"),
-    "layout": ({"layout": "other"}, "rank 3 uses layout="),
-    "dp_size": ({"dp_size": 2}, "rank 3 uses dp_size=2 but rank 0 uses dp_size=1"),
-    "expert_capacity": ({"expert_capacity": 20}, "rank 3 uses expert_capacity=20 but rank 0 "
-                                                 "uses expert_capacity=24"),
-    "placement": ({"placement": [3, 2, 1, 0, 0, 1, 2, 3]}, "rank 3 uses placement an expert "
-                                                           "placement with digest"),
+    "num_experts": ({"num_experts": 16}, "rank 3 uses num_experts 16 but rank 0 uses 8"),
+    "experts_per_token": ({"experts_per_token": 3}, "rank 3 uses experts_per_token 3 but "
+                                                    "rank 0 uses 2"),
+    "hidden_dim": ({"hidden_dim": 32}, "rank 3 uses hidden_dim 32 but rank 0 uses 16"),
+    "max_num_tokens": ({"max_num_tokens": 7}, "rank 3 uses max_num_tokens 7 but rank 0 uses 6"),
+    "dtype": ({"dtype": torch.bfloat16}, "rank 3 uses dtype bfloat16 but rank 0 uses float32"),
+    "layout": ({"layout": "other"}, "rank 3 uses layout "),
+    "dp_size": ({"dp_size": 2}, "rank 3 uses dp_size 2 but rank 0 uses 1"),
+    "expert_capacity": ({"expert_capacity": 20}, "rank 3 uses expert_capacity 20 but rank 0 "
+                                                 "uses 24"),
+    "placement": ({"placement": [3, 2, 1, 0, 0, 1, 2, 3]}, "rank 3 uses placement "
+                                                           "[3, 2, 1, 0, 0, 1, 2, 3] but rank 0 "
+                                                           "uses [0, 0, 1, 1, 2, 2, 3, 3]"),
 }
 
 
@@ -131,17 +130,33 @@ EXPECT_HANDLES = {
 }
 
 
-def test_mismatched_layers_and_stale_handles_raise_on_every_rank() -> None:
-    for layout in LAYOUTS:
-        seen = run_local(_guards, 4, (layout,), timeout_s=120)
-        for r in range(1, 4):
-            assert seen[r] == seen[0], (layout, r, seen[r], seen[0])
-        want = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
-        labels = [s[0] for s in seen[0]]
-        assert labels == [*want, "good", "good", "good", "good"], labels
-        for label, exc, msg in seen[0]:
-            if label == "good":
-                assert exc == "none", (layout, exc)
-                continue
-            assert exc == want[label][0], (layout, label, exc, msg)
-            assert want[label][1] in msg, (layout, label, msg)
+WANT = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
+
+
+# One 4-rank launch per layout runs every case (launches are the cost); each case
+# is then its own test.
+@pytest.fixture(scope="module", params=LAYOUTS)
+def guards(request: pytest.FixtureRequest) -> tuple[str, list[list[tuple[str, str, str]]]]:
+    return request.param, run_local(_guards, 4, (request.param,), timeout_s=120)
+
+
+def test_every_rank_sees_the_same_errors(guards) -> None:
+    layout, seen = guards
+    labels = [s[0] for s in seen[0]]
+    assert labels == [*WANT, "good", "good", "good", "good"], labels
+    for r in range(1, 4):
+        assert seen[r] == seen[0], (layout, r, seen[r], seen[0])
+
+
+@pytest.mark.parametrize("label", list(WANT))
+def test_mismatch_or_stale_handle_raises(guards, label: str) -> None:
+    layout, seen = guards
+    [(exc, msg)] = [(e, m) for lab, e, m in seen[0] if lab == label]
+    assert exc == WANT[label][0], (layout, label, exc, msg)
+    assert WANT[label][1] in msg, (layout, label, msg)
+
+
+def test_good_calls_after_the_errors_match_the_reference(guards) -> None:
+    layout, seen = guards
+    goods = [e for lab, e, _ in seen[0] if lab == "good"]
+    assert goods == ["none"] * 4, (layout, goods)

@@ -344,9 +344,10 @@ def test_fig6_fit_within_five_percent():
     assert bw["2 rails", 1 << 20] < bw["1 rail", 1 << 20]
 
 
-def test_fig6_run_writes_files(tmp_path):
+def test_fig6_run_writes_files(tmp_path, assert_drawn):
     res = fig6.run(tmp_path, quick=True)
-    assert res.csv_path.exists() and res.png_path.stat().st_size > 0
+    assert res.csv_path.exists()
+    assert_drawn(res.png_path)
     bw_rows = [r for r in res.rows if not r["config"].startswith("send/recv")]
     assert len(bw_rows) == len(fig6.CONFIGS) * len(fig6.QUICK_SIZES)
 

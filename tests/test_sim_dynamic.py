@@ -31,7 +31,7 @@ from pathweave.sim._queue import (
     queue_step,
     queue_step_reference,
 )
-from pathweave.sim.policies import DynamicPolicy, PathChoice, policy_names
+from pathweave.sim.policies import DynamicPolicy, PathChoice, policies
 from pathweave.traffic.trace import FlowTrace, poisson_trace, websearch_sizes
 
 C = 12.5e9  # leaf_spine's default NIC line rate, B/s
@@ -226,7 +226,7 @@ def test_two_flows_share_the_nic_max_min_fairly():
 
 
 # ------------------------------------------------------------------ events
-@pytest.mark.parametrize("policy", policy_names())
+@pytest.mark.parametrize("policy", policies())
 def test_link_failure_mid_run_moves_flows_off_the_dead_link(policy):
     fab = leaf_spine(2, 1, 2)
     ps = candidate_paths(fab)
@@ -291,7 +291,7 @@ def busy_case():
     return fab, tr, ev
 
 
-@pytest.mark.parametrize("policy", policy_names())
+@pytest.mark.parametrize("policy", policies())
 def test_bytes_are_conserved(busy_case, policy):
     fab, tr, ev = busy_case
     r = run_dynamic(fab, tr, policy, events=ev, seed=3)

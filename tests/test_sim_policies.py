@@ -21,9 +21,9 @@ from pathweave.sim.policies import (
     PathChoice,
     PolicyContext,
     ecmp_hash,
-    make_policy,
-    policy_class,
-    policy_names,
+    make,
+    policies,
+    policy_info,
 )
 from pathweave.traffic.trace import FlowTrace
 
@@ -71,22 +71,22 @@ def slowed(fab, path_link, ctx, delay_s, queue_s=None):
 
 # ------------------------------------------------------------------ registry
 def test_registry_and_option_errors():
-    assert policy_names() == ["ecmp", "flowbender", "hopper", "nimble-online", "spray"]
+    assert policies() == ["ecmp", "flowbender", "hopper", "nimble-online", "spray"]
     fab = leaf_spine(2, 1, 2)
     ctx = context(fab, [(0.0, 0, 1, 10)])
-    assert isinstance(make_policy("hopper", ctx), policy_class("hopper"))
+    assert isinstance(make("hopper", ctx), policy_info("hopper"))
     with pytest.raises(PlanError, match="unknown dynamic policy 'rps'"):
-        policy_class("rps")
+        policy_info("rps")
     with pytest.raises(PlanError, match=r"hopper option probes must be in \[1, 64\], got 0"):
-        make_policy("hopper", ctx, probes=0)
+        make("hopper", ctx, probes=0)
     with pytest.raises(TypeError, match="hopper option probes must be a real number, got str '2'"):
-        make_policy("hopper", ctx, probes="2")
+        make("hopper", ctx, probes="2")
     with pytest.raises(PlanError, match=r"'flowbender' got unknown option 'gain'.*patience_epochs"):
-        make_policy("flowbender", ctx, gain=1)
+        make("flowbender", ctx, gain=1)
     with pytest.raises(PlanError, match=r"option min_gain must be in \[0.0, 1.0\], got 2"):
-        make_policy("nimble-online", ctx, min_gain=2)
+        make("nimble-online", ctx, min_gain=2)
     with pytest.raises(TypeError, match="policy must be a name"):
-        make_policy(3, ctx)
+        make(3, ctx)
 
 
 # ------------------------------------------------------------------ ecmp
@@ -94,7 +94,7 @@ def test_ecmp_hash_is_deterministic_and_spreads_evenly():
     fab = leaf_spine(2, 1, 4)
     n = 4000
     ctx = context(fab, [(0.0, 0, 1, 10)] * n)
-    pol = make_policy("ecmp", ctx)
+    pol = make("ecmp", ctx)
     flows = np.arange(n)
     obs = observe(ctx)
     a = [c.paths[0] for c in pol.assign(flows, obs)]
@@ -105,7 +105,7 @@ def test_ecmp_hash_is_deterministic_and_spreads_evenly():
     # binomial(4000, 1/4): sd 27, so +-100 is a 3.7-sigma band
     assert np.all(np.abs(counts - n / 4) < 100)
     # another seed salts the hash: a different assignment
-    other = make_policy("ecmp", context(fab, [(0.0, 0, 1, 10)] * n, seed=1))
+    other = make("ecmp", context(fab, [(0.0, 0, 1, 10)] * n, seed=1))
     assert [c.paths[0] for c in other.assign(flows, obs)] != a
     # the raw hash: same inputs, same value; flows differ
     assert np.array_equal(ecmp_hash([1, 2], [3, 4], [5, 6]), ecmp_hash([1, 2], [3, 4], [5, 6]))
@@ -114,7 +114,7 @@ def test_ecmp_hash_is_deterministic_and_spreads_evenly():
 def test_ecmp_hashes_over_the_shortest_paths_and_never_moves():
     fab = preset("h100-2x4")  # pair (0, 1): a direct NVLink and two 2-hop relays
     ctx = context(fab, [(0.0, 0, 1, 10)] * 50)
-    pol = make_policy("ecmp", ctx)
+    pol = make("ecmp", ctx)
     obs = observe(ctx)
     direct = ctx.pair_paths(0, 1)[0]
     assert {c.paths for c in pol.assign(np.arange(50), obs)} == {(int(direct),)}
@@ -131,7 +131,7 @@ def test_ecmp_hashes_over_the_shortest_paths_and_never_moves():
 def test_spray_splits_equally_over_all_paths():
     fab = leaf_spine(2, 1, 4)
     ctx = context(fab, [(0.0, 0, 1, 4_000_000)])
-    (c,) = make_policy("spray", ctx).assign(np.array([0]), observe(ctx))
+    (c,) = make("spray", ctx).assign(np.array([0]), observe(ctx))
     assert c.paths == tuple(ctx.pair_paths(0, 1).tolist())
     assert c.weights == (0.25,) * 4
     r = run_dynamic(fab, ctx.trace, "spray")
@@ -160,7 +160,7 @@ def test_spray_waits_for_its_slowest_path():
 def test_flowbender_rehashes_only_after_the_signal_stays_high():
     fab = leaf_spine(2, 1, 4)
     ctx = context(fab, [(0.0, 0, 1, 10**7)] * 20)
-    pol = make_policy("flowbender", ctx, patience_epochs=2)
+    pol = make("flowbender", ctx, patience_epochs=2)
     p0 = int(ctx.pair_paths(0, 1)[0])
     subs = [(f, p0, 1e6, 1e9) for f in range(20)]
     base = ctx.base_rtt_s[p0]
@@ -200,7 +200,7 @@ def _queues(fab, ctx, delays):
 def test_hopper_switches_on_a_clear_win_after_the_rtt_difference(hopper_case):
     fab, ctx, cur, alts = hopper_case
     base = ctx.base_rtt_s[cur]  # 12 us
-    pol = make_policy("hopper", ctx)
+    pol = make("hopper", ctx)
     # current RTT 3x base; alternatives 1.1x base (clear win: < 0.8 x current)
     q = _queues(fab, ctx, {cur: 2.0 * base, **{p: 0.1 * base for p in alts}})
     (c,) = pol.on_epoch(observe(ctx, queue_s=q, subs=[(0, cur, 1e6, 1e9)]))
@@ -212,7 +212,7 @@ def test_hopper_switches_on_a_clear_win_after_the_rtt_difference(hopper_case):
 def test_hopper_keeps_its_path_for_a_small_win(hopper_case):
     fab, ctx, cur, alts = hopper_case
     base = ctx.base_rtt_s[cur]
-    pol = make_policy("hopper", ctx)
+    pol = make("hopper", ctx)
     # current 3x base, best alternative 2.5x base: 2.5 > 0.8 * 3 = 2.4, no switch
     q = _queues(fab, ctx, {cur: 2.0 * base, **{p: 1.5 * base for p in alts}})
     assert pol.on_epoch(observe(ctx, queue_s=q, subs=[(0, cur, 1e6, 1e9)])) == []
@@ -222,7 +222,7 @@ def test_hopper_keeps_its_path_for_a_small_win(hopper_case):
 def test_hopper_does_not_probe_below_the_threshold(hopper_case):
     fab, ctx, cur, _alts = hopper_case
     base = ctx.base_rtt_s[cur]
-    pol = make_policy("hopper", ctx)
+    pol = make("hopper", ctx)
     q = _queues(fab, ctx, {cur: 0.45 * base})  # 1.45x base < 1.5x
     assert pol.on_epoch(observe(ctx, queue_s=q, subs=[(0, cur, 1e6, 1e9)])) == []
     assert pol.stats()["probe_rounds"] == 0
@@ -231,7 +231,7 @@ def test_hopper_does_not_probe_below_the_threshold(hopper_case):
 def test_hopper_averages_rtt_before_it_reacts(hopper_case):
     fab, ctx, cur, _alts = hopper_case
     base = ctx.base_rtt_s[cur]
-    pol = make_policy("hopper", ctx, gain=0.5)
+    pol = make("hopper", ctx, gain=0.5)
     calm = _queues(fab, ctx, {cur: 0.0})
     spike = _queues(fab, ctx, {cur: 1.4 * base})  # instantaneous 2.4x base
     sub = [(0, cur, 1e6, 1e9)]
@@ -239,7 +239,7 @@ def test_hopper_averages_rtt_before_it_reacts(hopper_case):
     (c,) = pol.on_epoch(observe(ctx, queue_s=spike, subs=sub))  # average 1.7x: probe, switch
     # the delay is the averaged RTT's lead over the probe, not the spike's
     assert c.delay_s == pytest.approx((1.7 - 1.0) * base)
-    pol2 = make_policy("hopper", ctx, gain=0.25)
+    pol2 = make("hopper", ctx, gain=0.25)
     pol2.on_epoch(observe(ctx, queue_s=calm, subs=sub))
     pol2.on_epoch(observe(ctx, queue_s=spike, subs=sub))  # average 1.35x: no probe yet
     assert pol2.stats()["probe_rounds"] == 0
@@ -250,9 +250,9 @@ def test_hopper_skips_paused_flows_and_can_switch_at_once(hopper_case):
     base = ctx.base_rtt_s[cur]
     q = _queues(fab, ctx, {cur: 2.0 * base})
     sub = [(0, cur, 1e6, 1e9)]
-    pol = make_policy("hopper", ctx)
+    pol = make("hopper", ctx)
     assert pol.on_epoch(observe(ctx, queue_s=q, subs=sub, pending=[True])) == []
-    (c,) = make_policy("hopper", ctx, delay_switch=False).on_epoch(
+    (c,) = make("hopper", ctx, delay_switch=False).on_epoch(
         observe(ctx, queue_s=q, subs=sub)
     )
     assert c.delay_s == 0.0
@@ -297,7 +297,7 @@ def nimble_case():
 
 def test_nimble_online_adopts_a_plan_for_a_clear_gain(nimble_case):
     _fab, ctx, p0, p1 = nimble_case
-    pol = make_policy("nimble-online", ctx, replan_epochs=1)
+    pol = make("nimble-online", ctx, replan_epochs=1)
     # 100 MB all on spine 0: 16 ms there; split evenly it is 8 ms (the NIC's bound)
     (c,) = pol.on_epoch(observe(ctx, subs=[(0, p0, 1e8, 6.25e9)]))
     assert set(c.paths) == {p0, p1}
@@ -308,7 +308,7 @@ def test_nimble_online_adopts_a_plan_for_a_clear_gain(nimble_case):
 @pytest.mark.parametrize(("min_gain", "adopt"), [(0.1, False), (0.05, True)])
 def test_nimble_online_hysteresis_keeps_the_plan_for_a_small_gain(nimble_case, min_gain, adopt):
     _fab, ctx, p0, p1 = nimble_case
-    pol = make_policy("nimble-online", ctx, replan_epochs=1, min_gain=min_gain)
+    pol = make("nimble-online", ctx, replan_epochs=1, min_gain=min_gain)
     # a 45/55 split: 8.8 ms on spine 1 against the even plan's 8 ms, a 9.1 % gain
     obs = observe(ctx, subs=[(0, p0, 4.5e7, 5e9), (0, p1, 5.5e7, 6e9)])
     got = pol.on_epoch(obs)
@@ -318,7 +318,7 @@ def test_nimble_online_hysteresis_keeps_the_plan_for_a_small_gain(nimble_case, m
 
 def test_nimble_online_replans_only_every_few_epochs(nimble_case):
     _fab, ctx, p0, _p1 = nimble_case
-    pol = make_policy("nimble-online", ctx, replan_epochs=4)
+    pol = make("nimble-online", ctx, replan_epochs=4)
     assert pol.on_epoch(observe(ctx, subs=[(0, p0, 1e8, 6.25e9)], epoch=3)) == []
     assert pol.stats()["replans"] == 0
     assert pol.on_epoch(observe(ctx, subs=[(0, p0, 1e8, 6.25e9)], epoch=4))
@@ -333,7 +333,7 @@ def test_nimble_online_places_new_flows_by_available_capacity():
     load = obs.link_load_Bps.copy()
     load[ctx.paths.path_links(p0)[2]] = 0.75 * 6.25e9
     obs = Observation(**{**obs.__dict__, "link_load_Bps": load, "_single": {}})
-    (c,) = make_policy("nimble-online", ctx).assign(np.array([0]), obs)
+    (c,) = make("nimble-online", ctx).assign(np.array([0]), obs)
     w = dict(zip(c.paths, c.weights, strict=True))
     # available 1.5625 and 6.25 GB/s: the balanced split puts 20 % on spine 0
     assert w.get(p0, 0.0) == pytest.approx(0.2, abs=0.04)
@@ -367,7 +367,7 @@ def test_hopper_figure_ranks_the_policies_on_a_small_fabric(tmp_path):
 
 
 # ------------------------------------------------------------------ stranded flows
-@pytest.mark.parametrize("name", policy_names())
+@pytest.mark.parametrize("name", policies())
 def test_a_flow_stranded_on_its_only_dead_path_waits_for_the_restore(name):
     # One spine: failing its cables strands the flow on a dead path with no
     # alternative. No policy may try to move it (flowbender used to draw a

@@ -11,9 +11,10 @@ offending value, in one form: ``NAME must be REQUIREMENT, got VALUE``.
 but ``True`` as a rank count is a bug). numpy scalars are accepted.
 
 This module sits at the bottom of the layer picture (it imports nothing from
-pathweave), so any package may use it: ``runtime._validate.positive_int``
-and ``nonnegative_float``, ``moe.layer._positive`` and ``plan.mwu._check``
-are the same checks and can become calls to :func:`integer` and :func:`real`.
+pathweave), so any package may use it: ``traffic``, ``sim``,
+``plan.mwu._check``, ``runtime._validate.positive_int`` /
+``nonnegative_float`` and the MoE layer's constructor all call
+:func:`integer` and :func:`real`.
 
 Examples
 --------

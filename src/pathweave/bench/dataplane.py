@@ -55,8 +55,9 @@ planning, transfer, beyond-transfer) is the median over every rank's calls.
 Calls alternate ABBA (torch first on even repeats, pathweave first on odd
 ones), so neither side always runs second.
 
-Data are float32 tensors whose bit patterns differ per rank and offset, made
-from integers, so no NaN comparison can hide a difference.
+Data are float32 tensors holding :func:`~pathweave.traffic.pattern.pattern_bytes`
+(the emulator's pattern), compared byte for byte, so no NaN comparison can
+hide a difference.
 
 Targets (:func:`summarize`): no loss on loopback, pathweave / torch <= 1.10 on
 balanced traffic at 16 MiB per pair, called directly and through the backend;
@@ -94,6 +95,7 @@ from pathweave import fabric as pwfabric
 from pathweave import traffic
 from pathweave.bench._report import Check
 from pathweave.errors import FabricError
+from pathweave.traffic.pattern import pattern_bytes
 
 WORLD_SIZE = 8
 BACKEND = "gloo"
@@ -240,11 +242,8 @@ class _Job:
 
 
 def _pattern(torch: Any, rank: int, numel: int) -> Any:
-    """A float32 tensor whose bits differ per rank and offset (built from integers)."""
-    x = torch.arange(numel, dtype=torch.int32)
-    # Odd multiplier: a bijection on 32-bit words, so offsets never collide.
-    x.mul_(-1640531535).add_(rank * 0x01000193 + 1)
-    return x.view(torch.float32)
+    """A float32 tensor of :func:`~pathweave.traffic.pattern.pattern_bytes` (rank ``rank``)."""
+    return torch.from_numpy(pattern_bytes(rank, 0, numel * ELEMENT_BYTES)).view(torch.float32)
 
 
 def _mismatch(torch: Any, out: Any, ref: Any, recv_bytes: Sequence[int]) -> str | None:

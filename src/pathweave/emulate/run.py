@@ -41,6 +41,7 @@ from pathweave.emulate._ip import EmulatorError
 from pathweave.emulate.emulator import Emulator
 from pathweave.errors import InputError
 from pathweave.fabric import Fabric, resolve
+from pathweave.traffic.pattern import pattern_bytes
 
 __all__ = [
     "EmulationResult",
@@ -120,20 +121,6 @@ def forward_delay_s(fabric: Fabric, pipeline_bytes: int) -> float:
     if not local.any():
         return 0.0
     return float(pipeline_bytes) / float(fabric.capacity_Bps[local].min())
-
-
-def pattern_bytes(src: int, dst: int, nbytes: int) -> np.ndarray:
-    """The bytes rank ``src`` sends rank ``dst`` in a run: a ramp mod 251 offset by the pair.
-
-    Chunks are powers of two long and 251 is prime, so a chunk written at a
-    wrong offset (a shift that is never a multiple of 251) does not match.
-
-    Examples
-    --------
-    >>> pattern_bytes(1, 2, 5).tolist()
-    [33, 34, 35, 36, 37]
-    """
-    return ((np.arange(int(nbytes), dtype=np.int64) + 7 * src + 13 * dst) % 251).astype(np.uint8)
 
 
 def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:

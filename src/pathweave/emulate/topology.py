@@ -515,17 +515,10 @@ def _pair_paths(fab: Fabric, routes: Sequence[Sequence[int]] | None) -> dict:
     n = fab.num_ranks
     out: dict[tuple[int, int], np.ndarray] = {}
     if routes is None:
-        from pathweave.plan import make
+        from pathweave.plan.static import static_pins
 
-        demand = np.ones((n, n), dtype=np.int64) << 20
-        np.fill_diagonal(demand, 0)
-        plan = make(fab, demand, "static", paths=ps)
-        best: dict[int, tuple[int, int]] = {}
-        for pid, nb in zip(plan.flow_path.tolist(), plan.flow_bytes.tolist(), strict=True):
-            key = int(ps.src[pid]) * n + int(ps.dst[pid])
-            if key not in best or nb > best[key][0]:
-                best[key] = (nb, pid)
-        chosen = {k: v[1] for k, v in best.items()}
+        pins = static_pins(ps)
+        chosen = {int(k): int(pins[k]) for k in np.flatnonzero(pins >= 0)}
     else:
         chosen = {}
         for a in range(n):

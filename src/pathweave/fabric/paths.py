@@ -109,6 +109,26 @@ class PathSet:
     def path_links(self, pid: int) -> np.ndarray:
         return self.links[pid, : self.length[pid]]
 
+    def link_load_bytes(self, path_ids: np.ndarray, path_bytes: np.ndarray) -> np.ndarray:
+        """Bytes on each directed link when ``path_bytes[i]`` crosses path ``path_ids[i]``.
+
+        Parameters
+        ----------
+        path_ids
+            Path id of each flow (repeats allowed).
+        path_bytes
+            Bytes of each flow, the same length as ``path_ids``.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``float64[fabric.num_links]``.
+        """
+        rows = self.links[np.asarray(path_ids, dtype=np.int64)]
+        w = np.broadcast_to(np.asarray(path_bytes, dtype=np.float64)[:, None], rows.shape)
+        m = rows >= 0
+        return np.bincount(rows[m], weights=w[m], minlength=self.fabric.num_links)
+
     def path_vertices(self, pid: int) -> list[str]:
         """Vertex names along path ``pid``, source GPU first."""
         fab = self.fabric

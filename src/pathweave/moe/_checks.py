@@ -11,43 +11,46 @@ expert capacity) run on the gathered rows the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-# One dtype numbering for every metadata row pathweave exchanges.
-from pathweave.runtime._validate import dtype_code, dtype_name
+from pathweave.moe._work import MoEHandle
+
+# One numbering of dtypes and types, and one configuration fingerprint, for every
+# metadata row pathweave exchanges.
+from pathweave.runtime._validate import (
+    check_fingerprints,
+    dtype_code,
+    dtype_name,
+    fingerprint,
+    type_code,
+    type_name,
+)
 
 __all__ = [
-    "CONFIG_FIELDS",
     "ERR_FIELDS",
     "MoEArgError",
     "check_config",
     "check_handle_ids",
     "check_same_layer",
+    "config_fields",
+    "config_fingerprint",
     "dtype_code",
     "dtype_name",
     "raise_first",
     "type_code",
+    "type_name",
 ]
 
 #: Error code plus this many numbers per row.
 ERR_FIELDS = 8
 
-_TYPES = ("None", "list", "tuple", "int", "float", "str", "ndarray", "Tensor")
-
 #: Integer dtypes accepted for ``topk_idx``; floating dtypes accepted for outputs and weights.
 INDEX_DTYPES = ("int64", "int32", "int16", "uint8", "int8")
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def type_code(x: Any) -> int:
-    name = type(x).__name__
-    return _TYPES.index(name) if name in _TYPES else len(_TYPES)
-
-
-def type_name(code: int) -> str:
-    return _TYPES[code] if 0 <= code < len(_TYPES) else "another type"
 
 
 class MoEArgError(Exception):
@@ -165,52 +168,54 @@ def shape_nums(t: Any) -> tuple[int, int, int, int]:
     return (t.dim(), *(dims + [-1] * (3 - len(dims))))  # type: ignore[return-value]
 
 
-#: Layer parameters every rank must agree on, in the order a mismatch is reported.
-CONFIG_FIELDS = (
-    "num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "dtype", "layout",
-    "dp_size", "expert_capacity", "placement", "group size",
-)
+#: Longest placement shown as a list in a mismatch message; longer ones show a digest.
+_PLACEMENT_TEXT = 48
 
 
-def _config_value(name: str, value: int, layouts: tuple[str, ...]) -> str:
-    if name == "dtype":
-        return dtype_name(value)
-    if name == "layout":
-        return repr(layouts[value]) if 0 <= value < len(layouts) else f"<layout {value}>"
-    if name == "placement":
-        return f"an expert placement with digest {value:#x}"
-    return str(value)
+def config_fields(layer: Any) -> dict[str, Any]:
+    """The layer parameters every rank must agree on, in the order a mismatch is reported.
+
+    Each value's text is what :func:`~pathweave.runtime._validate.fingerprint`
+    compares and what the error shows.
+    """
+    place = ", ".join(str(int(p)) for p in layer.placement)
+    if len(place) > _PLACEMENT_TEXT:
+        from pathweave.moe._routing import fingerprint as digest
+
+        place = f"digest {digest(layer.placement.reshape(1, -1)):#x}"
+    else:
+        place = f"[{place}]"
+    return {
+        "num_experts": layer.num_experts, "experts_per_token": layer.experts_per_token,
+        "hidden_dim": layer.hidden_dim, "max_num_tokens": layer.max_num_tokens,
+        "dtype": dtype_name(dtype_code(layer.dtype)), "layout": layer.layout,
+        "dp_size": layer.dp_size, "expert_capacity": layer.expert_capacity,
+        "placement": place, "group_size": layer.num_ranks,
+    }  # fmt: skip
 
 
-def check_config(rows: np.ndarray, layouts: tuple[str, ...]) -> None:
-    """Raise if any rank's layer parameters (one row per rank) differ from rank 0's.
+def config_fingerprint(layer: Any) -> np.ndarray:
+    """The layer's :func:`config_fields` as fingerprint words (``int64[FP_WORDS]``)."""
+    return fingerprint(config_fields(layer))
+
+
+def check_config(rows: np.ndarray) -> None:
+    """Raise if any rank's layer fingerprint (one row per rank) differs from rank 0's.
 
     Every rank holds the same ``rows`` after the exchange, so every rank
-    raises the same error, naming the lowest differing rank and the first
-    differing parameter in :data:`CONFIG_FIELDS` order.
+    raises the same error, naming the lowest differing rank, the first
+    differing parameter of :func:`config_fields` and both values.
 
     Examples
     --------
-    >>> rows = np.array([[8, 2, 32, 8, 1, 0, 1, 32, 7, 4]] * 4)
-    >>> rows[3, 0] = 16
-    >>> check_config(rows, ("expert-major", "compact"))  # doctest: +ELLIPSIS
+    >>> a = fingerprint({"num_experts": 8, "hidden_dim": 32})
+    >>> b = fingerprint({"num_experts": 16, "hidden_dim": 32})
+    >>> check_config(np.stack([a, a, a, b]))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: rank 3 uses num_experts=16 but rank 0 uses num_experts=8; every rank must ...
+    ValueError: MoEAllToAll: rank 3 uses num_experts 16 but rank 0 uses 8; every rank ...
     """
-    diff = rows != rows[0]
-    bad = np.flatnonzero(diff.any(axis=1))
-    if not bad.size:
-        return
-    r = int(bad[0])
-    c = int(np.flatnonzero(diff[r])[0])
-    name = CONFIG_FIELDS[c]
-    mine, first = (_config_value(name, int(rows[i, c]), layouts) for i in (r, 0))
-    sep = " " if name == "placement" else "="
-    raise ValueError(
-        f"rank {r} uses {name}{sep}{mine} but rank 0 uses {name}{sep}{first}; every rank "
-        "must build the MoE layer with the same parameters"
-    )
+    check_fingerprints(rows, "MoEAllToAll", "layer parameters")
 
 
 def check_same_layer(layer_digests: np.ndarray, op: str) -> None:
@@ -248,3 +253,118 @@ def check_handle_ids(call_ids: np.ndarray) -> None:
             f"rank {r} combines the handle of dispatch call {int(call_ids[r])} but rank 0 that "
             f"of call {int(call_ids[0])}; every rank must combine the handle of the same dispatch"
         )
+
+
+# ------------------------------------------------- the layer's argument checks
+def dtype_ok(t: torch.Tensor, names: Sequence[str]) -> bool:
+    return str(t.dtype).removeprefix("torch.") in names
+
+
+def check_dispatch(
+    layer: Any, x: Any, topk_idx: Any, x_scale: Any) -> int:
+    """Local checks of types, dtypes, shapes and devices; returns the scale columns (-1: none).
+
+    The routing table's values are checked on its device
+    (:func:`pathweave.moe._routing.check_topk`), with the counts.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise MoEArgError(1, type_code(x))
+    if x.dtype != layer.dtype:
+        raise MoEArgError(2, dtype_code(x.dtype), dtype_code(layer.dtype))
+    if x.dim() != 2 or x.shape[1] != layer.hidden_dim:
+        raise MoEArgError(3, *shape_nums(x))
+    m = int(x.shape[0])
+    if m > layer.max_num_tokens:
+        raise MoEArgError(4, m)
+    if not isinstance(topk_idx, torch.Tensor):
+        raise MoEArgError(5, type_code(topk_idx))
+    if not dtype_ok(topk_idx, INDEX_DTYPES):
+        raise MoEArgError(6, dtype_code(topk_idx.dtype))
+    if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, layer.experts_per_token):
+        raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
+    if topk_idx.device != x.device:
+        raise MoEArgError(13, 1)
+    cols = -1
+    if x_scale is not None:
+        if not isinstance(x_scale, torch.Tensor):
+            raise MoEArgError(10, type_code(x_scale))
+        if x_scale.dtype != torch.float32:
+            raise MoEArgError(11, dtype_code(x_scale.dtype))
+        if x_scale.dim() != 2 or x_scale.shape[0] != m or x_scale.shape[1] < 1:
+            raise MoEArgError(12, *shape_nums(x_scale), 0, 0, m)
+        if x_scale.device != x.device:
+            raise MoEArgError(13, 2)
+        cols = int(x_scale.shape[1])
+    return cols
+
+def check_global(
+    layer: Any, ms: np.ndarray, digests: np.ndarray, scols: np.ndarray, pairs: np.ndarray
+) -> None:
+    """Checks over all ranks' rows (the same outcome on every rank)."""
+    if (scols != scols[0]).any():
+        r = int(np.flatnonzero(scols != scols[0])[0])
+
+        def say(c: int) -> str:
+            return "no x_scale" if c < 0 else f"x_scale with {c} columns"
+
+        raise ValueError(
+            f"rank 0 passed {say(int(scols[0]))} but rank {r} passed {say(int(scols[r]))}; "
+            "all ranks must pass scales of the same width, or none"
+        )
+    dp = layer.dp_size
+    if dp > 1:
+        for g in range(layer.num_dp_groups):
+            lo = g * dp
+            for r in range(lo + 1, lo + dp):
+                if ms[r] != ms[lo] or digests[r] != digests[lo]:
+                    what = (
+                        f"{int(ms[lo])} and {int(ms[r])} tokens" if ms[r] != ms[lo]
+                        else "different topk_idx"
+                    )
+                    raise ValueError(
+                        f"ranks {lo} and {r} are in one DP group (dp_size={dp}) but hold "
+                        f"{what}; ranks of a DP group must pass identical tokens and routing"
+                    )
+    load = pairs.sum(axis=0)
+    over = np.flatnonzero(load > layer.expert_capacity)
+    if over.size and layer.layout == "expert-major":
+        e = int(over[0])
+        raise ValueError(
+            f"expert {e} (rank {int(layer.placement[e])}) would receive {int(load[e])} tokens, "
+            f"more than expert_capacity={layer.expert_capacity}"
+        )
+
+def check_combine(
+    layer: Any, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
+) -> torch.Tensor | None:
+    if not isinstance(handle, MoEHandle):
+        raise MoEArgError(20, type_code(handle))
+    if handle.owner is not layer:
+        raise MoEArgError(28)
+    if handle.combined:
+        raise MoEArgError(29, handle.call_id)
+    if not isinstance(expert_y, torch.Tensor):
+        raise MoEArgError(21, type_code(expert_y))
+    if not dtype_ok(expert_y, FLOAT_DTYPES):
+        raise MoEArgError(22, dtype_code(expert_y.dtype))
+    H = layer.hidden_dim
+    if layer.layout == "compact":
+        want: tuple[int, ...] = (handle.num_pairs, H)
+        exp_nums = (handle.num_pairs, 1)
+    else:
+        want = (layer.num_local_experts, layer.expert_capacity, H)
+        exp_nums = (layer.num_local_experts, 0)
+    if tuple(expert_y.shape) != want:
+        raise MoEArgError(23, *shape_nums(expert_y), *exp_nums)
+    if not weighted:
+        return None
+    m = handle.num_tokens
+    if not isinstance(topk_weights, torch.Tensor):
+        raise MoEArgError(24, type_code(topk_weights))
+    if not dtype_ok(topk_weights, FLOAT_DTYPES):
+        raise MoEArgError(25, dtype_code(topk_weights.dtype))
+    if tuple(topk_weights.shape) != (m, layer.experts_per_token):
+        raise MoEArgError(26, *shape_nums(topk_weights), 0, 0, m)
+    if topk_weights.device != expert_y.device:
+        raise MoEArgError(27)
+    return topk_weights.to(torch.float32)

@@ -39,18 +39,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from pathweave import _check
+from pathweave.moe import _checks as C
+from pathweave.moe import _pack as P
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
     ERR_FIELDS,
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
     MoEArgError,
     check_config,
     check_handle_ids,
@@ -58,182 +58,13 @@ from pathweave.moe._checks import (
     dtype_code,
     dtype_name,
     raise_first,
-    shape_nums,
-    type_code,
 )
+from pathweave.moe._pool import Pool
+from pathweave.moe._work import CombineWork, DispatchWork, MoEHandle
 from pathweave.runtime.executor import group_rank_size, start_row_exchange
 
 __all__ = ["CombineWork", "DispatchWork", "MoEAllToAll", "MoEHandle"]
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_TAG_BYTES = 4  # source token id (int32) carried by every dispatched row
-_ID_BYTES = 4  # one local expert id (int32) per top-k slot, compact layout only
-
-
-def _byte_rows(t: torch.Tensor, rows: int, nbytes: int) -> torch.Tensor:
-    """A contiguous tensor's bytes as ``uint8[rows, nbytes]`` (a view; empty tensors too)."""
-    if t.numel() == 0:  # torch cannot reinterpret an empty tensor's dtype
-        return torch.empty(rows, nbytes, dtype=torch.uint8, device=t.device)
-    return t.view(torch.uint8).view(rows, nbytes)
-
-
-def _dtype_ok(t: torch.Tensor, names: Sequence[str]) -> bool:
-    return str(t.dtype).removeprefix("torch.") in names
-
-
-def _i64(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
-
-
-class _Pool:
-    """Reusable byte buffers, one per role; a role in use by a pending call is never shared."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[tuple[str, torch.device], torch.Tensor] = {}
-        self.busy: set[str] = set()
-
-    def get(self, role: str, rows: int, row_bytes: int, device: torch.device) -> torch.Tensor:
-        need = rows * row_bytes
-        if role in self.busy:
-            return torch.empty(rows, row_bytes, dtype=torch.uint8, device=device)
-        buf = self._bufs.get((role, device))
-        if buf is None or buf.numel() < need:
-            buf = torch.empty(max(need, 1) * 5 // 4 + 64, dtype=torch.uint8, device=device)
-            self._bufs[(role, device)] = buf
-        return buf[:need].view(rows, row_bytes)
-
-
-@dataclass(eq=False)
-class MoEHandle:
-    """What one dispatch recorded for its combine (and for the caller to inspect).
-
-    Index tables are tensors on ``x``'s device (built there with torch ops);
-    counts known from the metadata exchange are numpy arrays.
-
-    Attributes
-    ----------
-    layout
-        ``"expert-major"`` or ``"compact"``.
-    call_id
-        Which dispatch of the layer this is (0, 1, ...; the same on every
-        rank); combine checks it in its metadata exchange.
-    num_tokens
-        Tokens ``m`` of this rank's ``x``.
-    expert_num_tokens
-        ``int64[L]`` (numpy): rows received per local expert.
-    expert_x_scale
-        Block scales that travelled with the rows (``float32``, shaped like
-        ``expert_x`` with ``S`` columns instead of ``H``), or ``None``.
-    expert_ids
-        ``compact`` only: ``int64[R, k]`` tensor, the local expert of each
-        top-k slot of each received row, -1 for slots served elsewhere.
-    expert_rows, expert_offsets
-        ``compact`` only: the (row, local expert) pairs grouped by local
-        expert: pairs of expert ``l`` are ``expert_offsets[l]:expert_offsets[l+1]``
-        (numpy) and ``expert_rows`` (``int64`` tensor) gives the row of
-        ``expert_x`` of each. Combine takes one output row per pair in this
-        order.
-    """
-
-    owner: Any
-    layout: str
-    call_id: int
-    num_tokens: int
-    expert_num_tokens: np.ndarray
-    recv_src_rank: np.ndarray  # per received row, in arrival order (from the counts)
-    recv_src_token: torch.Tensor | None = None  # per received row, from the rows' tags
-    positions: np.ndarray | None = None  # expert-major: row of expert_x (flat) per received row
-    expert_x_scale: torch.Tensor | None = None
-    expert_ids: torch.Tensor | None = None
-    expert_rows: torch.Tensor | None = None
-    expert_offsets: np.ndarray | None = None
-    # combine: what this rank sends back and what it receives
-    ret_gather: torch.Tensor | None = None
-    ret_send_splits: list[int] = field(default_factory=list)
-    ret_recv_splits: list[int] = field(default_factory=list)
-    # [r, t]: rows rank r returns to rank t in combine (every rank's, from dispatch's metadata)
-    ret_matrix: np.ndarray | None = None
-    # [m, k]: row of combine's receive buffer answering each slot, -1 for none
-    slot_pos: torch.Tensor | None = None
-    # dispatch's exchange, for its backward (the transposed exchange)
-    send_splits: list[int] = field(default_factory=list)
-    recv_splits: list[int] = field(default_factory=list)
-    split_matrix: np.ndarray | None = None
-    send_slot_row: torch.Tensor | None = None  # [m, k]: send row of each slot, -1 for none
-    positions_t: torch.Tensor | None = None
-    #: Set by the combine that consumed this handle; a second combine raises.
-    combined: bool = False
-
-    @property
-    def num_pairs(self) -> int:
-        """(row, local expert) pairs this rank received: rows ``expert_y`` has in compact layout."""
-        return int(self.expert_num_tokens.sum())
-
-    @property
-    def expert_src(self) -> np.ndarray:
-        """Source ``(rank, token)`` of every row of ``expert_x``; -1 on padding rows.
-
-        ``int64[L, capacity, 2]`` (expert-major) or ``int64[R, 2]`` (compact),
-        read back to the host (for inspection; the layer itself never needs it).
-        With ``dp_size > 1`` the rank is the DP group's member that sent the row.
-        """
-        tok = np.zeros(0, dtype=np.int64)
-        if self.recv_src_token is not None:
-            tok = self.recv_src_token.cpu().numpy().astype(np.int64)
-        src = np.stack([self.recv_src_rank, tok], axis=1)
-        if self.layout == "compact":
-            return src
-        owner = self.owner
-        out = np.full((owner.num_local_experts * owner.expert_capacity, 2), -1, dtype=np.int64)
-        out[self.positions] = src
-        return out.reshape(owner.num_local_experts, owner.expert_capacity, 2)
-
-
-class DispatchWork:
-    """A dispatch in flight; :meth:`wait` returns ``(expert_x, expert_num_tokens, handle)``."""
-
-    def __init__(self, work: Any, finish: Any):
-        self._work = work
-        self._finish = finish
-        self._result: tuple[torch.Tensor, torch.Tensor, MoEHandle] | None = None
-
-    def is_completed(self) -> bool:
-        return self._result is not None or self._work is None or self._work.is_completed()
-
-    def wait(self) -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
-        if self._result is None:
-            if self._work is not None:
-                self._work.wait()
-            self._result = self._finish()
-        return self._result
-
-
-class CombineWork:
-    """A combine in flight; :meth:`wait` returns ``out [m, H]``."""
-
-    def __init__(self, work: Any, finish: Any):
-        self._work = work
-        self._finish = finish
-        self._result: torch.Tensor | None = None
-
-    def is_completed(self) -> bool:
-        return self._result is not None or self._work is None or self._work.is_completed()
-
-    def wait(self) -> torch.Tensor:
-        if self._result is None:
-            if self._work is not None:
-                self._work.wait()
-            self._result = self._finish()
-        return self._result
-
-
-def _positive(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class MoEAllToAll:
@@ -303,14 +134,14 @@ class MoEAllToAll:
         placement: Sequence[int] | np.ndarray | None = None,
         expert_capacity: int | None = None,
     ):
-        self.num_experts = _positive("num_experts", num_experts)
-        self.experts_per_token = _positive("experts_per_token", experts_per_token)
+        self.num_experts = _check.integer("num_experts", num_experts, minimum=1)
+        self.experts_per_token = _check.integer("experts_per_token", experts_per_token, minimum=1)
         if self.experts_per_token > self.num_experts:
             raise ValueError(
                 f"experts_per_token ({experts_per_token}) must be <= num_experts ({num_experts})"
             )
-        self.hidden_dim = _positive("hidden_dim", hidden_dim)
-        self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
+        self.hidden_dim = _check.integer("hidden_dim", hidden_dim, minimum=1)
+        self.max_num_tokens = _check.integer("max_num_tokens", max_num_tokens, minimum=1)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         if dtype_code(dtype) == 0 or dtype.is_complex or dtype == torch.bool:
@@ -330,7 +161,7 @@ class MoEAllToAll:
         self.orchestrator = orchestrator
         self.group = group
         self.rank, self.num_ranks = group_rank_size(group)
-        self.dp_size = _positive("dp_size", dp_size)
+        self.dp_size = _check.integer("dp_size", dp_size, minimum=1)
         if self.num_ranks % self.dp_size:
             raise ValueError(
                 f"dp_size ({dp_size}) must divide the group size ({self.num_ranks})"
@@ -359,8 +190,8 @@ class MoEAllToAll:
         self.local_expert_ids = np.flatnonzero(place == self.rank)
         self.num_local_experts = int(self.local_expert_ids.size)
         worst = self.max_num_tokens * self.num_dp_groups
-        self.expert_capacity = (
-            worst if expert_capacity is None else _positive("expert_capacity", expert_capacity)
+        self.expert_capacity = worst if expert_capacity is None else _check.integer(
+            "expert_capacity", expert_capacity, minimum=1
         )
         self._member = self.rank % self.dp_size
         self._group_first = self.rank - self._member
@@ -371,22 +202,18 @@ class MoEAllToAll:
             "max_m": self.max_num_tokens,
             "cap": self.expert_capacity,
         }
-        self._pool = _Pool()
+        self._pool = Pool()
         self._dev_tables: dict[torch.device, Any] = {}
         # Every parameter that shapes the exchange: checked across ranks once per layer
-        # (a fixed-width row, so a rank with another num_experts cannot desize the gather),
-        # then its digest rides in every call's row.
-        self._config_row = np.array([
-            self.num_experts, self.experts_per_token, self.hidden_dim, self.max_num_tokens,
-            dtype_code(dtype), R.LAYOUTS.index(layout), self.dp_size, self.expert_capacity,
-            R.fingerprint(self.placement.reshape(1, -1)), self.num_ranks,
-        ], dtype=np.int64)
+        # (a fingerprint has a fixed width, so a rank with another num_experts cannot
+        # desize the gather), then its digest rides in every call's row.
+        self._config_row = C.config_fingerprint(self)
         self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
         self._config_checked = False
         self._dispatches = 0  # call id of the next dispatch
         # Payload rows are copied as integers of the same width: bit-exact, and every
         # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
-        self._move_dtype = _INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
+        self._move_dtype = P.INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
         self.scale_block = 128
 
     def __repr__(self) -> str:
@@ -401,7 +228,7 @@ class MoEAllToAll:
     def _check_config(self) -> None:
         """Compare every rank's layer parameters (once per layer; raises on every rank)."""
         if not self._config_checked:
-            check_config(self._exchange(self._config_row)(), R.LAYOUTS)
+            check_config(self._exchange(self._config_row)())
             self._config_checked = True
 
     def _exchange(self, row: np.ndarray) -> Any:
@@ -428,42 +255,6 @@ class MoEAllToAll:
             out, inp, out_splits, in_splits, group=self.group, async_op=async_op,
             orchestrator=self.orchestrator, split_matrix=split_matrix,
         )
-
-    def _check_dispatch(self, x: Any, topk_idx: Any, x_scale: Any) -> int:
-        """Local checks of types, dtypes, shapes and devices; returns the scale columns (-1: none).
-
-        The routing table's values are checked on its device
-        (:func:`pathweave.moe._routing.check_topk`), with the counts.
-        """
-        if not isinstance(x, torch.Tensor):
-            raise MoEArgError(1, type_code(x))
-        if x.dtype != self.dtype:
-            raise MoEArgError(2, dtype_code(x.dtype), dtype_code(self.dtype))
-        if x.dim() != 2 or x.shape[1] != self.hidden_dim:
-            raise MoEArgError(3, *shape_nums(x))
-        m = int(x.shape[0])
-        if m > self.max_num_tokens:
-            raise MoEArgError(4, m)
-        if not isinstance(topk_idx, torch.Tensor):
-            raise MoEArgError(5, type_code(topk_idx))
-        if not _dtype_ok(topk_idx, INDEX_DTYPES):
-            raise MoEArgError(6, dtype_code(topk_idx.dtype))
-        if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, self.experts_per_token):
-            raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
-        if topk_idx.device != x.device:
-            raise MoEArgError(13, 1)
-        cols = -1
-        if x_scale is not None:
-            if not isinstance(x_scale, torch.Tensor):
-                raise MoEArgError(10, type_code(x_scale))
-            if x_scale.dtype != torch.float32:
-                raise MoEArgError(11, dtype_code(x_scale.dtype))
-            if x_scale.dim() != 2 or x_scale.shape[0] != m or x_scale.shape[1] < 1:
-                raise MoEArgError(12, *shape_nums(x_scale), 0, 0, m)
-            if x_scale.device != x.device:
-                raise MoEArgError(13, 2)
-            cols = int(x_scale.shape[1])
-        return cols
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Placement, local index and expert order as ``int64`` tensors on ``dev`` (cached)."""
@@ -556,7 +347,7 @@ class MoEAllToAll:
         err = np.zeros(ERR_FIELDS, dtype=np.int64)
         cols, plan, counts = -1, None, None
         try:
-            cols = self._check_dispatch(x, topk_idx, x_scale)
+            cols = C.check_dispatch(self, x, topk_idx, x_scale)
             plan, counts = self._local_plan(x, topk_idx)
         except MoEArgError as exc:
             err = exc.row()
@@ -573,122 +364,19 @@ class MoEAllToAll:
             row[c0:] = counts[5:]
             plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
         wait = self._exchange(row)
-        packed = None if plan is None else self._pack(x, x_scale, plan, cols, row[c0 + E :])
+        packed = (
+            None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
+        )
         meta = wait()
         check_same_layer(meta[:, ERR_FIELDS], "dispatch")
         raise_first(meta, self._fields)
         ms, digests, scols = (meta[:, ERR_FIELDS + i] for i in (1, 2, 3))
         pairs = meta[:, c0 : c0 + E]  # [src, expert]
         rows = meta[:, c0 + E :]  # [src, dst]
-        self._check_global(ms, digests, scols, pairs)
+        C.check_global(self, ms, digests, scols, pairs)
         assert plan is not None and packed is not None
         grad = bool(meta[:, ERR_FIELDS + 4].any())  # every rank joins the backward, or none
         return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad)
-
-    def _check_global(
-        self, ms: np.ndarray, digests: np.ndarray, scols: np.ndarray, pairs: np.ndarray
-    ) -> None:
-        """Checks over all ranks' rows (the same outcome on every rank)."""
-        if (scols != scols[0]).any():
-            r = int(np.flatnonzero(scols != scols[0])[0])
-
-            def say(c: int) -> str:
-                return "no x_scale" if c < 0 else f"x_scale with {c} columns"
-
-            raise ValueError(
-                f"rank 0 passed {say(int(scols[0]))} but rank {r} passed {say(int(scols[r]))}; "
-                "all ranks must pass scales of the same width, or none"
-            )
-        dp = self.dp_size
-        if dp > 1:
-            for g in range(self.num_dp_groups):
-                lo = g * dp
-                for r in range(lo + 1, lo + dp):
-                    if ms[r] != ms[lo] or digests[r] != digests[lo]:
-                        what = (
-                            f"{int(ms[lo])} and {int(ms[r])} tokens" if ms[r] != ms[lo]
-                            else "different topk_idx"
-                        )
-                        raise ValueError(
-                            f"ranks {lo} and {r} are in one DP group (dp_size={dp}) but hold "
-                            f"{what}; ranks of a DP group must pass identical tokens and routing"
-                        )
-        load = pairs.sum(axis=0)
-        over = np.flatnonzero(load > self.expert_capacity)
-        if over.size and self.layout == "expert-major":
-            e = int(over[0])
-            raise ValueError(
-                f"expert {e} (rank {int(self.placement[e])}) would receive {int(load[e])} tokens, "
-                f"more than expert_capacity={self.expert_capacity}"
-            )
-
-    def _row_bytes(self, x: torch.Tensor, cols: int) -> tuple[int, int, int]:
-        """Byte widths of a dispatched row: payload, metadata (scales, tag, ids), whole row.
-
-        The metadata width is a multiple of 8 so that every chunk's payload
-        starts aligned for any dtype.
-        """
-        hb = self.hidden_dim * x.element_size()
-        sb = 4 * cols if cols > 0 else 0
-        extra = _ID_BYTES * self.experts_per_token if self.layout == "compact" else 0
-        mb = -(-(sb + _TAG_BYTES + extra) // 8) * 8
-        return hb, mb, hb + mb
-
-    def _chunks(
-        self, buf: torch.Tensor, counts: Sequence[int], hb: int, mb: int, dtype: torch.dtype
-    ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        """Per peer: its payload rows (``dtype[n, H]``) and metadata rows (``uint8[n, mb]``).
-
-        A peer's chunk holds all its payload rows, then all its metadata
-        rows, so payloads move as whole rows of their own dtype.
-        """
-        flat = buf.view(-1)
-        out = []
-        off = 0
-        for c in counts:
-            c = int(c)
-            pay = flat[off : off + c * hb]
-            payload = pay.view(dtype).view(c, self.hidden_dim) if c else None
-            meta = flat[off + c * hb : off + c * (hb + mb)].view(c, mb)
-            out.append((payload, meta))
-            off += c * (hb + mb)
-        return out
-
-    def _pack(
-        self, x: torch.Tensor, x_scale: torch.Tensor | None, plan: R.SendPlan, cols: int,
-        rows_per_rank: np.ndarray,
-    ) -> torch.Tensor:
-        """Rows to send, per destination: payloads, then scales | source token | (compact) ids.
-
-        The metadata rows are built as ``int32`` columns on ``x``'s device
-        (scales by their bits); nothing goes through the host.
-        """
-        hb, mb, row_bytes = self._row_bytes(x, cols)
-        S = cols if cols > 0 else 0
-        n_send = int(plan.row_token.numel())
-        dev = x.device
-        send = self._pool.get("d_send", n_send, row_bytes, dev)
-        if n_send == 0:
-            return send
-        meta = torch.zeros(n_send, mb // 4, dtype=torch.int32, device=dev)
-        if S:
-            assert x_scale is not None
-            meta[:, :S] = x_scale.index_select(0, plan.row_token).view(torch.int32)
-        meta[:, S] = plan.row_token.to(torch.int32)
-        if self.layout == "compact":
-            meta[:, S + 1 : S + 1 + self.experts_per_token] = plan.row_local.to(torch.int32)
-        meta8 = meta.view(torch.uint8)
-        xc = x.detach().contiguous().view(self._move_dtype)
-        ptr = np.concatenate(([0], np.cumsum(rows_per_rank)))
-        for q, (payload, mview) in enumerate(
-            self._chunks(send, rows_per_rank, hb, mb, self._move_dtype)
-        ):
-            if payload is None:
-                continue
-            a, b = int(ptr[q]), int(ptr[q + 1])
-            torch.index_select(xc, 0, plan.row_token[a:b], out=payload)
-            mview.copy_(meta8[a:b])
-        return send
 
     def _dispatch_data(
         self, x: torch.Tensor, topk_idx: torch.Tensor, plan: R.SendPlan, pairs: np.ndarray,
@@ -698,7 +386,7 @@ class MoEAllToAll:
         dev = x.device
         compact = self.layout == "compact"
         k = self.experts_per_token
-        hb, mb, row_bytes = self._row_bytes(x, cols)
+        hb, mb, row_bytes = P.row_bytes(self, x, cols)
         S = cols if cols > 0 else 0
         send_splits = [int(v) for v in rows[self.rank]]
         recv_counts = rows[:, self.rank]
@@ -722,13 +410,13 @@ class MoEAllToAll:
                                          layout=self.layout, dp_size=self.dp_size)
         if not compact:
             handle.positions = R.expert_major_positions(block, self.expert_capacity)
-            handle.positions_t = _i64(handle.positions, dev)
+            handle.positions_t = P.i64(handle.positions, dev)
             self._combine_send_tables(handle, handle.positions_t, recv_counts)
 
         def finish() -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
             self._pool.busy.discard("d_send")
             self._pool.busy.discard("d_recv")
-            chunks = self._chunks(recv, recv_counts, hb, mb, self._move_dtype)
+            chunks = P.chunks(self, recv, recv_counts, hb, mb, self._move_dtype)
             meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
             meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
             handle.recv_src_token = (
@@ -769,7 +457,7 @@ class MoEAllToAll:
                     p = pos_t[starts[s_] : starts[s_ + 1]]
                     flat.index_copy_(0, p, payload)
                     if scale is not None:
-                        _byte_rows(scale, L * cap, 4 * S).index_copy_(0, p, mview[:, : 4 * S])
+                        P.byte_rows(scale, L * cap, 4 * S).index_copy_(0, p, mview[:, : 4 * S])
             if grad:
                 src = x if x.requires_grad else x.detach().requires_grad_()
                 expert_x = _DispatchGrad.apply(src, (self, handle, expert_x))
@@ -909,7 +597,7 @@ class MoEAllToAll:
         self._check_config()
         err = np.zeros(ERR_FIELDS, dtype=np.int64)
         try:
-            w = self._check_combine(expert_y, handle, topk_weights, weighted)
+            w = C.check_combine(self, expert_y, handle, topk_weights, weighted)
         except MoEArgError as exc:
             err = exc.row()
             w = None
@@ -926,7 +614,7 @@ class MoEAllToAll:
             )
             row[ERR_FIELDS + 3] = int(grad)
         wait = self._exchange(row)
-        send = None if err[0] else self._pack_combine(expert_y, handle, grad)
+        send = None if err[0] else P.pack_combine(self, expert_y, handle, grad)
         meta = wait()
         check_same_layer(meta[:, ERR_FIELDS + 1], "combine")
         raise_first(meta, self._fields)
@@ -945,60 +633,6 @@ class MoEAllToAll:
             send = send.detach().clone().requires_grad_()
             grad = True
         return self._combine_data(expert_y, handle, w, send, async_op, grad)
-
-    def _check_combine(
-        self, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
-    ) -> torch.Tensor | None:
-        if not isinstance(handle, MoEHandle):
-            raise MoEArgError(20, type_code(handle))
-        if handle.owner is not self:
-            raise MoEArgError(28)
-        if handle.combined:
-            raise MoEArgError(29, handle.call_id)
-        if not isinstance(expert_y, torch.Tensor):
-            raise MoEArgError(21, type_code(expert_y))
-        if not _dtype_ok(expert_y, FLOAT_DTYPES):
-            raise MoEArgError(22, dtype_code(expert_y.dtype))
-        H = self.hidden_dim
-        if self.layout == "compact":
-            want: tuple[int, ...] = (handle.num_pairs, H)
-            exp_nums = (handle.num_pairs, 1)
-        else:
-            want = (self.num_local_experts, self.expert_capacity, H)
-            exp_nums = (self.num_local_experts, 0)
-        if tuple(expert_y.shape) != want:
-            raise MoEArgError(23, *shape_nums(expert_y), *exp_nums)
-        if not weighted:
-            return None
-        m = handle.num_tokens
-        if not isinstance(topk_weights, torch.Tensor):
-            raise MoEArgError(24, type_code(topk_weights))
-        if not _dtype_ok(topk_weights, FLOAT_DTYPES):
-            raise MoEArgError(25, dtype_code(topk_weights.dtype))
-        if tuple(topk_weights.shape) != (m, self.experts_per_token):
-            raise MoEArgError(26, *shape_nums(topk_weights), 0, 0, m)
-        if topk_weights.device != expert_y.device:
-            raise MoEArgError(27)
-        return topk_weights.to(torch.float32)
-
-    def _pack_combine(
-        self, expert_y: torch.Tensor, handle: MoEHandle, grad: bool
-    ) -> torch.Tensor:
-        """The output rows going back, in return order (``[rows, H]`` in ``expert_y``'s dtype).
-
-        With gradients a fresh, differentiable gather; without, into a reused buffer.
-        """
-        H = self.hidden_dim
-        assert handle.ret_gather is not None
-        flat = expert_y.reshape(-1, H)
-        if grad:
-            return flat.index_select(0, handle.ret_gather)
-        rows = int(handle.ret_gather.numel())
-        send = self._pool.get("c_send", rows, H * expert_y.element_size(), expert_y.device)
-        out = send.view(expert_y.dtype).view(rows, H) if rows else flat[:0]
-        if rows:
-            torch.index_select(flat, 0, handle.ret_gather, out=out)
-        return out
 
     def _combine_data(
         self, expert_y: torch.Tensor, handle: MoEHandle, w: torch.Tensor | None,
@@ -1043,7 +677,7 @@ class MoEAllToAll:
 
 def _slot_sum(
     rows: torch.Tensor, slot_row: torch.Tensor, w: torch.Tensor | None, m: int, H: int,
-    pool: _Pool | None = None, zero_row: int | None = None,
+    pool: Pool | None = None, zero_row: int | None = None,
 ) -> torch.Tensor:
     """``out[i] = sum_j w[i, j] * rows[slot_row[i, j]]`` over slots with a row, in float32.
 

@@ -260,28 +260,6 @@ def compact_flows(pair_lo: np.ndarray, pair_hi: np.ndarray, flow: np.ndarray):
 
 
 @njit(cache=True)
-def route_demand(
-    demand_flat: np.ndarray,
-    pair_ptr: np.ndarray,
-    links: np.ndarray,
-    length: np.ndarray,
-    penalty_s: np.ndarray,
-    inv_cap: np.ndarray,
-    lam: float,
-    chunk: np.int64,
-    min_split: np.int64,
-    refine: np.int64,
-    num_links: np.int64,
-):
-    """:func:`route_pinned` with no pair pinned."""
-    pin = np.full(demand_flat.shape[0], -1, dtype=np.int64)
-    return route_pinned(
-        demand_flat, pair_ptr, links, length, penalty_s, inv_cap, lam, chunk, min_split,
-        refine, num_links, pin,
-    )
-
-
-@njit(cache=True)
 def route_pinned(
     demand_flat: np.ndarray,
     pair_ptr: np.ndarray,

@@ -76,11 +76,7 @@ class Plan:
     @cached_property
     def link_load_bytes(self) -> np.ndarray:
         """``float64[num_links]``: bytes the plan puts on each directed link."""
-        ps = self.paths
-        rows = ps.links[self.flow_path]
-        w = np.broadcast_to(self.flow_bytes[:, None].astype(np.float64), rows.shape)
-        m = rows >= 0
-        return np.bincount(rows[m], weights=w[m], minlength=self.fabric.num_links)
+        return self.paths.link_load_bytes(self.flow_path, self.flow_bytes)
 
     @cached_property
     def link_time_s(self) -> np.ndarray:

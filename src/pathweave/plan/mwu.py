@@ -48,10 +48,9 @@ the lowest path id, integer bytes.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from pathweave import _check as _args
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._mwu_kernel import route_pinned
@@ -94,16 +93,26 @@ def _extra_hops(paths: PathSet) -> np.ndarray:
 
 
 def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
-    ok = (value > lo if lo_open else value >= lo) and value <= hi and math.isfinite(value)
-    if not ok:
-        interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise PlanError(f"mwu option {name}={value!r} must lie in {interval}")
+    """An ``mwu`` option in ``[lo, hi]`` (``(lo, hi]``); PlanError naming it otherwise."""
+    _args.real(f"mwu option {name}", value, low=lo, high=hi, low_open=lo_open, error=PlanError)
+
+
+def _check_options(
+    *, fraction: float, chunk_bytes: int, min_split_bytes: int, hop_penalty_s: float, refine: int
+) -> None:
+    """Every ``mwu`` option in range; PlanError naming the first that is not."""
+    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
+    _check("chunk_bytes", chunk_bytes, 1, 2**62)
+    _check("min_split_bytes", min_split_bytes, 0, 2**62)
+    _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
+    _check("refine", refine, 0, 1000)
 
 
 @register(
     "mwu",
     options=DEFAULTS,
     summary="NIMBLE Algorithm 1: multiplicative-weights min-congestion over all candidate paths",
+    check=_check_options,
 )
 def mwu(
     fabric: Fabric,
@@ -117,17 +126,71 @@ def mwu(
     refine: int = DEFAULTS["refine"],
 ) -> Plan:
     """Plan with NIMBLE's Algorithm 1 (see the module docstring)."""
-    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
-    _check("chunk_bytes", chunk_bytes, 1, 2**62)
-    _check("min_split_bytes", min_split_bytes, 0, 2**62)
-    _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
-    _check("refine", refine, 0, 1000)
+    _check_options(fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+                   hop_penalty_s=hop_penalty_s, refine=refine)
     penalty, inv_cap = _derived(paths, hop_penalty_s)
     return route(
         fabric, demand, paths, "mwu", paths.links, paths.length, penalty, inv_cap,
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
         refine=refine,
     )
+
+
+def route_flows(
+    paths: PathSet,
+    demand_flat: np.ndarray,
+    inv_cap_per_link: np.ndarray,
+    *,
+    fraction: float = DEFAULTS["fraction"],
+    chunk_bytes: int = DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = DEFAULTS["min_split_bytes"],
+    hop_penalty_s: float = DEFAULTS["hop_penalty_s"],
+    refine: int = DEFAULTS["refine"],
+    pin_small: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Route a flat demand with the Algorithm-1 kernel against any per-link cost.
+
+    The entry point for callers that price links themselves (an online
+    policy's capacity left after background traffic) and need flows, not a
+    :class:`~pathweave.plan.Plan`.
+
+    Parameters
+    ----------
+    paths
+        Candidate paths; ``demand_flat[s * N + d]`` are the bytes of pair ``(s, d)``.
+    demand_flat
+        ``int64[N * N]`` bytes per ordered pair.
+    inv_cap_per_link
+        ``float64[num_links]``: seconds per byte of each link (1 / capacity).
+    fraction, chunk_bytes, min_split_bytes, hop_penalty_s, refine
+        The ``mwu`` options (see the module docstring); not checked here.
+    pin_small
+        Pin pairs below ``min_split_bytes`` to their ``static`` path, as the
+        ``mwu`` planner does; if ``False`` they are routed whole on the
+        cheapest path.
+
+    Returns
+    -------
+    path_ids, flow_bytes : numpy.ndarray
+        ``int64`` flows sorted by pair and path, without repeats.
+    """
+    penalty, _ = _derived(paths, hop_penalty_s)
+    flat = np.ascontiguousarray(demand_flat, dtype=np.int64)
+    pin = _pins(paths, flat, min_split_bytes) if pin_small else np.full(flat.size, -1, np.int64)
+    pid, fb, _ = route_pinned(
+        flat, paths.pair_ptr, paths.links, paths.length, penalty, inv_cap_per_link,
+        float(fraction), np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
+        np.int64(inv_cap_per_link.size), pin,
+    )
+    return pid, fb
+
+
+def _pins(paths: PathSet, flat: np.ndarray, min_split_bytes: int) -> np.ndarray:
+    """``int64[N * N]``: the ``static`` path of each pair below ``min_split_bytes``, else -1."""
+    small = (flat > 0) & (flat < min_split_bytes)
+    if not small.any():
+        return np.full(flat.size, -1, dtype=np.int64)
+    return np.where(small, static_pins(paths), -1)
 
 
 def route(
@@ -151,9 +214,7 @@ def route(
     Pairs below ``min_split_bytes`` are pinned to their ``static`` path.
     """
     flat = demand.reshape(-1)
-    pins = static_pins(paths)
-    small = (flat > 0) & (flat < min_split_bytes)
-    pin = np.where(small, pins, -1) if small.any() else np.full(flat.size, -1, dtype=np.int64)
+    pin = _pins(paths, flat, min_split_bytes)
     pid, fb, sweeps = route_pinned(
         flat, paths.pair_ptr, links, length, penalty_s, inv_cap, float(fraction),
         np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),

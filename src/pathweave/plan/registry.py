@@ -34,20 +34,31 @@ class Policy:
     options: dict[str, Any]
     summary: str
     baseline: bool = False
+    #: ``check(**options)`` raises for a bad value (None: values are checked when planning).
+    check: Callable[..., None] | None = None
 
 
 _REGISTRY: dict[str, Policy] = {}
 
 
 def register(
-    name: str, *, options: dict[str, Any], summary: str, baseline: bool = False
+    name: str,
+    *,
+    options: dict[str, Any],
+    summary: str,
+    baseline: bool = False,
+    check: Callable[..., None] | None = None,
 ) -> Callable[[Planner], Planner]:
-    """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``."""
+    """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``.
+
+    ``check(**options)``, if given, validates every option's value without
+    planning, so a bad value fails where it is set (:func:`check_options`).
+    """
 
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline)
+        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check)
         return func
 
     return deco
@@ -70,6 +81,30 @@ def policy_info(name: str) -> Policy:
         raise PlanError(
             f"unknown policy {name!r}; known policies: {', '.join(_REGISTRY)}"
         ) from None
+
+
+def check_options(policy: str, options: dict[str, Any]) -> None:
+    """Raise unless ``policy`` is registered and takes ``options`` (names, and values where
+    the policy registered a check), without planning anything.
+
+    Raises
+    ------
+    PlanError
+        Unknown policy, unknown option (the message lists the valid ones) or
+        an option value out of range.
+    TypeError
+        An option value of the wrong type.
+    """
+    pol = policy_info(policy)
+    valid = {**COMMON_OPTIONS, **pol.options}
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise PlanError(
+            f"policy {policy!r} got unknown option {unknown[0]!r}; valid options: "
+            + ", ".join(sorted(valid))
+        )
+    if pol.check is not None:
+        pol.check(**{k: options.get(k, v) for k, v in pol.options.items()})
 
 
 def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
@@ -154,10 +189,7 @@ def make(
     valid = {**COMMON_OPTIONS, **pol.options}
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise PlanError(
-            f"policy {policy!r} got unknown option {unknown[0]!r}; valid options: "
-            + ", ".join(sorted(valid))
-        )
+        check_options(policy, options)  # raises, naming the option and the valid ones
     t0 = time.perf_counter()
     d = as_demand(demand, fab.num_ranks)
     opts = {k: options.get(k, v) for k, v in pol.options.items()}

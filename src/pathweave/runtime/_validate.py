@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from pathweave import _check
+
 __all__ = [
     "A2ALayout", "check_fingerprints", "check_split_matrix", "decode_a2a", "encode_a2a",
-    "fingerprint",
+    "fingerprint", "type_code", "type_name",
 ]
 
 # ------------------------------------------------------------------ dtypes
@@ -89,14 +91,19 @@ _ERRORS: dict[int, tuple[type[Exception], str]] = {
         "rank {rank}: input rows have shape {in_shape} but output rows have shape {out_shape}",
     ),
 }
-_TYPE_NAMES = {0: "None", 1: "list", 2: "tuple", 3: "int", 4: "float", 5: "str", 6: "ndarray"}
+#: Type names a row can carry: ``type_code(x)`` is the index of ``type(x).__name__``.
+_TYPE_NAMES = ("None", "list", "tuple", "int", "float", "str", "ndarray", "Tensor")
 
 
-def _type_id(x: Any) -> int:
-    for k, v in _TYPE_NAMES.items():
-        if type(x).__name__ == v:
-            return k
-    return 99
+def type_code(x: Any) -> int:
+    """A small integer naming ``type(x)`` in a metadata row (one numbering for every row)."""
+    name = type(x).__name__
+    return _TYPE_NAMES.index(name) if name in _TYPE_NAMES else len(_TYPE_NAMES)
+
+
+def type_name(code: int) -> str:
+    """The type name of :func:`type_code` ``code`` (``"another type"`` if none)."""
+    return _TYPE_NAMES[code] if 0 <= code < len(_TYPE_NAMES) else "another type"
 
 
 _MAX_TRAIL = 6
@@ -131,18 +138,18 @@ def _splits(
         row[col : col + n] = rows // n
         return 0, 0, 0
     if isinstance(splits, (str, bytes)):
-        return 2, _type_id(splits), 0
+        return 2, type_code(splits), 0
     try:
         arr = np.asarray(splits)  # torch accepts any sequence of ints (a list, a tensor)
     except Exception:
-        return 2, _type_id(splits), 0
+        return 2, type_code(splits), 0
     if arr.ndim != 1:
-        return 2, _type_id(splits), 0
+        return 2, type_code(splits), 0
     if arr.size != n:
         return 3, arr.size, n
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind != "f" or not np.array_equal(arr, np.floor(arr)):
-            return 2, _type_id(splits), 0
+            return 2, type_code(splits), 0
         arr = arr.astype(np.int64)
     neg = np.flatnonzero(arr < 0)
     if neg.size:
@@ -181,7 +188,7 @@ def encode_a2a(
 
     for which, t in ((0, input), (1, output)):
         if not _tensor(t):
-            return fail(1, which, _type_id(t))
+            return fail(1, which, type_code(t))
         if t.dim() == 0:
             return fail(7, which)
     if input.device != output.device:
@@ -244,7 +251,7 @@ def _raise_local(rank: int, row: np.ndarray) -> None:
         "which": _WHICH[a] if a in (0, 1) else a,
         "b": b,
         "c": c,
-        "typename": _TYPE_NAMES.get(b, "another type"),
+        "typename": type_name(b),
         "b_dtype": dtype_name(b),
         "c_dtype": dtype_name(c),
         "in_shape": "?",
@@ -403,12 +410,15 @@ def _fp_text(slot: np.ndarray) -> tuple[str, str]:
     return name, value
 
 
-def check_fingerprints(words: np.ndarray, op: str) -> None:
+def check_fingerprints(
+    words: np.ndarray, op: str, what: str = "configuration (fabric, policy, chunk_bytes, ...)"
+) -> None:
     """Raise ``ValueError`` if any rank's :func:`fingerprint` differs from rank 0's.
 
     ``words`` is ``int64[N, FP_WORDS]``, one row per rank (the same on every
     rank after an exchange), so every rank raises the same message naming
-    the field, the first rank that differs and both values.
+    the field, the first rank that differs and both values. ``what`` names
+    the settings in the message's advice.
     """
     slots = words.reshape(words.shape[0], FP_SLOTS, _FP_SLOT_WORDS)
     diff = slots[:, :, 0] != slots[0, :, 0]
@@ -418,14 +428,14 @@ def check_fingerprints(words: np.ndarray, op: str) -> None:
     name_r, value_r = _fp_text(slots[rank, k])
     name_0, value_0 = _fp_text(slots[0, k])
     if name_r == name_0:
-        what = f"uses {name_r} {value_r} but rank 0 uses {value_0}"
+        differs = f"uses {name_r} {value_r} but rank 0 uses {value_0}"
     else:
         def setting(name: str, value: str) -> str:
             return f"{name} {value}" if name else "no such field"
 
-        what = f"sets {setting(name_r, value_r)} where rank 0 sets {setting(name_0, value_0)}"
-    raise ValueError(f"{op}: rank {rank} {what}; every rank of the group must use the same "
-                     "configuration (fabric, policy, chunk_bytes, ...)")
+        differs = f"sets {setting(name_r, value_r)} where rank 0 sets {setting(name_0, value_0)}"
+    raise ValueError(f"{op}: rank {rank} {differs}; every rank of the group must use the same "
+                     f"{what}")
 
 
 # ----------------------------------------------------------- p2p op lists
@@ -541,20 +551,10 @@ def match_p2p(tables: list[np.ndarray]) -> list[tuple[int, int, int, int, int]]:
 
 # ------------------------------------------------------------ other kinds
 def positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``; TypeError / ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+    """``value`` as an int >= ``minimum`` (:func:`pathweave._check.integer`)."""
+    return _check.integer(name, value, minimum=minimum)
 
 
 def nonnegative_float(name: str, value: Any, *, positive: bool = False) -> float:
-    """``value`` as a finite float (> 0 if ``positive``); errors name ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not np.isfinite(v) or v < 0 or (positive and v == 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} "
-                         f"finite number, got {value!r}")
-    return v
+    """``value`` as a finite float >= 0 (> 0 if ``positive``) (:func:`pathweave._check.real`)."""
+    return _check.real(name, value, low=0.0, low_open=positive)

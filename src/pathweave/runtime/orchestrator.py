@@ -393,9 +393,9 @@ class Orchestrator:
         if not (callable(policy) or isinstance(policy, str)):
             raise TypeError(f"policy must be a policy name or a callable, got {policy!r}")
         if isinstance(policy, str):
-            from pathweave.plan import policy_info
+            from pathweave.plan.registry import check_options
 
-            policy_info(policy)  # unknown names fail here, naming the known ones
+            check_options(policy, policy_options)  # unknown names and options fail here
         self.policy = policy
         self.policy_options = dict(policy_options)
         extra = sorted(set(self.policy_options) - {"kinds", "max_hops"})
@@ -929,10 +929,7 @@ def _callable_text(fn: Any) -> str:
 
 
 def _link_bytes(st: _GroupState, fpath: np.ndarray, fbytes: np.ndarray) -> np.ndarray:
-    rows = st.paths.links[fpath]
-    w = np.broadcast_to(np.asarray(fbytes, dtype=np.float64)[:, None], rows.shape)
-    m = rows >= 0
-    return np.bincount(rows[m], weights=w[m], minlength=st.fabric.num_links)
+    return st.paths.link_load_bytes(fpath, fbytes)
 
 
 def _p2p_segments(matches: list[tuple[int, int, int, int, int]], n: int) -> Segments:

@@ -85,6 +85,7 @@ from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, LinkKind, PathSet, candidate_paths, resolve
 from pathweave.sim import _dynamic_account as account
 from pathweave.sim import _dynamic_cc as cc
+from pathweave.sim import policies as dynamic_policies
 from pathweave.sim._dynamic_events import (
     BackgroundEvent,
     EventQueue,
@@ -95,7 +96,7 @@ from pathweave.sim._dynamic_events import (
 from pathweave.sim._dynamic_place import Placer, observe
 from pathweave.sim._dynamic_state import FlowStats, LinkStats, Network, Subflows, ideal_fct_s
 from pathweave.sim._queue import propagate, queue_step
-from pathweave.sim.policies import DynamicPolicy, PolicyContext, make_policy
+from pathweave.sim.policies import DynamicPolicy, PolicyContext
 from pathweave.traffic.trace import FlowTrace
 
 __all__ = ["BackgroundEvent", "DynamicResult", "LinkEvent", "LinkKey", "run_dynamic"]
@@ -263,7 +264,7 @@ def run_dynamic(
         The flows (arrival, source, destination, bytes).
     policy
         A dynamic policy: ``ecmp``, ``spray``, ``flowbender``, ``hopper``,
-        ``nimble-online`` (:func:`pathweave.sim.policies.policy_names`), or a
+        ``nimble-online`` (:func:`pathweave.sim.policies.policies`), or a
         :class:`~pathweave.sim.policies.DynamicPolicy` subclass.
     events
         :class:`LinkEvent` and :class:`BackgroundEvent` items, any order.
@@ -323,7 +324,7 @@ def run_dynamic(
     subs = Subflows()
     flows = FlowStats.zeros(len(trace))
     links = LinkStats.zeros(fab.num_links)
-    pol: DynamicPolicy = make_policy(policy, ctx, **policy_options)
+    pol: DynamicPolicy = dynamic_policies.make(policy, ctx, **policy_options)
     placer = Placer(pol, ctx, net, subs, trace, flows)
     run = _Run(trace, net, subs, flows, links, evq, placer, cc.Control(K, tau), dt, t_limit)
     run.play()

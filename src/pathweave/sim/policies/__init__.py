@@ -31,8 +31,8 @@ package is, so the policy is then known by name. Randomness comes only from
 
 Examples
 --------
->>> from pathweave.sim.policies import policy_names
->>> policy_names()
+>>> from pathweave.sim.policies import policies
+>>> policies()
 ['ecmp', 'flowbender', 'hopper', 'nimble-online', 'spray']
 """
 
@@ -58,9 +58,9 @@ __all__ = [
     "PathChoice",
     "PolicyContext",
     "ecmp_hash",
-    "make_policy",
-    "policy_class",
-    "policy_names",
+    "make",
+    "policies",
+    "policy_info",
     "register",
 ]
 
@@ -318,29 +318,34 @@ def register(cls: type[DynamicPolicy]) -> type[DynamicPolicy]:
     return cls
 
 
-def policy_names() -> list[str]:
+def policies() -> list[str]:
     """Names of the registered dynamic policies, sorted."""
     return sorted(_REGISTRY)
 
 
-def policy_class(name: str) -> type[DynamicPolicy]:
+def policy_info(name: str) -> type[DynamicPolicy]:
+    """The registered policy class ``name`` (its ``summary`` and default ``options`` too).
+
+    Raises
+    ------
+    PlanError
+        No dynamic policy has that name; the message lists the known ones.
+    """
     try:
         return _REGISTRY[name]
     except KeyError:
         raise PlanError(
-            f"unknown dynamic policy {name!r}; known: {', '.join(policy_names())}"
+            f"unknown dynamic policy {name!r}; known: {', '.join(policies())}"
         ) from None
 
 
-def make_policy(
-    policy: str | type[DynamicPolicy], ctx: PolicyContext, **options: Any
-) -> DynamicPolicy:
+def make(policy: str | type[DynamicPolicy], ctx: PolicyContext, **options: Any) -> DynamicPolicy:
     """An instance of ``policy`` (a registered name, or a subclass) with validated ``options``."""
     if isinstance(policy, type) and issubclass(policy, DynamicPolicy):
         return policy(ctx, **options)
     if not isinstance(policy, str):
         raise TypeError(f"policy must be a name or a DynamicPolicy subclass, got {policy!r}")
-    return policy_class(policy)(ctx, **options)
+    return policy_info(policy)(ctx, **options)
 
 
 # Import every policy module of this package (sorted, so registration order is

@@ -31,8 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pathweave.plan._mwu_kernel import route_demand
-from pathweave.plan.mwu import _derived as _mwu_tables
+from pathweave.plan.mwu import route_flows
 from pathweave.sim._queue import link_in_bytes
 from pathweave.sim.policies import (
     DynamicPolicy,
@@ -84,8 +83,7 @@ class NimbleOnline(DynamicPolicy):
         self.chunk_bytes = int(self.check("chunk_bytes", 1, 2**62))
         self.min_split_bytes = int(self.check("min_split_bytes", 0, 2**62))
         self.refine = int(self.check("refine", 0, 1000))
-        hop = self.check("hop_penalty_s", 0.0, 1.0)
-        self.penalty_s, _ = _mwu_tables(ctx.paths, hop)
+        self.hop_penalty_s = self.check("hop_penalty_s", 0.0, 1.0)
         self.replans = 0
         self.adopted = 0
         self.kept = 0
@@ -118,18 +116,10 @@ class NimbleOnline(DynamicPolicy):
         pair = tr.src[flows] * n + tr.dst[flows]
         demand = np.zeros(n * n, dtype=np.int64)
         np.add.at(demand, pair, np.ceil(rem).astype(np.int64))
-        pid, fb, _ = route_demand(
-            demand,
-            ps.pair_ptr,
-            ps.links,
-            ps.length,
-            self.penalty_s,
-            inv,
-            self.fraction,
-            np.int64(self.chunk_bytes),
-            np.int64(self.min_split_bytes),
-            np.int64(self.refine),
-            np.int64(self.ctx.fabric.num_links),
+        pid, fb = route_flows(
+            ps, demand, inv, fraction=self.fraction, chunk_bytes=self.chunk_bytes,
+            min_split_bytes=self.min_split_bytes, hop_penalty_s=self.hop_penalty_s,
+            refine=self.refine,
         )
         self.replans += 1
         keep = fb > 0

@@ -1,0 +1,31 @@
+"""Fixtures shared by the test files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def _assert_drawn(path: Path, min_px: int = 200) -> None:
+    """``path`` is a PNG of at least ``min_px`` square with data drawn in colour on it.
+
+    Axes, ticks and text are grey; lines, bars and heatmap cells are in
+    colour. A figure whose data failed to draw (an empty axes, a blank
+    canvas) has no coloured pixel, so it fails here however large the file.
+    """
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(path))
+    assert img.ndim == 3 and min(img.shape[:2]) >= min_px, (path, img.shape)
+    rgb = img[..., :3].astype(np.float64)
+    colour = (rgb.max(axis=2) - rgb.min(axis=2)) > 0.15
+    assert colour.mean() > 1e-3, f"{path}: no data drawn ({colour.sum()} coloured pixels)"
+
+
+@pytest.fixture
+def assert_drawn() -> Callable[..., None]:
+    """A check that a saved figure has content, not only that the file exists."""
+    return _assert_drawn
