@@ -1,0 +1,264 @@
+"""Live link telemetry from the data plane's own transfers, and when to re-plan on it.
+
+Three pieces, all deterministic functions of int64 words every rank holds,
+so every rank reaches the same estimates and the same plans:
+
+* :func:`encode_times` / :func:`decode_times`: what one rank observed in one
+  call, the completion time (microseconds after its transfer started) of
+  the last chunk it received of every ``(source, last forwarder)`` stream,
+  as ``N * N`` int64 words that ride along the next call's metadata row;
+* :func:`link_ratios`: the per-link *effective capacity ratio* those times
+  imply (greedy tomography: the most slowed link explains every stream that
+  crosses it; ratios are relative to the fastest observed link, so a machine
+  that is uniformly slower than the fabric model sees no change);
+* :class:`LinkEstimator`: a median over the last ``window`` observations per
+  link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
+  after ``ttl`` calls without an observation (the link is then tried again:
+  Hopper's probe of an alternative);
+* :class:`SwitchPolicy`: Hopper's rules as a re-plan policy: probe (re-plan on
+  the estimates) only when a link's time exceeds ``probe_threshold`` x its
+  baseline, switch only when the new plan's predicted time is below
+  ``switch_ratio`` x the current plan's, and only after the condition held for
+  ``confirm_calls`` calls (the delayed switch).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "LinkEstimator",
+    "SwitchPolicy",
+    "decode_times",
+    "encode_times",
+    "link_ratios",
+    "stream_links",
+]
+
+#: Time words are microseconds; 0 means "no observation".
+_US = 1e6
+
+
+def encode_times(times_s: np.ndarray) -> np.ndarray:
+    """Completion times (seconds, NaN = none) as int64 microsecond words (0 = none, else >= 1).
+
+    Examples
+    --------
+    >>> encode_times(np.array([np.nan, 0.0, 0.25])).tolist()
+    [0, 1, 250000]
+    """
+    t = np.asarray(times_s, dtype=np.float64).reshape(-1)
+    w = np.zeros(t.size, dtype=np.int64)
+    ok = np.isfinite(t)
+    w[ok] = np.maximum(1, np.round(t[ok] * _US)).astype(np.int64)
+    return w
+
+
+def decode_times(words: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`encode_times` (NaN where a word is <= 0)."""
+    w = np.asarray(words, dtype=np.int64)
+    out = w.astype(np.float64) / _US
+    out[w <= 0] = np.nan
+    return out
+
+
+def stream_links(paths: object, flow_path: np.ndarray, num_ranks: int) -> dict[int, np.ndarray]:
+    """Fabric links of every ``(source, last forwarder, destination)`` stream of some paths.
+
+    Returns ``{key: links}`` with ``key = (src * N + last) * N + dst``; a
+    stream that several paths end in holds the union of their links.
+    """
+    from pathweave.runtime.schedule import path_routes
+
+    routes = path_routes(paths)
+    out: dict[int, set[int]] = {}
+    n = int(num_ranks)
+    for p in np.unique(np.asarray(flow_path, dtype=np.int64)).tolist():
+        r = [int(x) for x in routes[p] if x >= 0]
+        key = (r[0] * n + r[-2]) * n + r[-1]
+        ls = paths.links[p]
+        out.setdefault(key, set()).update(int(x) for x in ls[ls >= 0])
+    return {k: np.array(sorted(v), dtype=np.int64) for k, v in out.items()}
+
+
+def link_ratios(
+    streams: dict[int, np.ndarray],
+    times_s: dict[int, float],
+    link_bytes: np.ndarray,
+    nominal_Bps: np.ndarray,
+    *,
+    slow: float = 2.0 / 3.0,
+    reference_quantile: float = 0.0,
+) -> np.ndarray:
+    """Effective-capacity ratio per link implied by stream completion times (NaN: not seen).
+
+    ``streams`` maps a stream key to the links it crosses, ``times_s`` the
+    key to when its last byte arrived, ``link_bytes`` is what each link
+    carried in the call. A stream's *expected* time is the congestion time
+    of its busiest link at nominal capacity; its *slowdown* is measured over
+    expected, relative to the ``reference_quantile`` of all streams (so a
+    machine uniformly slower than the fabric model sees no change). A stream
+    slowed beyond ``1 / slow`` is explained by one link: the link that the
+    most slowed streams cross (ties: the busiest), which gets the ratio that
+    makes its time match the slowest of them; its streams are then removed
+    and the next link is sought. Links only crossed by unslowed streams are
+    at full speed (ratio 1).
+
+    Examples
+    --------
+    Three links of 10 B/s, each carrying 10 B (1 s busy). Stream 0 crosses
+    link 0 and ends at 1 s; streams 1 and 2 cross links 0 and 2, and 1 and 2,
+    and end at 4 s: link 2, common to both slow streams, is at a quarter
+    and explains them; link 0 is at full speed; link 1 is not seen (its one
+    stream is explained).
+
+    >>> streams = {0: np.array([0]), 1: np.array([0, 2]), 2: np.array([1, 2])}
+    >>> r = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0), np.full(3, 10.0))
+    >>> r.tolist()
+    [1.0, nan, 0.25]
+    """
+    nom = np.asarray(nominal_Bps, dtype=np.float64)
+    busy_s = np.asarray(link_bytes, dtype=np.float64) / nom
+    out = np.full(nom.size, np.nan)
+    keys = [k for k in streams if np.isfinite(times_s.get(k, np.nan)) and times_s[k] > 0
+            and busy_s[streams[k]].max(initial=0) > 0]
+    if not keys:
+        return out
+    expect = np.array([busy_s[streams[k]].max() for k in keys])
+    took = np.array([times_s[k] for k in keys])
+    scale = float(np.quantile(took / expect, reference_quantile))
+    took = took / scale                           # in nominal-fabric seconds
+    slowed = took * slow > expect
+    left = np.ones(len(keys), dtype=bool)
+    while (slowed & left).any():
+        count = np.zeros(nom.size)
+        latest = np.zeros(nom.size)
+        for i in np.flatnonzero(slowed & left):
+            ls = streams[keys[i]]
+            count[ls] += 1
+            latest[ls] = np.maximum(latest[ls], took[i])
+        best = np.flatnonzero(count == count.max())
+        link = int(best[np.argmax(busy_s[best])])
+        out[link] = min(1.0, busy_s[link] / latest[link])
+        left &= np.array([link not in streams[k] for k in keys])
+    for i in np.flatnonzero(left):
+        ls = streams[keys[i]]
+        ls = ls[np.isnan(out[ls])]
+        out[ls] = 1.0
+    return out
+
+
+class LinkEstimator:
+    """Median-of-window effective-capacity ratio per link, quantised, with expiry.
+
+    Parameters
+    ----------
+    num_links
+        Links of the fabric.
+    window
+        Observations kept per link; the estimate is their median.
+    levels
+        Quantisation: estimates are multiples of ``1 / levels`` in
+        ``[1 / levels, 1]``.
+    ttl
+        Calls without an observation after which a link is assumed back at
+        nominal (and so tried again by the next plan).
+
+    Examples
+    --------
+    >>> est = LinkEstimator(2, window=3)
+    >>> for r in (0.4, 0.4, 5e-3):               # one outlier does not move a median
+    ...     est.update(np.array([1.0, r]))
+    >>> est.ratio_q().tolist()
+    [64, 26]
+    """
+
+    def __init__(self, num_links: int, *, window: int = 5, levels: int = 64, ttl: int = 64):
+        if window < 1 or levels < 2 or ttl < 1:
+            raise ValueError(f"window, levels, ttl must be >= 1, 2, 1; got {window}, {levels}, "
+                             f"{ttl}")
+        self.levels = int(levels)
+        self.ttl = int(ttl)
+        self._hist: list[deque[float]] = [deque(maxlen=int(window)) for _ in range(num_links)]
+        self._age = np.zeros(num_links, dtype=np.int64)
+
+    def update(self, ratios: np.ndarray) -> None:
+        """Add one call's ratios (NaN: link not observed this call)."""
+        r = np.asarray(ratios, dtype=np.float64)
+        for i, h in enumerate(self._hist):
+            if np.isfinite(r[i]):
+                h.append(float(np.clip(r[i], 0.0, 1.0)))
+                self._age[i] = 0
+            else:
+                self._age[i] += 1
+                if self._age[i] > self.ttl:
+                    h.clear()
+
+    def ratio_q(self) -> np.ndarray:
+        """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal)."""
+        q = np.full(len(self._hist), self.levels, dtype=np.int64)
+        for i, h in enumerate(self._hist):
+            if h:
+                q[i] = int(np.clip(np.round(np.median(h) * self.levels), 1, self.levels))
+        return q
+
+    def capacity_Bps(self, nominal_Bps: np.ndarray) -> np.ndarray:
+        """Estimated effective capacity per link."""
+        return np.asarray(nominal_Bps, dtype=np.float64) * self.ratio_q() / self.levels
+
+
+@dataclass
+class SwitchPolicy:
+    """Hopper's probe/switch rules for plans (see the module docstring).
+
+    ``should_probe`` when some link's quantised estimate says its time is
+    ``probe_threshold`` x what the current plan assumed (slower, or faster
+    again); ``should_switch(new_s, cur_s)`` on a clear win held for
+    ``confirm_calls`` consecutive probes.
+    """
+
+    probe_threshold: float = 1.5
+    switch_ratio: float = 0.8
+    confirm_calls: int = 1
+    _streak: int = 0
+
+    def should_probe(self, ratio_q: np.ndarray, planned_q: np.ndarray) -> bool:
+        """Whether some link's estimate moved ``probe_threshold``-fold since the plan was made.
+
+        ``planned_q``: the estimates the current plan was made with (all
+        ``levels`` for a plan on nominal capacities). Smaller moves are noise
+        and keep the plan.
+        """
+        q = np.asarray(ratio_q, dtype=np.float64)
+        p = np.asarray(planned_q, dtype=np.float64)
+        f = np.maximum(q / p, p / q)
+        return bool((f >= self.probe_threshold).any())
+
+    def should_switch(self, new_s: float, current_s: float) -> bool:
+        if new_s < self.switch_ratio * current_s:
+            self._streak += 1
+        else:
+            self._streak = 0
+        if self._streak >= self.confirm_calls:
+            self._streak = 0
+            return True
+        return False
+
+
+def ratios_from_times(
+    paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
+    words: Sequence[np.ndarray], num_ranks: int,
+) -> np.ndarray:
+    """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
+    n = int(num_ranks)
+    streams = stream_links(paths, flow_path, n)
+    times: dict[int, float] = {}
+    for d, w in enumerate(words):
+        t = decode_times(np.asarray(w)[: n * n]).reshape(n, n)
+        for s, last in zip(*np.nonzero(np.isfinite(t)), strict=True):
+            times[(int(s) * n + int(last)) * n + d] = float(t[s, last])
+    return link_ratios(streams, times, link_bytes, nominal_Bps)

@@ -1,0 +1,106 @@
+"""Link telemetry: tomography of synthetic stream timings, the estimator, Hopper's rules."""
+
+import numpy as np
+import pytest
+
+import pathweave as pw
+from pathweave.fabric import candidate_paths
+from pathweave.plan import make
+from pathweave.runtime.telemetry import (
+    LinkEstimator,
+    SwitchPolicy,
+    decode_times,
+    encode_times,
+    link_ratios,
+    stream_links,
+)
+from pathweave.traffic import parse_workload
+
+FAB = pw.fabric.preset("h100-2x4")
+PS = candidate_paths(FAB)
+N = FAB.num_ranks
+
+
+def _case(policy: str, true_ratio: np.ndarray, noise: float = 0.0, seed: int = 0):
+    """A real plan, and fluid stream times on capacities ``true_ratio * nominal``."""
+    d = np.asarray(parse_workload("hotspot:0.6", N, bytes_per_rank=4 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    plan = make(FAB, d, policy, paths=PS)
+    keep = plan.flow_bytes > 0
+    fp = plan.flow_path[keep]
+    rows = PS.links[fp]
+    w = np.broadcast_to(plan.flow_bytes[keep][:, None].astype(float), rows.shape)
+    lb = np.bincount(rows[rows >= 0], weights=w[rows >= 0], minlength=FAB.num_links)
+    link_s = lb / (FAB.capacity_Bps * true_ratio)
+    streams = stream_links(PS, fp, N)
+    rng = np.random.default_rng(seed)
+    # A stream ends when the slowest link it crosses has carried all its bytes.
+    times = {k: float(link_s[ls].max()) * (1 + noise * rng.random()) for k, ls in streams.items()}
+    return streams, times, lb
+
+
+def _rail0_links() -> np.ndarray:
+    v = FAB.vertex_id("rail0")
+    return np.flatnonzero((FAB.link_src == v) | (FAB.link_dst == v))
+
+
+@pytest.mark.parametrize("policy", ["static", "mwu", "optimal"])
+def test_slow_rail_is_found_and_nothing_else(policy):
+    true = np.ones(FAB.num_links)
+    rail0 = _rail0_links()
+    true[rail0] = 0.4
+    streams, times, lb = _case(policy, true, noise=0.02)
+    r = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    seen_slow = [i for i in np.flatnonzero(np.isfinite(r) & (r < 0.9))]
+    assert set(seen_slow) <= set(rail0.tolist()) and seen_slow
+    assert np.allclose(r[seen_slow], 0.4, atol=0.03)
+    # Every other observed link is at full speed.
+    others = np.isfinite(r) & ~np.isin(np.arange(FAB.num_links), rail0)
+    assert (r[others] == 1.0).all()
+
+
+def test_uniformly_slow_machine_sees_no_change():
+    # The whole machine 20x slower than the fabric model: relative ratios stay 1.
+    streams, times, lb = _case("mwu", np.full(FAB.num_links, 0.05), noise=0.05, seed=3)
+    r = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    assert np.isfinite(r).any() and (r[np.isfinite(r)] == 1.0).all()
+
+
+def test_time_words_round_trip_and_mark_missing():
+    t = np.array([np.nan, 1e-7, 0.5, 12.25])
+    back = decode_times(encode_times(t))
+    assert np.isnan(back[0]) and back[1] == 1e-6 and back[2:].tolist() == [0.5, 12.25]
+
+
+def test_estimator_median_quantised_and_expires():
+    est = LinkEstimator(3, window=5, levels=64, ttl=2)
+    for r in (0.4, 0.41, 0.39, 0.01, 0.4):   # one outlier among five
+        est.update(np.array([r, 1.0, np.nan]))
+    q = est.ratio_q()
+    assert q.tolist() == [round(0.4 * 64), 64, 64]
+    assert est.capacity_Bps(np.array([64.0, 64.0, 64.0])).tolist() == [26.0, 64.0, 64.0]
+    for _ in range(3):                         # unobserved past ttl: back to nominal
+        est.update(np.array([np.nan, 1.0, np.nan]))
+    assert est.ratio_q().tolist() == [64, 64, 64]
+
+
+def test_steady_estimates_never_probe_and_noise_keeps_the_plan():
+    pol = SwitchPolicy()
+    planned = np.full(8, 64)
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # +-15 % noise on a steady fabric
+        q = np.clip(np.round(64 * (1 - 0.15 * rng.random(8))), 1, 64).astype(np.int64)
+        assert not pol.should_probe(q, planned)
+    slow = planned.copy()
+    slow[2] = 26
+    assert pol.should_probe(slow, planned)
+    assert not pol.should_probe(slow, slow)            # the plan made on it stays
+    assert pol.should_probe(planned, slow)             # the link recovered: try it again
+
+
+def test_switch_only_on_clear_win_after_confirmation():
+    pol = SwitchPolicy(switch_ratio=0.8, confirm_calls=2)
+    assert not pol.should_switch(0.85, 1.0)            # not a clear win
+    assert not pol.should_switch(0.5, 1.0)             # clear, first time: delayed
+    assert pol.should_switch(0.5, 1.0)                 # held twice: switch
+    assert not pol.should_switch(0.5, 1.0)             # the streak starts again
