@@ -15,7 +15,12 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 3. **schedule**: the plan's split of each pair is applied to the exact bytes
    and cut into a per-rank schedule of chunked point-to-point operations
    (:mod:`pathweave.runtime.schedule`), cached by the exact metadata;
-4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`).
+4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`);
+5. **adapt** (``adapt=True``, the default unless ``PATHWEAVE_ADAPT=0``): the
+   completion times of this rank's receives ride along the next call's
+   metadata row, every rank turns all ranks' times into the same per-link
+   capacity estimates (:mod:`pathweave.runtime.telemetry`) and plans on them
+   once they move 1.5-fold (Hopper's probe rule).
 
 Every rank holds the same metadata and the same history of calls, so every
 rank makes the same decisions without talking about them.
@@ -200,6 +205,11 @@ class _GroupState:
         # (metadata, layout, decision) of the last all_to_all_single call
         self.last_a2a: tuple[Any, ...] = (None, None, None)
         self.next_ident = 1
+        # --- live adaptation (pathweave.runtime.telemetry): plans are made on
+        # plan_fabric / plan_paths, the nominal fabric until estimates move.
+        self.adapt: Any = None
+        self.plan_fabric = fabric
+        self.plan_paths = paths
 
 
 class Orchestrator:
@@ -239,6 +249,10 @@ class Orchestrator:
         Predicted speed-up over ``static`` that ``"auto"`` requires.
     cache_size
         Plans and schedules kept (least recently used are dropped).
+    adapt
+        Learn link capacities from this orchestrator's own transfers and plan
+        on them (``docs/runtime.md``, "Live adaptation"); default: on unless
+        ``PATHWEAVE_ADAPT=0``.
     **policy_options
         Options passed to a registered policy (checked by
         :func:`pathweave.plan.make`).
@@ -268,6 +282,7 @@ class Orchestrator:
         *,
         min_gain: float = 1.2,
         cache_size: int = 64,
+        adapt: bool | None = None,
         **policy_options: Any,
     ):
         self.fabric = None if fabric is None else resolve(fabric)
@@ -297,6 +312,11 @@ class Orchestrator:
         self.timeout_s = V.nonnegative_float("timeout_s", timeout_s, positive=True)
         self.min_gain = V.nonnegative_float("min_gain", min_gain, positive=True)
         self.cache_size = V.positive_int("cache_size", cache_size)
+        if adapt not in (None, True, False):
+            raise ValueError(f"adapt must be True, False or None, got {adapt!r}")
+        from pathweave.runtime.telemetry import adapt_default
+
+        self.adapt = adapt_default() if adapt is None else bool(adapt)
         self._groups: dict[Any, _GroupState] = {}
         self.stats = OrchestratorStats()
 
@@ -336,6 +356,10 @@ class Orchestrator:
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
         max_hops = self.policy_options.get("max_hops", COMMON_OPTIONS["max_hops"])
         st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops))
+        if self.adapt:
+            from pathweave.runtime.telemetry import Adaptation
+
+            st.adapt = Adaptation(fab, st.paths)
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
         self._groups[group] = st
@@ -346,7 +370,8 @@ class Orchestrator:
         from pathweave.plan import make
 
         self.stats.plans_made += 1
-        static_s = make(st.fabric, demand, "static", paths=st.paths).congestion_s
+        fab, paths = st.plan_fabric, st.plan_paths
+        static_s = make(fab, demand, "static", paths=paths).congestion_s
         if callable(self.policy):
             plan = self.policy(st.fabric, demand)
             if not isinstance(plan, Plan):
@@ -355,7 +380,7 @@ class Orchestrator:
                 raise PlanError("policy callable returned a plan for another fabric or path set")
             plan.validate()
         else:
-            plan = make(st.fabric, demand, self.policy, paths=st.paths, **self.policy_options)
+            plan = make(fab, demand, self.policy, paths=paths, **self.policy_options)
         plan_s = plan.congestion_s
         if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
             return self._fallback(st, static_s)
@@ -382,7 +407,7 @@ class Orchestrator:
             dec.flow_pair, dec.flow_path, dec.flow_weight, demand,
             min_split_bytes=self.min_split_bytes,
         )
-        return float((_link_bytes(st, fpath, fbytes) / st.fabric.capacity_Bps).max())
+        return float((_link_bytes(st, fpath, fbytes) / st.plan_fabric.capacity_Bps).max())
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
@@ -395,7 +420,7 @@ class Orchestrator:
             # size threshold); no planning, and the current plan stays for
             # the next large call.
             return self._fallback(st, 0.0), True
-        key = q.tobytes()
+        key = q.tobytes() + (b"" if st.adapt is None else st.adapt.cap_key)
         if key == st.last_qkey and st.current is not None:
             return st.current, True
         cand = st.plans.get(key)
@@ -453,6 +478,10 @@ class Orchestrator:
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size)
+        if st.adapt is not None and split_matrix is None:
+            row = np.concatenate([row, st.adapt.words()])  # split off in _adapt_exchanged
+        elif st.adapt is not None:
+            st.adapt.forget()
         if split_matrix is not None:
             given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
             # The key stands for what every rank would have exchanged: all splits
@@ -460,6 +489,7 @@ class Orchestrator:
             mkey = b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
         else:
             meta = tr.exchange(row, deadline)
+            meta = self._adapt_exchanged(st, meta, row.size)
             mkey = meta.tobytes()
         t1 = time.perf_counter()
         if mkey == st.last_a2a[0]:
@@ -506,10 +536,22 @@ class Orchestrator:
             def finish() -> None:
                 output.copy_(dst)
 
+        timing = None
+        if st.adapt is not None and not async_op:
+            # A receive at offset off of the output holds bytes of the source whose
+            # segment it lies in: key (source, the peer it came from).
+            starts = np.concatenate([[0], np.cumsum(pair_bytes[:, tr.rank])])
+
+            def timing(op: tuple[int, ...]) -> tuple[int, int]:
+                return int(np.searchsorted(starts, op[3], side="right") - 1), int(op[0])
+
         handle = tr.run(
             sched, [as_bytes(src)], [as_bytes(dst)], deadline=deadline,
-            wait=not async_op, finish=finish,
+            wait=not async_op, finish=finish, timing=timing,
         )
+        if timing is not None:
+            obs = [(s, last, sec) for (s, last), sec in handle.timings.items()]
+            st.adapt.observe(entry[3], entry[1], obs)
         self._account(st, "all_to_all_single", total, entry, t0, t1, t2, cached)
         return handle if async_op else None
 
@@ -563,6 +605,8 @@ class Orchestrator:
             pair_bytes[s, d] += nb
         t1 = time.perf_counter()
         st.last_a2a = (None, None, None)  # the decision state may move on here
+        if st.adapt is not None:
+            st.adapt.forget()  # no telemetry travels with point-to-point batches
         dec, cached = self._decide(st, pair_bytes)
         total = int(pair_bytes.sum())
         if not dec.multipath:
@@ -622,7 +666,25 @@ class Orchestrator:
         link_bytes = _link_bytes(st, fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
         kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
-        return sched, link_bytes, kinds
+        return sched, link_bytes, kinds, fpath
+
+    # --------------------------------------------------- live adaptation
+    @staticmethod
+    def _adapt_exchanged(st: _GroupState, meta: np.ndarray, width: int) -> np.ndarray:
+        """Split the telemetry words off the exchanged rows; re-plan if the estimates moved.
+
+        Every rank holds the same rows and the same history, so every rank
+        reaches the same estimates and the same plan.
+        """
+        if st.adapt is None:
+            return meta
+        base = width - st.adapt.words().size
+        st.adapt.absorb(meta[:, base:])
+        if st.adapt.replan():
+            st.plan_fabric = st.adapt.fabric
+            st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
+            st.last_a2a = (None, None, None)
+        return np.ascontiguousarray(meta[:, :base])
 
     def _account(
         self, st: _GroupState, op: str, total: int, entry: Any, t0: float, t1: float,

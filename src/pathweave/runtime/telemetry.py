@@ -9,17 +9,16 @@ so every rank reaches the same estimates and the same plans:
   as ``N * N`` int64 words that ride along the next call's metadata row;
 * :func:`link_ratios`: the per-link *effective capacity ratio* those times
   imply (greedy tomography: the most slowed link explains every stream that
-  crosses it; ratios are relative to the fastest observed link, so a machine
+  crosses it; ratios are relative to the fastest stream, so a machine
   that is uniformly slower than the fabric model sees no change);
 * :class:`LinkEstimator`: a median over the last ``window`` observations per
   link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
   after ``ttl`` calls without an observation (the link is then tried again:
   Hopper's probe of an alternative);
-* :class:`SwitchPolicy`: Hopper's rules as a re-plan policy: probe (re-plan on
-  the estimates) only when a link's time exceeds ``probe_threshold`` x its
-  baseline, switch only when the new plan's predicted time is below
-  ``switch_ratio`` x the current plan's, and only after the condition held for
-  ``confirm_calls`` calls (the delayed switch).
+* :class:`SwitchPolicy`: Hopper's rule for when to probe: plan again on the
+  estimates only when a link's time moved ``probe_threshold`` x from what the
+  current plan assumed; the new plan is taken only on a clear predicted win;
+* :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
 from __future__ import annotations
@@ -30,12 +29,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pathweave.fabric import Fabric
+
 __all__ = [
+    "ADAPT_ENV",
+    "Adaptation",
     "LinkEstimator",
     "SwitchPolicy",
+    "adapt_default",
     "decode_times",
     "encode_times",
     "link_ratios",
+    "ratios_from_times",
     "stream_links",
 ]
 
@@ -213,18 +218,17 @@ class LinkEstimator:
 
 @dataclass
 class SwitchPolicy:
-    """Hopper's probe/switch rules for plans (see the module docstring).
+    """Hopper's probe rule for plans: re-plan only on a ``probe_threshold``-fold move.
 
-    ``should_probe`` when some link's quantised estimate says its time is
-    ``probe_threshold`` x what the current plan assumed (slower, or faster
-    again); ``should_switch(new_s, cur_s)`` on a clear win held for
-    ``confirm_calls`` consecutive probes.
+    A link whose estimate says its time is ``probe_threshold`` x what the
+    current plan assumed (slower, or faster again) makes the orchestrator
+    plan again on the estimates; the new plan replaces the current one only
+    on a clear predicted win (the orchestrator's ``hysteresis``). Hopper's
+    delayed switch, which keeps a flow's packets in order, has nothing to do
+    in a collective: a plan changes between calls, never within one.
     """
 
     probe_threshold: float = 1.5
-    switch_ratio: float = 0.8
-    confirm_calls: int = 1
-    _streak: int = 0
 
     def should_probe(self, ratio_q: np.ndarray, planned_q: np.ndarray) -> bool:
         """Whether some link's estimate moved ``probe_threshold``-fold since the plan was made.
@@ -237,16 +241,6 @@ class SwitchPolicy:
         p = np.asarray(planned_q, dtype=np.float64)
         f = np.maximum(q / p, p / q)
         return bool((f >= self.probe_threshold).any())
-
-    def should_switch(self, new_s: float, current_s: float) -> bool:
-        if new_s < self.switch_ratio * current_s:
-            self._streak += 1
-        else:
-            self._streak = 0
-        if self._streak >= self.confirm_calls:
-            self._streak = 0
-            return True
-        return False
 
 
 def ratios_from_times(
@@ -262,3 +256,83 @@ def ratios_from_times(
         for s, last in zip(*np.nonzero(np.isfinite(t)), strict=True):
             times[(int(s) * n + int(last)) * n + d] = float(t[s, last])
     return link_ratios(streams, times, link_bytes, nominal_Bps)
+
+
+#: ``PATHWEAVE_ADAPT=0`` turns live adaptation off for orchestrators that do not say.
+ADAPT_ENV = "PATHWEAVE_ADAPT"
+
+
+def adapt_default() -> bool:
+    """Live adaptation unless ``PATHWEAVE_ADAPT`` is ``0``/``false``/``no``/``off``."""
+    import os
+
+    return os.environ.get(ADAPT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Adaptation:
+    """Live adaptation of one process group: observations, estimates, the fabric to plan on.
+
+    Per call: :meth:`words` is this rank's observation of the previous call
+    (``N * N`` int64 words appended to the metadata row); :meth:`absorb` takes
+    every rank's words after the exchange and updates the estimates the same
+    way on every rank; :meth:`replan` says whether to plan again, and
+    :attr:`fabric` / :attr:`paths` are what to plan on; after a multi-path
+    call :meth:`observe` turns this rank's receive completion times into
+    the next call's words.
+    """
+
+    def __init__(self, fabric: Fabric, paths: object, **estimator: int):
+        self.nominal = fabric
+        self.fabric = fabric
+        self.paths = paths
+        self.n = fabric.num_ranks
+        self.est = LinkEstimator(fabric.num_links, **estimator)
+        self.policy = SwitchPolicy()
+        self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def cap_key(self) -> bytes:
+        """Part of the plan-cache key: the estimates the plans are made on."""
+        return self.planned_q.tobytes()
+
+    def words(self) -> np.ndarray:
+        return self._mine
+
+    def forget(self) -> None:
+        """A call without telemetry (no exchange, or point to point): drop what is pending."""
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._last = None
+
+    def absorb(self, words: np.ndarray) -> None:
+        """Every rank's words of the previous call (``int64[N, N * N]``)."""
+        last, self._last = self._last, None
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        if last is None or not (np.asarray(words) > 0).any():
+            return
+        fpath, link_bytes = last
+        self.est.update(ratios_from_times(self.paths, fpath, link_bytes,
+                                          self.nominal.capacity_Bps, list(words), self.n))
+
+    def replan(self) -> bool:
+        """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
+        q = self.est.ratio_q()
+        if not self.policy.should_probe(q, self.planned_q):
+            return False
+        self.planned_q = q
+        f = q.astype(np.float64) / self.est.levels
+        moved = {int(i): float(f[i]) for i in np.flatnonzero(q < self.est.levels)}
+        self.fabric = (self.nominal.with_links(moved, name=f"{self.nominal.name}-live")
+                       if moved else self.nominal)
+        return True
+
+    def observe(self, fpath: np.ndarray, link_bytes: np.ndarray,
+                recv_times: Sequence[tuple[int, int, float]]) -> None:
+        """This rank's multi-path call: ``(source, last forwarder, seconds)`` per final receive."""
+        t = np.full((self.n, self.n), np.nan)
+        for src, last, sec in recv_times:
+            if not sec <= t[src, last]:  # NaN or later
+                t[src, last] = sec
+        self._mine = encode_times(t)
+        self._last = (np.asarray(fpath), np.asarray(link_bytes))
