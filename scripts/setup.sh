@@ -9,7 +9,7 @@
 # Steps: pick python3 (>= 3.10, python3.11 preferred), create .venv, upgrade
 # pip quietly, install torch==2.13.0 (the CPU wheel; the data plane, MoE
 # layer and emulator need torch, the planner and simulator do not), then
-# `pip install -e '.[test]'`.
+# `pip install -e '.[test,models]'` (models: transformers, for the MoE training example).
 
 _pathweave_setup() (
     set -euo pipefail
@@ -52,8 +52,8 @@ _pathweave_setup() (
     fi
     torch="torch 2.13.0"
 
-    echo "setup: installing pathweave (editable) with test extras"
-    "${pip[@]}" install --quiet -e "$root[test]"
+    echo "setup: installing pathweave (editable) with test and models extras"
+    "${pip[@]}" install --quiet -e "$root[test,models]"
     printf '%s\n%s\n' "$want" "$torch" >"$stamp"
     echo "setup: done ($torch)"
 )

@@ -37,7 +37,7 @@ def _forced(roles):
 
 def _orch(fabric, policy="mwu", **kw):
     kw.setdefault("enabled", True)
-    kw.setdefault("chunk_bytes", 3000)
+    kw.setdefault("chunk_bytes", 4096)
     kw.setdefault("window", 4)
     kw.setdefault("min_split_bytes", 0)
     kw.setdefault("timeout_s", 60)
@@ -124,9 +124,9 @@ def job_eight(rank, ws):
     res["async direct"] = _a2a_check(rank, ws, direct, rows, torch.int64, (2,), 5, True)
     # forced relay-only and remote-rail (drd) plans: forwarding on every call
     for roles in (("relay",), ("drd",), ("rd",), ("dr",)):
-        o = _orch("h100-2x4", _forced(roles), chunk_bytes=1000, window=2)
+        o = _orch("h100-2x4", _forced(roles), chunk_bytes=4096, window=2)
         ok = all(
-            _a2a_check(rank, ws, o, _rows(ws, 300 + k, scale=400), torch.float32, (3,), k)
+            _a2a_check(rank, ws, o, _rows(ws, 300 + k, scale=400), torch.float32, (12,), k)
             for k in range(2)
         )
         res[f"forced {roles[0]}"] = (ok, o.stats.bytes_per_path_kind)
@@ -159,11 +159,11 @@ def job_eight(rank, ws):
     # a subgroup: group ranks are not global ranks
     sub = dist.new_group([4, 5, 6, 7])
     if rank >= 4:
-        o = _orch(MESH4, _forced(("relay",)), chunk_bytes=700)
+        o = _orch(MESH4, _forced(("relay",)), chunk_bytes=4096)
         rows = _rows(4, 31, scale=300)
         me = rank - 4
-        inp = _tensor(torch.float32, (int(rows[me].sum()), 2), rank)
-        out = torch.zeros(int(rows[:, me].sum()), 2)
+        inp = _tensor(torch.float32, (int(rows[me].sum()), 12), rank)
+        out = torch.zeros(int(rows[:, me].sum()), 12)
         ref = torch.zeros_like(out)
         pwd.all_to_all_single(out, inp, rows[:, me].tolist(), rows[me].tolist(), group=sub,
                               orchestrator=o)
@@ -365,7 +365,7 @@ def job_p2p(rank, ws):
         elif orch_kind == "mwu":
             o = _orch("h100-2x4")
         else:
-            o = _orch("h100-2x4", _forced((orch_kind,)), chunk_bytes=2048)
+            o = _orch("h100-2x4", _forced((orch_kind,)), chunk_bytes=4096)
         sends, recvs = _p2p_ops(rank, ws, seed, empty)
         outs = [torch.zeros(n) for _, n, _, _ in recvs]
         ops = [pwd.P2POp(pwd.isend, t, d, tag=tag) for d, t, tag in sends]
@@ -433,7 +433,7 @@ def job_four(rank, ws, cases, grouped=False):
             # run on gloo: the per-pair order must hold without tags' help.
             tr = o._state(None).transport
             tr.grouped_rounds = True
-        ok = _a2a_check(rank, ws, o, _rows(ws, seed, scale=300), getattr(torch, dtype), (3,),
+        ok = _a2a_check(rank, ws, o, _rows(ws, seed, scale=300), getattr(torch, dtype), (48,),
                         seed)
         out.append((ok, o.stats.bytes_per_path_kind))
     return out
@@ -441,11 +441,11 @@ def job_four(rank, ws, cases, grouped=False):
 
 def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds():
     cases = [
-        (MESH4, ("relay",), 1, "float32", 512, 2),
-        (MESH4, None, 2, "bfloat16", 4096, 4),
-        (RAILS4, ("rd",), 3, "int8", 700, 3),
-        (RAILS4, ("dr",), 4, "float16", 100, 2),
-        (RAILS4, None, 5, "int64", 2048, 4),
+        (MESH4, ("relay",), 1, "float32", 4096, 2),
+        (MESH4, None, 2, "bfloat16", 16384, 4),
+        (RAILS4, ("rd",), 3, "int8", 5000, 3),
+        (RAILS4, ("dr",), 4, "float16", 4096, 2),
+        (RAILS4, None, 5, "int64", 8192, 4),
     ]
     for grouped in (False, True):
         results = run_local(job_four, 4, (cases, grouped), timeout_s=120)
@@ -460,7 +460,7 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds():
 @given(
     seed=st.integers(0, 2**20),
     roles=st.sampled_from([None, ("relay",), ("rd", "dr")]),
-    chunk=st.integers(256, 5000),
+    chunk=st.integers(4096, 20000),
     window=st.integers(2, 5),
 )
 def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
@@ -472,27 +472,31 @@ def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
 
 # ------------------------------------------------------- given split matrix
 def job_split_matrix(rank, ws):
-    """``split_matrix=``: no metadata exchange, same bytes as torch; local checks raise."""
+    """``split_matrix=``: one configuration check, then no metadata exchange; same bytes as
+    torch; local checks raise."""
     out = {}
     for name, policy, enabled in (("relay", _forced(("relay",)), True), ("mwu", "mwu", True),
                                   ("torch", "mwu", False)):
-        o = _orch(MESH4, policy, enabled=enabled, chunk_bytes=500, window=2)
+        o = _orch(MESH4, policy, enabled=enabled, chunk_bytes=4096, window=2)
         tr = o._state(None).transport
+        exchanges = []
 
-        def no_exchange(*args, **kwargs):
-            raise AssertionError("metadata exchange with a given split matrix")
+        def count_exchange(*args, _real=tr.exchange, _seen=exchanges, **kwargs):
+            _seen.append(1)
+            return _real(*args, **kwargs)
 
-        tr.exchange = no_exchange
+        tr.exchange = count_exchange
         oks = []
         for seed in (1, 2, 2):  # the repeat is served from the cache
             rows = _rows(ws, seed, scale=300)
-            inp = _tensor(torch.bfloat16, (int(rows[rank].sum()), 5), seed * 31 + rank)
-            res = torch.zeros((int(rows[:, rank].sum()), 5), dtype=torch.bfloat16)
+            inp = _tensor(torch.bfloat16, (int(rows[rank].sum()), 40), seed * 31 + rank)
+            res = torch.zeros((int(rows[:, rank].sum()), 40), dtype=torch.bfloat16)
             in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
             mat = torch.from_numpy(rows) if seed == 2 else rows
             pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat)
             oks.append(_same_bits(res, _reference(res, inp, out_s, in_s)))
-        out[name] = (oks, o.stats.multipath_calls, o.stats.cache_hits)
+        # one exchange checks the configuration the first time; then none
+        out[name] = (oks, o.stats.multipath_calls, o.stats.cache_hits, len(exchanges))
     # bad matrices every rank detects on its own: no rank waits for another
     rows = _rows(ws, 3)
     inp = torch.zeros(int(rows[rank].sum()), 2)
@@ -517,8 +521,9 @@ def test_given_split_matrix_skips_the_exchange_and_checks_locally():
     results = run_local(job_split_matrix, 4, timeout_s=120)
     for rank, res in enumerate(results):
         for name in ("relay", "mwu", "torch"):
-            oks, multipath, hits = res[name]
+            oks, multipath, hits, exchanges = res[name]
             assert oks == [True] * 3, (rank, name)
+            assert exchanges == 1, (rank, name)
             assert multipath == (0 if name == "torch" else 3), (rank, name)
             assert hits >= 1, (rank, name)
         shape, neg, diag, floats = res["errors"]

@@ -7,6 +7,7 @@ timeout), and that no process outlives ``run_local``.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -55,15 +56,52 @@ def _pids(piddir) -> list[int]:
 
 
 # ------------------------------------------------------------- data plane
-def job_peer_fault(rank, ws, mode, piddir):
-    """Rank 3 dies (or hangs) in the middle of an exchange with forwarding."""
+FAULTS = [
+    # (mode, enabled): enabled=False is torch's own collective behind the same checks
+    ("die-mid-transfer", True),
+    ("die-before-call", True),
+    ("die-before-call", False),
+    ("raise-before-call", True),
+    ("kill-while-relaying", True),
+    ("hang", True),
+    ("hang", False),
+]
+
+
+def _kill_while_relaying():
+    """SIGKILL this process on its second forward of a relayed chunk."""
+    import threading
+
+    real_isend = dist.isend
+    forwards = []
+
+    def isend(*args, **kwargs):
+        if threading.current_thread().name.startswith("pathweave-forward"):
+            forwards.append(1)
+            if len(forwards) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real_isend(*args, **kwargs)
+
+    dist.isend = isend  # the executor looks it up at call time
+
+
+def _victim(mode):
+    # On relay paths of h100-2x4 rank 0 forwards for 30 streams; rank 3 for none.
+    return 0 if mode == "kill-while-relaying" else 3
+
+
+def job_peer_fault(rank, ws, mode, enabled, piddir):
+    """One rank dies, raises or hangs around an exchange; the others' outputs stay untouched."""
     _record_pid(piddir, rank)
-    orch = pw.Orchestrator(fabric="h100-2x4", enabled=True, chunk_bytes=4096, window=2,
-                           min_split_bytes=0, timeout_s=TIMEOUT_S)
+    # relay paths only: ranks forward chunks between other ranks of their node
+    policy = functools.partial(pw.plan.pinned, roles=("relay",)) if enabled else "mwu"
+    orch = pw.Orchestrator(fabric="h100-2x4", policy=policy, enabled=enabled, chunk_bytes=4096,
+                           window=2, min_split_bytes=0, timeout_s=TIMEOUT_S)
     inp = torch.arange(ws * 40000, dtype=torch.float32)
     out = torch.empty_like(inp)
     pwd.all_to_all_single(out, inp, orchestrator=orch)  # a good call first: all connected
-    if rank == 3:
+    out.fill_(-1.0)
+    if rank == _victim(mode):
         if mode == "die-mid-transfer":
             def die_on_send(*args, **kwargs):
                 # its receives are posted and the peers' bytes are in flight
@@ -72,6 +110,10 @@ def job_peer_fault(rank, ws, mode, piddir):
             dist.isend = die_on_send  # the executor looks it up at call time
         elif mode == "die-before-call":
             os._exit(17)
+        elif mode == "raise-before-call":
+            raise KeyError("rank 3 gave up before the call")
+        elif mode == "kill-while-relaying":
+            _kill_while_relaying()
         else:  # hang: alive, never joins the call
             time.sleep(60)
     t0 = time.perf_counter()
@@ -79,29 +121,50 @@ def job_peer_fault(rank, ws, mode, piddir):
         pwd.all_to_all_single(out, inp, orchestrator=orch)
     except CommError as exc:
         # Re-raise with the time it took, for the parent to check.
-        raise RuntimeError(f"CommError after {time.perf_counter() - t0:.3f} s: {exc}") from exc
+        untouched = bool((out == -1.0).all())
+        raise RuntimeError(f"CommError after {time.perf_counter() - t0:.3f} s "
+                           f"(output untouched: {untouched}): {exc}") from exc
+    if mode == "kill-while-relaying":
+        # A rank whose bytes had all moved before the relay died may finish;
+        # its output must then be right (every rank sends the same input).
+        mine = inp.reshape(ws, -1)[rank]
+        correct = bool(torch.equal(out.reshape(ws, -1), mine.expand(ws, -1)))
+        raise RuntimeError(f"finished (output correct: {correct})")
     return "finished"
 
 
-@pytest.mark.parametrize("mode", ["die-mid-transfer", "die-before-call", "hang"])
-def test_every_survivor_raises_within_the_timeout(mode, tmp_path):
+@pytest.mark.parametrize(("mode", "enabled"), FAULTS)
+def test_every_survivor_raises_within_the_timeout(mode, enabled, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
         # A dead peer's survivors fail within TIMEOUT_S of each other; a hung
         # peer's all time out together and the hung one is killed after grace.
         grace_s = 2.0 if mode == "hang" else TIMEOUT_S + 3
-        run_local(job_peer_fault, 8, (mode, str(tmp_path)), timeout_s=90, grace_s=grace_s)
+        run_local(job_peer_fault, 8, (mode, enabled, str(tmp_path)), timeout_s=90,
+                  grace_s=grace_s)
     err = info.value
-    survivors = [r for r in range(8) if r != 3]
+    victim = _victim(mode)
+    survivors = [r for r in range(8) if r != victim]
     for r in survivors:
         text = err.failures[r]
+        if mode == "kill-while-relaying" and "finished" in text:
+            # its bytes had all moved before the relay died; never the ranks
+            # whose streams it relayed (1 <-> 2 inside node 0)
+            assert "(output correct: True)" in text and r not in (1, 2), (r, text)
+            continue
         assert "CommError after" in text, (r, text)
         took = float(text.rsplit("CommError after ", 1)[1].split(" s")[0])
         assert took <= TIMEOUT_S + 1.0, (r, took)
+        if enabled is True:  # multi-path stages; torch's path writes a dense output itself
+            assert "(output untouched: True)" in text, (r, text)
         if mode == "hang":
             assert took >= TIMEOUT_S * 0.9, (r, took)  # waited for the peer, then gave up
     if mode == "hang":
         assert err.rank != 3 and err.failures[3].startswith("rank 3 was killed after rank")
+    elif mode == "raise-before-call":
+        assert err.rank == 3 and err.exc_type == "KeyError"
+    elif mode == "kill-while-relaying":
+        assert err.rank == victim and "exited with code -9" in err.traceback, err.traceback
     else:
         assert err.rank == 3 and "exited with code 17" in err.traceback
     assert err.others_failed

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathweave.moe import _routing as R
+
+
+def _t(a) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(a), dtype=torch.int64)
+
+
+def check(idx: np.ndarray, num_experts: int):
+    """The device check, read back as the loop twin reports it."""
+    got = R.check_topk(_t(idx), num_experts).tolist()
+    return None if got[0] == 0 else tuple(got)
+
+
+def plan(idx, placement, local, n, **kw) -> SimpleNamespace:
+    """The device send plan, trimmed and read back as numpy."""
+    p = R.send_plan(_t(idx), _t(placement), _t(local), _t(R.expert_order(placement)), n, **kw)
+    p = p.trim()
+    return SimpleNamespace(**{f: getattr(p, f).numpy() for f in p.__dataclass_fields__})
 
 
 # ----------------------------------------------------------- slow twins
@@ -85,14 +105,15 @@ def test_check_topk_matches_loop(seed, num_experts, k, m):
     idx = rng.integers(-2, num_experts + 1, (m, k))
     if rng.random() < 0.5:  # mostly valid tables too
         idx = np.clip(idx, -1, num_experts - 1)
-    assert R.check_topk(idx, num_experts) == slow_check(idx, num_experts)
+    assert check(idx, num_experts) == slow_check(idx, num_experts)
 
 
 def test_check_topk_reports_first_problem_in_row_major_order():
     idx = np.array([[0, 0], [1, 9]])  # duplicate in row 0, range error in row 1
-    assert R.check_topk(idx, 4) == (1, 1, 1, 9)  # range errors win: checked on the whole table
-    assert R.check_topk(np.array([[1, -1, 1]]), 4) == (2, 0, 2, 1)
-    assert R.check_topk(np.array([[-1, -1, 2]]), 4) is None
+    assert check(idx, 4) == (1, 1, 1, 9)  # range errors win: checked on the whole table
+    assert check(np.array([[1, -1, 1]]), 4) == (2, 0, 2, 1)
+    assert check(np.array([[-1, -1, 2]]), 4) is None
+    assert check(np.zeros((0, 2), dtype=np.int64), 4) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -101,7 +122,7 @@ def test_send_plan_orders_and_counts(args):
     idx, placement, n, dp, member, layout = args
     local, _ = R.local_experts(placement, n)
     k = idx.shape[1]
-    p = R.send_plan(idx, placement, local, n, layout=layout, dp_size=dp, member=member)
+    p = plan(idx, placement, local, n, layout=layout, dp_size=dp, member=member)
     pairs = slow_pairs(idx, dp, member)
     # Pairs per expert.
     want_ppe = np.zeros(placement.size, dtype=np.int64)
@@ -135,6 +156,55 @@ def test_send_plan_orders_and_counts(args):
                 assert p.row_local[r, j] == want_local
         want_ret = sorted((placement[e], i, j) for i, j, e in pairs)
         assert ret == [(i, j) for _, i, j in want_ret]
+    # slot_row: the send row of each pair (compact: named by the token's first slot on a rank),
+    # every row named exactly once.
+    named = []
+    for i, j, e in pairs:
+        r = int(p.slot_row[i, j])
+        q = int(placement[e])
+        first = all(idx[i, jj] < 0 or placement[idx[i, jj]] != q for jj in range(j))
+        if layout == "compact" and not first:
+            assert r == -1
+            continue
+        assert p.row_token[r] == i and p.row_ptr[q] <= r < p.row_ptr[q + 1]
+        named.append(r)
+    assert sorted(named) == list(range(len(p.row_token)))
+    kept = {(i, j) for i, j, _ in pairs}
+    assert all(p.slot_row[i, j] == -1 for i in range(idx.shape[0]) for j in range(k)
+               if (i, j) not in kept)
+
+
+@settings(max_examples=300, deadline=None)
+@given(routing())
+def test_return_slots_match_member_plans(args):
+    """Combine's receive rows: per expert rank, every DP member's pairs in its return order."""
+    idx, placement, n, dp, _, layout = args
+    local, _ = R.local_experts(placement, n)
+    plans = [plan(idx, placement, local, n, layout=layout, dp_size=dp, member=d)
+             for d in range(dp)]
+    want = np.full(idx.shape, -1)
+    row = 0
+    for q in range(n):
+        for p in plans:
+            for i, j in zip(p.ret_token[p.ret_ptr[q]:p.ret_ptr[q + 1]],
+                            p.ret_slot[p.ret_ptr[q]:p.ret_ptr[q + 1]], strict=True):
+                want[i, j] = row
+                row += 1
+    got = R.return_slots(_t(idx), _t(placement), _t(R.expert_order(placement)), layout=layout,
+                         dp_size=dp)
+    assert got.tolist() == want.tolist()
+
+
+def test_routing_digest_tells_tables_apart():
+    a = torch.tensor([[0, 1], [2, -1], [3, 4]])
+    seen = {int(R.routing_digest(a))}
+    for i in range(3):
+        for j in range(2):
+            b = a.clone()
+            b[i, j] += 1
+            seen.add(int(R.routing_digest(b)))
+    assert len(seen) == 7
+    assert int(R.routing_digest(a[:0])) != int(R.routing_digest(a[:1]))
 
 
 def test_send_plan_dp_members_partition_the_pairs():
@@ -144,14 +214,14 @@ def test_send_plan_dp_members_partition_the_pairs():
     local, _ = R.local_experts(place, 4)
     seen = []
     for d in range(2):
-        p = R.send_plan(idx, place, local, 4, dp_size=2, member=d)
+        p = plan(idx, place, local, 4, dp_size=2, member=d)
         seen += list(zip(p.ret_token.tolist(), p.ret_slot.tolist(), strict=True))
     assert sorted(seen) == sorted((i, j) for i in range(11) for j in range(3))
 
 
 def test_send_plan_rejects_unknown_layout():
     with pytest.raises(ValueError, match="layout must be one of"):
-        R.send_plan(np.zeros((1, 1), dtype=np.int64), np.zeros(1), np.zeros(1), 1, layout="x")
+        plan(np.zeros((1, 1), dtype=np.int64), np.zeros(1), np.zeros(1), 1, layout="x")
 
 
 @settings(max_examples=200, deadline=None)

@@ -640,6 +640,13 @@ def test_orchestrator_argument_errors():
         pw.Orchestrator(window=1)
     with pytest.raises(TypeError, match="chunk_bytes must be an int"):
         pw.Orchestrator(chunk_bytes=1.5)
+    for chunk in (0, 1, 3, orch_mod.MIN_CHUNK_BYTES - 1):
+        with pytest.raises(ValueError, match=f"chunk_bytes must be >= 4096, got {chunk}$"):
+            pw.Orchestrator(chunk_bytes=chunk)
+    assert pw.Orchestrator(chunk_bytes=orch_mod.MIN_CHUNK_BYTES).chunk_bytes == 4096
+    with pytest.raises(ValueError, match=r"window must be <= 64 .*got 65$"):
+        pw.Orchestrator(window=orch_mod.MAX_WINDOW + 1)
+    assert pw.Orchestrator(window=orch_mod.MAX_WINDOW).window == 64
     with pytest.raises(ValueError, match="enabled must be 'auto', True or False"):
         pw.Orchestrator(enabled="yes")
     with pytest.raises(pw.errors.PlanError, match="unknown policy 'fastest'"):

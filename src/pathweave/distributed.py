@@ -133,6 +133,7 @@ def all_to_all_single(
     *,
     orchestrator: Orchestrator | None = None,
     split_matrix: Any = None,
+    config: Any = None,
 ) -> Any:
     """Split ``input``, scatter the pieces to all ranks, gather theirs into ``output``.
 
@@ -163,11 +164,15 @@ def all_to_all_single(
         for every pair, for a caller that already holds every rank's splits
         from a collective of its own (so the matrix is the same on every
         rank). The call then skips its metadata exchange (one small
-        collective). Only this rank's arguments are checked (its splits
+        collective), except the first time a configuration is used this
+        way, when one exchange checks it. Only this rank's arguments are checked (its splits
         against row ``rank`` and column ``rank``, sums, dtype and row shape
         of its tensors); a mismatch raises on this rank only, before any data
         moves, and its peers then fail with ``CommError`` at the timeout.
         Every rank must pass it or none.
+    config
+        More named settings (``{"moe.num_experts": 64}``) for the
+        configuration fingerprint every rank checks against rank 0's.
 
     Returns
     -------
@@ -176,15 +181,19 @@ def all_to_all_single(
     Raises
     ------
     ValueError, TypeError
-        Bad arguments on any rank, raised on every rank before data moves;
-        the message names the rank, the pair and the numbers.
+        Bad arguments on any rank, or a configuration (fabric, policy,
+        chunk_bytes, ...) that differs from rank 0's, raised on every rank
+        before data moves; the message names the rank, the pair or setting
+        and the values.
     pathweave.errors.CommError
-        A transfer failed or ran past the orchestrator's ``timeout_s``.
+        A transfer failed or ran past the orchestrator's ``timeout_s``, on
+        either path. ``output`` is written only after every byte arrived, so
+        a failed call leaves it untouched.
     """
     orch, group = _resolve(orchestrator, group, getattr(input, "device", "cpu"))
     return orch.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op,
-        split_matrix=split_matrix,
+        split_matrix=split_matrix, config=config,
     )
 
 

@@ -16,6 +16,12 @@ All three produce ``expert_x`` in the same layout and the same combined
 output; the benchmark checks the outputs agree bit for bit. A latency is the
 slowest rank's time of one round trip; a case reports the median over
 repeats and the ratios ``pathweave / exact`` and ``padded / pathweave``.
+
+Training rows (``train_*``): forward + backward of the same round trip
+(experts the identity, loss ``sum(out * G)``), pathweave's autograd against
+the exact baseline built on ``torch.distributed.nn.functional.all_to_all_single``
+(its backward is torch's transposed exchange); the gradients of ``x`` and of
+the router weights must agree within the dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -107,7 +113,7 @@ class _Exact:
         L, cap = moe.num_local_experts, moe.expert_capacity
         m = x.shape[0]
         idx_np = idx.numpy()
-        plan = R.send_plan(idx_np, moe.placement, moe.local_index, n)
+        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
         # Counts per (destination, local expert): every rank has L local experts here.
         cnt = np.zeros((n, L), dtype=np.int64)
         np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
@@ -117,7 +123,7 @@ class _Exact:
         block = recv_cnt.numpy().reshape(n, L)
         send_rows = cnt.sum(1)
         pad = m * min(k, L) if self.padded else 0
-        tok = torch.from_numpy(plan.row_token)
+        tok = plan.row_token
         recv_rows = block.sum(1)
         starts_out = np.concatenate(([0], np.cumsum(send_rows)))
         starts_in = np.concatenate(([0], np.cumsum(recv_rows)))
@@ -162,7 +168,7 @@ class _Exact:
         acc = torch.zeros(m, H, dtype=torch.float32)
         slot = plan.ret_slot
         for j in range(k):
-            sel = torch.from_numpy(np.flatnonzero(slot == j))
+            sel = torch.nonzero(slot == j).flatten()
             c = int(sel.numel())
             if not c:
                 continue
@@ -176,8 +182,114 @@ class _Exact:
         return acc.to(x.dtype), sent
 
 
+    def train_step(self, x: Any, idx: Any, w: Any, g: Any) -> tuple[Any, Any]:
+        """Forward + backward of the exact round trip with torch's differentiable all-to-all;
+        returns the gradients of ``x`` and ``w``."""
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.nn.functional as tnf
+
+        from pathweave.moe import _routing as R
+
+        moe = self.moe
+        n, H, k = moe.num_ranks, moe.hidden_dim, moe.experts_per_token
+        L, cap = moe.num_local_experts, moe.expert_capacity
+        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
+        idx_np = idx.numpy()
+        cnt = np.zeros((n, L), dtype=np.int64)
+        np.add.at(cnt, (moe.placement[idx_np[idx_np >= 0]],
+                        moe.local_index[idx_np[idx_np >= 0]]), 1)
+        recv_cnt = torch.empty(n * L, dtype=torch.int64)
+        dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
+        block = recv_cnt.numpy().reshape(n, L)
+        send_rows, recv_rows = cnt.sum(1).tolist(), block.sum(1).tolist()
+        pos = torch.from_numpy(R.expert_major_positions(block, cap))
+        xl = x.detach().requires_grad_()
+        wl = w.detach().requires_grad_()
+        send = xl.index_select(0, plan.row_token)
+        recv = tnf.all_to_all_single(torch.empty(sum(recv_rows), H, dtype=x.dtype), send,
+                                     recv_rows, send_rows)
+        expert_x = torch.zeros(L * cap, H, dtype=x.dtype).index_copy(0, pos, recv)
+        back = expert_x.index_select(0, pos)  # identity experts
+        ret = tnf.all_to_all_single(torch.empty(sum(send_rows), H, dtype=x.dtype), back,
+                                    send_rows, recv_rows)
+        acc = torch.zeros(x.shape[0], H, dtype=torch.float32)
+        for j in range(k):
+            sel = torch.nonzero(plan.ret_slot == j).flatten()
+            t = plan.row_token.index_select(0, sel)
+            acc = acc.index_add(0, t, ret.index_select(0, sel).float() * wl[t, j : j + 1])
+        (acc.to(x.dtype).float() * g).sum().backward()
+        return xl.grad, wl.grad
+
+
 class _Padded(_Exact):
     padded = True
+
+
+def _pathweave_train(moe: Any) -> Callable[[Any, Any, Any, Any], tuple[Any, Any]]:
+    def step(x: Any, idx: Any, w: Any, g: Any) -> tuple[Any, Any]:
+        xl = x.detach().requires_grad_()
+        wl = w.detach().requires_grad_()
+        ex, _, handle = moe.dispatch(xl, idx)
+        (moe.combine(ex, handle, wl).float() * g).sum().backward()  # identity experts
+        return xl.grad, wl.grad
+    return step
+
+
+def _grad_rel_err(a: tuple[Any, Any], b: tuple[Any, Any]) -> float:
+    """Largest relative (Frobenius) difference of two (grad x, grad w) pairs."""
+    worst = 0.0
+    for u, v in zip(a, b, strict=True):
+        den = float(v.float().norm())
+        worst = max(worst, float((u.float() - v.float()).norm()) / den if den else 0.0)
+    return worst
+
+
+def _median_times(
+    fns: dict[str, Callable[..., Any]], args: tuple[Any, ...], opts: dict[str, Any]
+) -> tuple[dict[str, float], int]:
+    """Interleaved repeats sized on the slowest rank; median of the slowest rank per call."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0], dtype=torch.float64)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for fn in fns.values():
+        fn(*args)
+    t[0] = time.perf_counter() - t0
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    reps = int(min(opts["max_repeat"], max(opts["min_repeat"],
+                                            opts["budget_s"] // max(float(t[0]), 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():  # interleaved: drifts in load hit all alike
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn(*args)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            times[name].append(float(dt[0]))
+    return {n: statistics.median(v) for n, v in times.items()}, reps
+
+
+def _train_record(moe: Any, x: Any, idx: Any, w: Any, rank: int, opts: dict[str, Any]) -> dict:
+    """Forward + backward: pathweave against the exact baseline; medians and gradient check."""
+    import torch
+    import torch.distributed as dist
+
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(rank + 77))
+    steps = {"pathweave": _pathweave_train(moe), "exact": _Exact(moe).train_step}
+    grads = {name: fn(x, idx, w, g) for name, fn in steps.items()}
+    err = torch.tensor([_grad_rel_err(grads["pathweave"], grads["exact"])], dtype=torch.float64)
+    dist.all_reduce(err, op=dist.ReduceOp.MAX)
+    med, reps = _median_times(steps, (x, idx, w, g), opts)
+    tol = 1e-5 if x.dtype == torch.float32 else 2e-2
+    return {
+        "train_pathweave_s": med["pathweave"], "train_exact_s": med["exact"],
+        "train_pathweave_over_exact": med["pathweave"] / med["exact"], "train_repeats": reps,
+        "grad_rel_err": float(err[0]), "grads_close": float(err[0]) <= tol,
+    }
 
 
 def _pathweave_round_trip(moe: Any) -> Callable[[Any, Any, Any], tuple[Any, int]]:
@@ -199,6 +311,12 @@ def _job(rank: int, world: int, specs: list[MoECase], opts: dict[str, Any]) -> l
     from pathweave.moe import MoEAllToAll
 
     torch.set_num_threads(1)
+    import warnings
+
+    # torch deprecates torch.distributed.nn.functional.all_to_all_single (the baseline's
+    # differentiable exchange) in favour of a private API; it still is the reference.
+    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional",
+                            category=FutureWarning)
     E, k = opts["num_experts"], opts["k"]
     dtype = getattr(torch, opts["dtype"])
     orch = pw.Orchestrator(fabric=opts["fabric"]) if opts["fabric"] else None
@@ -231,32 +349,17 @@ def _job(rank: int, world: int, specs: list[MoECase], opts: dict[str, Any]) -> l
         sent: dict[str, int] = {}
         for name, fn in impls.items():  # warm-up, and the outputs to compare
             outs[name], sent[name] = fn(x, idx, w)
-        # Every rank runs the same number of repeats: size them on the slowest rank.
-        t = torch.tensor([0.0], dtype=torch.float64)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for fn in impls.values():
-            fn(x, idx, w)
-        t[0] = time.perf_counter() - t0
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        reps = int(min(opts["max_repeat"], max(opts["min_repeat"],
-                                                opts["budget_s"] // max(float(t[0]), 1e-6))))
-        times: dict[str, list[float]] = {name: [] for name in impls}
-        for _ in range(reps):
-            for name, fn in impls.items():  # interleaved: drifts in load hit all alike
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn(x, idx, w)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                times[name].append(float(dt[0]))
+        # Every rank runs the same number of repeats: sized on the slowest rank.
+        med, reps = _median_times(impls, (x, idx, w), opts)
         same = all(torch.equal(outs[n].view(torch.uint8), outs["exact"].view(torch.uint8))
                    for n in outs)
         ok = torch.tensor([int(same)])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         byt = torch.tensor([sent.get(n, 0) for n in ("pathweave", "exact", "padded")])
         dist.all_reduce(byt)
-        med = {n: statistics.median(v) for n, v in times.items()}
+        train = {}
+        if opts["backward"] and 2 * need <= opts["case_limit"]:
+            train = _train_record(moe, x, idx, w, rank, opts)
         stats = orch.stats if orch is not None else pw.distributed.default_orchestrator().stats
         records.append({
             "tokens": case.tokens, "hidden": case.hidden, "routing": case.routing,
@@ -270,6 +373,7 @@ def _job(rank: int, world: int, specs: list[MoECase], opts: dict[str, Any]) -> l
             "bytes_padded": int(byt[2]) if "padded" in med else None,
             "outputs_equal": bool(ok[0]),
             "multipath_calls": stats.multipath_calls, "calls": stats.calls,
+            **train,
         })
     return records
 
@@ -289,6 +393,7 @@ def run(
     padded_limit_bytes: int = PADDED_LIMIT_BYTES,
     case_limit_bytes: int = CASE_LIMIT_BYTES,
     timeout_s: float = 3600.0,
+    backward: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the grid on ``world_size`` local gloo ranks; one record per case.
 
@@ -298,6 +403,8 @@ def run(
     cases whose padded buffers exceed ``padded_limit_bytes`` per rank skip
     the padded baseline (``padded_s`` is ``None``); cases that would need more
     than ``case_limit_bytes`` per rank are skipped (a record with ``skipped``).
+    ``backward``: also time forward + backward (``train_*`` fields; cases
+    needing more than half of ``case_limit_bytes`` leave them out).
     """
     from pathweave.runtime.launch import run_local
 
@@ -314,6 +421,7 @@ def run(
         "num_experts": num_experts, "k": k, "dtype": dtype, "fabric": fabric,
         "budget_s": budget_s, "min_repeat": min_repeat, "max_repeat": max_repeat,
         "padded_limit": padded_limit_bytes, "case_limit": case_limit_bytes,
+        "backward": backward,
     }
     return run_local(_job, world_size, (specs, opts), timeout_s=timeout_s)[0]
 
@@ -337,4 +445,5 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "worst_padded_speedup": min(pad) if pad else math.nan,
         "padded_ok": bool(pad) and min(pad) > 1.0,
         "outputs_equal": all(r["outputs_equal"] for r in records),
+        "grads_close": all(r.get("grads_close", True) for r in records),
     }

@@ -100,9 +100,11 @@ def _how(r: Mapping[str, Any], short: bool = False) -> str:
     """How pathweave ran a case: forced multi-path, or what ``auto`` chose."""
     if r["variant"] == "multipath":
         return "forced" if short else "forced multi-path"
+    # The backend runs the default orchestrator too; say which way it went.
+    where = "backend, " if r["variant"] == "backend" else ""
     if short:
-        return "auto: multi" if r["multipath"] else "auto: torch"
-    return "auto: multi-path" if r["multipath"] else "auto: torch's"
+        return where + ("auto: multi" if r["multipath"] else "auto: torch")
+    return where + ("auto: multi-path" if r["multipath"] else "auto: torch's")
 
 
 def _fabrics(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -112,6 +114,8 @@ def _fabrics(rows: Sequence[Mapping[str, Any]]) -> str:
         parts.append(f"auto: default orchestrator on {names['auto']}")
     if "multipath" in names:
         parts.append(f"forced: enabled=True on {names['multipath']}")
+    if "backend" in names:
+        parts.append(f"backend: init_process_group('pathweave') on {names['backend']}")
     return ", ".join(parts)
 
 

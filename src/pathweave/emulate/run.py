@@ -482,8 +482,11 @@ def run_workloads(
         if p != "torch":
             policy_info(p.removesuffix(ADAPT_SUFFIX))
     tenants = parse_background(background, fab) if background else []
-    if int(chunk_bytes) < 1:
-        raise InputError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    from pathweave.runtime.orchestrator import MIN_CHUNK_BYTES
+
+    # The ranks' Orchestrator refuses smaller chunks; say so before anything is built.
+    if int(chunk_bytes) < MIN_CHUNK_BYTES:
+        raise InputError(f"chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {chunk_bytes}")
     if int(repeat) < 1 or int(warmup) < 0:
         raise InputError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
     if not -20 <= int(nice) <= 19:

@@ -18,7 +18,18 @@ import numpy as np
 # One dtype numbering for every metadata row pathweave exchanges.
 from pathweave.runtime._validate import dtype_code, dtype_name
 
-__all__ = ["ERR_FIELDS", "MoEArgError", "dtype_code", "dtype_name", "raise_first", "type_code"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "ERR_FIELDS",
+    "MoEArgError",
+    "check_config",
+    "check_handle_ids",
+    "check_same_layer",
+    "dtype_code",
+    "dtype_name",
+    "raise_first",
+    "type_code",
+]
 
 #: Error code plus this many numbers per row.
 ERR_FIELDS = 8
@@ -107,6 +118,16 @@ _MESSAGES: dict[int, tuple[type[Exception], str]] = {
         "rank {rank}: topk_weights has shape {shape}, expected [{g}, experts_per_token={k}]",
     ),
     27: (ValueError, "rank {rank}: expert_y and topk_weights are on different devices"),
+    28: (
+        ValueError,
+        "rank {rank}: handle comes from another MoEAllToAll layer; combine takes the handle "
+        "of a dispatch of this layer",
+    ),
+    29: (
+        ValueError,
+        "rank {rank}: the handle of dispatch call {a} was already combined (a stale or reused "
+        "handle); each dispatch's handle serves exactly one combine",
+    ),
 }
 _WHICH = {1: "topk_idx", 2: "x_scale"}
 
@@ -142,3 +163,88 @@ def shape_nums(t: Any) -> tuple[int, int, int, int]:
     """``(ndim, d0, d1, d2)`` of a tensor, -1 where the tensor has fewer dims."""
     dims = list(t.shape)[:3]
     return (t.dim(), *(dims + [-1] * (3 - len(dims))))  # type: ignore[return-value]
+
+
+#: Layer parameters every rank must agree on, in the order a mismatch is reported.
+CONFIG_FIELDS = (
+    "num_experts", "experts_per_token", "hidden_dim", "max_num_tokens", "dtype", "layout",
+    "dp_size", "expert_capacity", "placement", "group size",
+)
+
+
+def _config_value(name: str, value: int, layouts: tuple[str, ...]) -> str:
+    if name == "dtype":
+        return dtype_name(value)
+    if name == "layout":
+        return repr(layouts[value]) if 0 <= value < len(layouts) else f"<layout {value}>"
+    if name == "placement":
+        return f"an expert placement with digest {value:#x}"
+    return str(value)
+
+
+def check_config(rows: np.ndarray, layouts: tuple[str, ...]) -> None:
+    """Raise if any rank's layer parameters (one row per rank) differ from rank 0's.
+
+    Every rank holds the same ``rows`` after the exchange, so every rank
+    raises the same error, naming the lowest differing rank and the first
+    differing parameter in :data:`CONFIG_FIELDS` order.
+
+    Examples
+    --------
+    >>> rows = np.array([[8, 2, 32, 8, 1, 0, 1, 32, 7, 4]] * 4)
+    >>> rows[3, 0] = 16
+    >>> check_config(rows, ("expert-major", "compact"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rank 3 uses num_experts=16 but rank 0 uses num_experts=8; every rank must ...
+    """
+    diff = rows != rows[0]
+    bad = np.flatnonzero(diff.any(axis=1))
+    if not bad.size:
+        return
+    r = int(bad[0])
+    c = int(np.flatnonzero(diff[r])[0])
+    name = CONFIG_FIELDS[c]
+    mine, first = (_config_value(name, int(rows[i, c]), layouts) for i in (r, 0))
+    sep = " " if name == "placement" else "="
+    raise ValueError(
+        f"rank {r} uses {name}{sep}{mine} but rank 0 uses {name}{sep}{first}; every rank "
+        "must build the MoE layer with the same parameters"
+    )
+
+
+def check_same_layer(layer_digests: np.ndarray, op: str) -> None:
+    """Raise unless every rank called ``op`` of a layer with the same parameters.
+
+    Examples
+    --------
+    >>> check_same_layer(np.array([5, 5, 6]), "dispatch")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rank 2 called dispatch of another MoE layer than rank 0 (their parameters ...
+    """
+    bad = np.flatnonzero(layer_digests != layer_digests[0])
+    if bad.size:
+        raise ValueError(
+            f"rank {int(bad[0])} called {op} of another MoE layer than rank 0 (their "
+            "parameters differ); every rank must call the same layers in the same order"
+        )
+
+
+def check_handle_ids(call_ids: np.ndarray) -> None:
+    """Raise unless every rank combines the handle of the same dispatch.
+
+    Examples
+    --------
+    >>> check_handle_ids(np.array([2, 2, 1]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rank 2 combines the handle of dispatch call 1 but rank 0 that of call 2; ...
+    """
+    bad = np.flatnonzero(call_ids != call_ids[0])
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(
+            f"rank {r} combines the handle of dispatch call {int(call_ids[r])} but rank 0 that "
+            f"of call {int(call_ids[0])}; every rank must combine the handle of the same dispatch"
+        )

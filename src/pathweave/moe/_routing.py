@@ -1,8 +1,10 @@
 """Index math of MoE dispatch and combine: counts, orders, offsets, checks.
 
-Pure numpy, one process, no torch: every function takes the routing table
-``topk_idx`` (``int64[m, k]``, -1 = no expert) and the expert placement, and
-returns the integer arrays the data movement needs. Every rank of a group
+One process, no communication. Functions of the routing table ``topk_idx``
+(``int[m, k]``, -1 = no expert) are torch ops on the table's device (sorts
+and scatters, nothing read back: on a GPU the only host transfer of a call
+is the counts the metadata row carries); functions of the gathered counts
+(placement, capacity offsets) are numpy on the host. Every rank of a group
 runs the same functions on the same gathered metadata, so all ranks agree on
 every size and offset without talking about them.
 
@@ -24,9 +26,10 @@ Orders (the contract between sender, receiver and combine):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 __all__ = [
     "LAYOUTS",
@@ -34,9 +37,11 @@ __all__ = [
     "check_topk",
     "default_placement",
     "expert_major_positions",
+    "expert_order",
     "fingerprint",
     "local_experts",
-    "pair_counts",
+    "return_slots",
+    "routing_digest",
     "send_plan",
 ]
 
@@ -79,46 +84,69 @@ def local_experts(placement: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np
     return local, per_rank
 
 
-def check_topk(topk_idx: np.ndarray, num_experts: int) -> tuple[int, int, int, int] | None:
-    """The first problem of a routing table, or ``None``.
+def check_topk(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The first problem of a routing table, as ``int64[4]`` on its device.
 
-    Returns ``(code, token, slot, value)``: code 1, an expert id out of
+    ``(code, token, slot, value)``: code 1, an expert id out of
     ``[-1, num_experts)``; code 2, token ``token`` routed to expert ``value``
-    twice (``slot`` is the second slot). Row-major order decides which
-    problem is "first", so every process reports the same one.
+    twice (``slot`` is the second slot); code 0, no problem. Range errors are
+    looked for on the whole table first, then duplicates, each in row-major
+    order, so every process reports the same one. Torch ops on the table's
+    device; nothing is read back here (the caller ships the four numbers
+    with the counts).
 
     Examples
     --------
-    >>> check_topk(np.array([[0, 1], [2, -1]]), 3) is None
-    True
-    >>> check_topk(np.array([[0, 1], [2, 3]]), 3)
-    (1, 1, 1, 3)
-    >>> check_topk(np.array([[0, 1], [2, 2]]), 3)
-    (2, 1, 1, 2)
-    >>> check_topk(np.array([[-1, -1]]), 3) is None
-    True
+    >>> check_topk(torch.tensor([[0, 1], [2, -1]]), 3).tolist()
+    [0, 0, 0, 0]
+    >>> check_topk(torch.tensor([[0, 1], [2, 3]]), 3).tolist()
+    [1, 1, 1, 3]
+    >>> check_topk(torch.tensor([[0, 1], [2, 2]]), 3).tolist()
+    [2, 1, 1, 2]
     """
-    idx = np.asarray(topk_idx, dtype=np.int64)
-    bad = (idx < -1) | (idx >= num_experts)
-    if bad.any():
-        i, j = np.argwhere(bad)[0]
-        return 1, int(i), int(j), int(idx[i, j])
+    idx = topk_idx.to(torch.int64)
     m, k = idx.shape
-    if k < 2 or m == 0:
-        return None
-    # Sort each row; equal neighbours that are not -1 are duplicates.
-    srt = np.sort(idx, axis=1)
-    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
-    rows = np.flatnonzero(dup.any(axis=1))
-    if rows.size == 0:
-        return None
-    i = int(rows[0])
-    seen: dict[int, int] = {}
-    for j, e in enumerate(idx[i].tolist()):
-        if e >= 0 and e in seen:
-            return 2, i, j, e
-        seen[e] = j
-    raise AssertionError("unreachable: a duplicate was found by sorting")
+    flat = idx.reshape(-1)
+    none = torch.tensor(m * k, device=idx.device)
+    pos = torch.arange(m * k, device=idx.device)
+    bad = (flat < -1) | (flat >= num_experts)
+    first_bad = torch.where(bad, pos, none).min() if m * k else none
+    # A slot repeats an earlier slot of its row: compare every pair of slots (k is small).
+    earlier = torch.ones(k, k, dtype=torch.bool, device=idx.device).tril(-1)
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)) & earlier & (idx >= 0).unsqueeze(2)
+    dup = same.any(2).reshape(-1)
+    first_dup = torch.where(dup, pos, none).min() if m * k else none
+    code = torch.where(first_bad < none, 1, torch.where(first_dup < none, 2, 0))
+    at = torch.where(code == 1, first_bad, first_dup).clamp(max=max(m * k - 1, 0))
+    value = flat[at] if m * k else none * 0
+    found = code > 0
+    return torch.stack([code, torch.where(found, at // max(k, 1), 0),
+                        torch.where(found, at % max(k, 1), 0), torch.where(found, value, 0)])
+
+
+def routing_digest(topk_idx: torch.Tensor) -> torch.Tensor:
+    """A digest of a routing table on its device (ranks of a DP group compare theirs).
+
+    Position-dependent odd multipliers, summed with int64 wrap-around; equal
+    tables give equal digests on every device.
+
+    Examples
+    --------
+    >>> a = torch.tensor([[0, 1], [2, -1]])
+    >>> bool(routing_digest(a) == routing_digest(a.clone()))
+    True
+    >>> bool(routing_digest(a) == routing_digest(a.flip(1)))
+    False
+    """
+    idx = topk_idx.to(torch.int64).reshape(-1)
+    n = idx.numel()
+    w = torch.arange(n, dtype=torch.int64, device=idx.device) * _GOLDEN | 1
+    return ((idx + 2) * w).sum() ^ ((n * _MIX) & _LOW63)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed int64
+_MIX = 0x5851F42D4C957F2D
+_LOW63 = (1 << 63) - 1
 
 
 def fingerprint(topk_idx: np.ndarray) -> int:
@@ -140,7 +168,12 @@ def fingerprint(topk_idx: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class SendPlan:
-    """What one rank sends in dispatch and receives back in combine.
+    """What one rank sends in dispatch and receives back in combine (tensors on its device).
+
+    Built by :func:`send_plan` without reading anything back: the arrays hold
+    every (token, slot) of the table, the rows and pairs in use first, in the
+    documented orders. :meth:`trim` cuts them to the counts once they are on
+    the host (they travel in the metadata row anyway).
 
     Attributes
     ----------
@@ -160,25 +193,80 @@ class SendPlan:
         ``int64[num_ranks + 1]``: pairs returned by rank ``q``.
     pairs_per_expert
         ``int64[num_experts]``: pairs sent to each expert.
+    rows_per_rank
+        ``int64[num_ranks]``: rows sent to each rank.
+    slot_row
+        ``int64[m, k]``: the send row that carries slot ``j`` of token
+        ``i`` (in ``compact`` layout only the token's first slot on each rank
+        names the row), -1 where none: the backward of dispatch sums the
+        gradient rows that come back through it.
     """
 
-    row_token: np.ndarray
-    row_ptr: np.ndarray
-    row_local: np.ndarray
-    ret_token: np.ndarray
-    ret_slot: np.ndarray
-    ret_ptr: np.ndarray
-    pairs_per_expert: np.ndarray
+    row_token: torch.Tensor
+    row_ptr: torch.Tensor
+    row_local: torch.Tensor
+    ret_token: torch.Tensor
+    ret_slot: torch.Tensor
+    ret_ptr: torch.Tensor
+    pairs_per_expert: torch.Tensor
+    rows_per_rank: torch.Tensor
+    slot_row: torch.Tensor
+
+    def trim(self, num_rows: int | None = None, num_pairs: int | None = None) -> SendPlan:
+        """The plan cut to ``num_rows`` send rows and ``num_pairs`` pairs.
+
+        ``None`` reads the count back from the device (tests and one-off
+        use; the layer passes the counts it already holds on the host).
+        """
+        rows = int(self.rows_per_rank.sum()) if num_rows is None else num_rows
+        pairs = int(self.pairs_per_expert.sum()) if num_pairs is None else num_pairs
+        return replace(
+            self, row_token=self.row_token[:rows], row_local=self.row_local[:rows],
+            ret_token=self.ret_token[:pairs], ret_slot=self.ret_slot[:pairs],
+        )
 
 
-def _ptr(keys: np.ndarray, n: int) -> np.ndarray:
-    return np.searchsorted(keys, np.arange(n + 1)).astype(np.int64)
+def expert_order(placement: np.ndarray) -> np.ndarray:
+    """Position of each expert when experts are sorted by rank, then by id.
+
+    >>> expert_order(np.array([1, 0, 1, 0])).tolist()
+    [2, 0, 3, 1]
+    """
+    order = np.argsort(np.asarray(placement, dtype=np.int64), kind="stable")
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    return pos
+
+
+def _ptr(counts: torch.Tensor) -> torch.Tensor:
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+def _rank_of(order: torch.Tensor) -> torch.Tensor:
+    """Inverse permutation: where each element of ``order`` sits."""
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel(), device=order.device)
+    return inv
+
+
+def _flat_pairs(
+    idx: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token, slot, expert (clamped into range) and validity of every entry, row-major."""
+    m, k = idx.shape
+    dev = idx.device
+    e = idx.reshape(-1).to(torch.int64)
+    tok = torch.arange(m, device=dev).repeat_interleave(k)
+    slot = torch.arange(k, device=dev).repeat(m)
+    valid = (e >= 0) & (e < num_experts)
+    return tok, slot, e.clamp(0, max(num_experts - 1, 0)), valid
 
 
 def send_plan(
-    topk_idx: np.ndarray,
-    placement: np.ndarray,
-    local_index: np.ndarray,
+    topk_idx: torch.Tensor,
+    placement: torch.Tensor,
+    local_index: torch.Tensor,
+    order: torch.Tensor,
     num_ranks: int,
     *,
     layout: str = "expert-major",
@@ -187,12 +275,17 @@ def send_plan(
 ) -> SendPlan:
     """The rows one rank dispatches and the pairs it gets back, in the documented orders.
 
+    Torch ops on ``topk_idx``'s device (sorts and scatters; nothing is read
+    back). The arrays are untrimmed: see :class:`SendPlan`.
+
     Parameters
     ----------
     topk_idx
-        ``int64[m, k]``, checked by :func:`check_topk`.
-    placement, local_index
-        Rank and local index of each expert.
+        ``int[m, k]`` routing table (entries outside ``[0, E)`` are skipped;
+        :func:`check_topk` reports them).
+    placement, local_index, order
+        Rank, local index and :func:`expert_order` of each expert, as
+        ``int64`` tensors on the table's device.
     num_ranks
         Group size.
     layout
@@ -206,68 +299,109 @@ def send_plan(
     Two ranks, experts 0, 1 on rank 0 and 2, 3 on rank 1; token 0 goes to
     experts 3 and 0, token 1 to 1 and 2:
 
-    >>> idx = np.array([[3, 0], [1, 2]])
-    >>> place, local = np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])
-    >>> p = send_plan(idx, place, local, 2)
+    >>> t = lambda *a: torch.tensor(a)
+    >>> place, local, order = t(0, 0, 1, 1), t(0, 1, 0, 1), t(0, 1, 2, 3)
+    >>> p = send_plan(torch.tensor([[3, 0], [1, 2]]), place, local, order, 2).trim()
     >>> p.row_token.tolist(), p.row_ptr.tolist(), p.row_local.tolist()
     ([0, 1, 1, 0], [0, 2, 4], [0, 1, 0, 1])
-    >>> p.ret_slot.tolist()
-    [1, 0, 1, 0]
-    >>> c = send_plan(np.array([[3, 2], [1, -1]]), place, local, 2, layout="compact")
+    >>> p.ret_slot.tolist(), p.slot_row.tolist()
+    ([1, 0, 1, 0], [[3, 0], [1, 2]])
+    >>> c = send_plan(torch.tensor([[3, 2], [1, -1]]), place, local, order, 2,
+    ...               layout="compact").trim()
     >>> c.row_token.tolist(), c.row_ptr.tolist(), c.row_local.tolist()
     ([1, 0], [0, 1, 2], [[1, -1], [1, 0]])
     >>> c.ret_token.tolist(), c.ret_slot.tolist(), c.ret_ptr.tolist()
     ([1, 0, 0], [0, 0, 1], [0, 1, 3])
+    >>> c.slot_row.tolist()
+    [[1, -1], [0, -1]]
     """
-    idx = np.asarray(topk_idx, dtype=np.int64)
-    m, k = idx.shape
-    placement = np.asarray(placement, dtype=np.int64)
-    tok = np.repeat(np.arange(m, dtype=np.int64), k)
-    slot = np.tile(np.arange(k, dtype=np.int64), m)
-    e = idx.ravel()
-    keep = e >= 0
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    m, k = topk_idx.shape
+    E = int(placement.numel())
+    n = num_ranks
+    dev = topk_idx.device
+    tok, slot, e, keep = _flat_pairs(topk_idx, E)
     if dp_size > 1:
         keep &= tok % dp_size == member
-    tok, slot, e = tok[keep], slot[keep], e[keep]
     q = placement[e]
-    loc = np.asarray(local_index, dtype=np.int64)[e]
-    ppe = np.bincount(e, minlength=placement.size).astype(np.int64)
+    loc = local_index[e]
+    ones = keep.to(torch.int64)
+    ppe = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, e, ones)
+    mm = max(m, 1)
     if layout == "expert-major":
-        order = np.lexsort((tok, loc, q))
-        qs = q[order]
-        ptr = _ptr(qs, num_ranks)
-        return SendPlan(
-            tok[order], ptr, loc[order], tok[order], slot[order], ptr.copy(), ppe
-        )
-    if layout != "compact":
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    # Pairs are already in (token, slot) order; one row per (rank, token).
-    key = q * max(m, 1) + tok
-    rows, inverse = np.unique(key, return_inverse=True)
-    row_q = rows // max(m, 1)
-    row_local = np.full((rows.size, k), -1, dtype=np.int64)
-    row_local[inverse, slot] = loc
-    order = np.lexsort((slot, tok, q))
-    ret_q = q[order]
-    return SendPlan(
-        rows % max(m, 1),
-        _ptr(row_q, num_ranks),
-        row_local,
-        tok[order],
-        slot[order],
-        _ptr(ret_q, num_ranks),
-        ppe,
-    )
+        big = E * mm
+        key = torch.where(keep, order[e] * mm + tok, big)
+        srt = torch.sort(key, stable=True).indices
+        rpr = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, q, ones)
+        ptr = _ptr(rpr)
+        slot_row = torch.where(keep, _rank_of(srt), -1).view(m, k)
+        return SendPlan(tok[srt], ptr, loc[srt], tok[srt], slot[srt], ptr.clone(), ppe, rpr,
+                        slot_row)
+    # compact: one row per (rank, token) that has a kept pair there, sorted by rank, token.
+    cell = torch.where(keep, q * mm + tok, n * mm)
+    used = torch.zeros(n * mm + 1, dtype=torch.int64, device=dev).scatter_(0, cell, 1)[:-1]
+    cells = torch.sort(1 - used, stable=True).indices  # used cells first, in (rank, token)
+    rpr = used.view(n, mm).sum(1)
+    row_tok = cells % mm
+    row_q = cells // mm
+    # Local expert of every slot of the row's token on the row's rank, -1 elsewhere.
+    table = topk_idx.to(torch.int64) if m else torch.full((1, k), -1, device=dev)
+    idx_rows = table[row_tok]
+    e_rows = idx_rows.clamp(0, max(E - 1, 0))
+    here = (idx_rows >= 0) & (idx_rows < E) & (placement[e_rows] == row_q.unsqueeze(1))
+    if dp_size > 1:
+        here &= (row_tok % dp_size == member).unsqueeze(1)
+    row_local = torch.where(here, local_index[e_rows], -1)
+    ret = torch.sort(torch.where(keep, cell * k + slot, n * mm * k), stable=True).indices
+    ret_counts = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, q, ones)
+    # The row of a slot is named once per (token, rank): by the token's first slot there.
+    qk = q.view(m, k)
+    kk = keep.view(m, k)
+    earlier = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)
+    seen = ((qk.unsqueeze(2) == qk.unsqueeze(1)) & earlier & kk.unsqueeze(1)).any(2)
+    row_of_cell = _rank_of(cells)
+    slot_row = torch.where(kk & ~seen, row_of_cell[cell.clamp(max=n * mm - 1)].view(m, k), -1)
+    return SendPlan(row_tok, _ptr(rpr), row_local, tok[ret], slot[ret], _ptr(ret_counts), ppe,
+                    rpr, slot_row)
 
 
-def pair_counts(plan: SendPlan, num_ranks: int) -> np.ndarray:
-    """Pairs returned by each rank (``ret_ptr`` as counts).
+def return_slots(
+    topk_idx: torch.Tensor,
+    placement: torch.Tensor,
+    order: torch.Tensor,
+    *,
+    layout: str = "expert-major",
+    dp_size: int = 1,
+) -> torch.Tensor:
+    """Row of combine's receive buffer that answers each slot: ``int64[m, k]``, -1 for none.
 
-    >>> p = send_plan(np.array([[1, 0]]), np.array([0, 1]), np.array([0, 0]), 2)
-    >>> pair_counts(p, 2).tolist()
-    [1, 1]
+    Combine brings back, from each expert rank in rank order, the pairs of
+    every member of this rank's DP group (members in rank order), each
+    member's pairs in its return order (:func:`send_plan`). One sort of the
+    whole table on its device.
+
+    Examples
+    --------
+    >>> t = lambda *a: torch.tensor(a)
+    >>> return_slots(torch.tensor([[3, 0], [1, 2]]), t(0, 0, 1, 1), t(0, 1, 2, 3)).tolist()
+    [[3, 0], [1, 2]]
+    >>> return_slots(torch.tensor([[3, 0], [1, 2]]), t(0, 0, 1, 1), t(0, 1, 2, 3),
+    ...              dp_size=2).tolist()
+    [[2, 0], [1, 3]]
     """
-    return np.diff(plan.ret_ptr)[:num_ranks]
+    m, k = topk_idx.shape
+    E = int(placement.numel())
+    tok, slot, e, valid = _flat_pairs(topk_idx, E)
+    mm = max(m, 1)
+    block = (placement[e] * dp_size + tok % dp_size)
+    if layout == "compact":
+        key = block * (mm * k) + tok * k + slot
+    else:
+        key = block * (E * mm) + order[e] * mm + tok
+    key = torch.where(valid, key, torch.iinfo(torch.int64).max)
+    srt = torch.sort(key, stable=True).indices
+    return torch.where(valid, _rank_of(srt), -1).view(m, k)
 
 
 def expert_major_positions(block: np.ndarray, capacity: int) -> np.ndarray:

@@ -24,6 +24,12 @@ row back to its source rank (every rank of the source's DP group) with one
 more ``all_to_all_single``, and sums the
 ``k`` contributions of each token in float32 in top-k slot order.
 
+Routing (checks, send order, return order, packing) runs with torch ops on
+the tensor's device; the only device-to-host copy of a call is its row of
+counts. Both directions are differentiable: the backward of dispatch is a
+combine of the gradients and that of combine a dispatch of them (plus the
+router weights' gradients), each one more exchange through the data plane.
+
 Byte buffers used only inside a call are kept and reused: first-touch page
 faults of freshly allocated buffers cost more than the copies themselves.
 """
@@ -38,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
@@ -45,6 +52,9 @@ from pathweave.moe._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     MoEArgError,
+    check_config,
+    check_handle_ids,
+    check_same_layer,
     dtype_code,
     dtype_name,
     raise_first,
@@ -60,25 +70,11 @@ _TAG_BYTES = 4  # source token id (int32) carried by every dispatched row
 _ID_BYTES = 4  # one local expert id (int32) per top-k slot, compact layout only
 
 
-def _np_bytes(a: np.ndarray, rows: int) -> torch.Tensor:
-    """``a`` (``rows`` rows) as int32 bytes: ``uint8[rows, 4 * columns]``."""
-    cols = a.size // rows if rows else (a.shape[1] if a.ndim == 2 else 1)
-    b = np.ascontiguousarray(a, dtype=np.int32).reshape(rows, cols).view(np.uint8)
-    return torch.from_numpy(b)
-
-
 def _byte_rows(t: torch.Tensor, rows: int, nbytes: int) -> torch.Tensor:
     """A contiguous tensor's bytes as ``uint8[rows, nbytes]`` (a view; empty tensors too)."""
     if t.numel() == 0:  # torch cannot reinterpret an empty tensor's dtype
         return torch.empty(rows, nbytes, dtype=torch.uint8, device=t.device)
     return t.view(torch.uint8).view(rows, nbytes)
-
-
-def _u8_as(raw: np.ndarray, dtype: Any, out: Any = np.int64) -> np.ndarray:
-    """``uint8[rows, cols]`` read as ``dtype[rows, cols / itemsize]``, returned as ``out``."""
-    raw = np.ascontiguousarray(raw)
-    width = raw.shape[1] // np.dtype(dtype).itemsize
-    return raw.view(dtype).reshape(raw.shape[0], width).astype(out)
 
 
 def _dtype_ok(t: torch.Tensor, names: Sequence[str]) -> bool:
@@ -112,10 +108,16 @@ class _Pool:
 class MoEHandle:
     """What one dispatch recorded for its combine (and for the caller to inspect).
 
+    Index tables are tensors on ``x``'s device (built there with torch ops);
+    counts known from the metadata exchange are numpy arrays.
+
     Attributes
     ----------
     layout
         ``"expert-major"`` or ``"compact"``.
+    call_id
+        Which dispatch of the layer this is (0, 1, ...; the same on every
+        rank); combine checks it in its metadata exchange.
     num_tokens
         Tokens ``m`` of this rank's ``x``.
     expert_num_tokens
@@ -124,25 +126,27 @@ class MoEHandle:
         Block scales that travelled with the rows (``float32``, shaped like
         ``expert_x`` with ``S`` columns instead of ``H``), or ``None``.
     expert_ids
-        ``compact`` only: ``int64[R, k]``, the local expert of each top-k
-        slot of each received row, -1 for slots served elsewhere.
+        ``compact`` only: ``int64[R, k]`` tensor, the local expert of each
+        top-k slot of each received row, -1 for slots served elsewhere.
     expert_rows, expert_offsets
         ``compact`` only: the (row, local expert) pairs grouped by local
         expert: pairs of expert ``l`` are ``expert_offsets[l]:expert_offsets[l+1]``
-        and ``expert_rows`` gives the row of ``expert_x`` of each. Combine
-        takes one output row per pair in this order.
+        (numpy) and ``expert_rows`` (``int64`` tensor) gives the row of
+        ``expert_x`` of each. Combine takes one output row per pair in this
+        order.
     """
 
     owner: Any
     layout: str
+    call_id: int
     num_tokens: int
     expert_num_tokens: np.ndarray
-    recv_src_rank: np.ndarray  # per received row, in arrival order
-    recv_src_token: np.ndarray
-    positions: np.ndarray | None  # expert-major: row of expert_x (flat) per received row
+    recv_src_rank: np.ndarray  # per received row, in arrival order (from the counts)
+    recv_src_token: torch.Tensor | None = None  # per received row, from the rows' tags
+    positions: np.ndarray | None = None  # expert-major: row of expert_x (flat) per received row
     expert_x_scale: torch.Tensor | None = None
-    expert_ids: np.ndarray | None = None
-    expert_rows: np.ndarray | None = None
+    expert_ids: torch.Tensor | None = None
+    expert_rows: torch.Tensor | None = None
     expert_offsets: np.ndarray | None = None
     # combine: what this rank sends back and what it receives
     ret_gather: torch.Tensor | None = None
@@ -150,7 +154,16 @@ class MoEHandle:
     ret_recv_splits: list[int] = field(default_factory=list)
     # [r, t]: rows rank r returns to rank t in combine (every rank's, from dispatch's metadata)
     ret_matrix: np.ndarray | None = None
-    slot_rows: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(default_factory=list)
+    # [m, k]: row of combine's receive buffer answering each slot, -1 for none
+    slot_pos: torch.Tensor | None = None
+    # dispatch's exchange, for its backward (the transposed exchange)
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+    split_matrix: np.ndarray | None = None
+    send_slot_row: torch.Tensor | None = None  # [m, k]: send row of each slot, -1 for none
+    positions_t: torch.Tensor | None = None
+    #: Set by the combine that consumed this handle; a second combine raises.
+    combined: bool = False
 
     @property
     def num_pairs(self) -> int:
@@ -161,10 +174,14 @@ class MoEHandle:
     def expert_src(self) -> np.ndarray:
         """Source ``(rank, token)`` of every row of ``expert_x``; -1 on padding rows.
 
-        ``int64[L, capacity, 2]`` (expert-major) or ``int64[R, 2]`` (compact).
+        ``int64[L, capacity, 2]`` (expert-major) or ``int64[R, 2]`` (compact),
+        read back to the host (for inspection; the layer itself never needs it).
         With ``dp_size > 1`` the rank is the DP group's member that sent the row.
         """
-        src = np.stack([self.recv_src_rank, self.recv_src_token], axis=1)
+        tok = np.zeros(0, dtype=np.int64)
+        if self.recv_src_token is not None:
+            tok = self.recv_src_token.cpu().numpy().astype(np.int64)
+        src = np.stack([self.recv_src_rank, tok], axis=1)
         if self.layout == "compact":
             return src
         owner = self.owner
@@ -355,6 +372,18 @@ class MoEAllToAll:
             "cap": self.expert_capacity,
         }
         self._pool = _Pool()
+        self._dev_tables: dict[torch.device, Any] = {}
+        # Every parameter that shapes the exchange: checked across ranks once per layer
+        # (a fixed-width row, so a rank with another num_experts cannot desize the gather),
+        # then its digest rides in every call's row.
+        self._config_row = np.array([
+            self.num_experts, self.experts_per_token, self.hidden_dim, self.max_num_tokens,
+            dtype_code(dtype), R.LAYOUTS.index(layout), self.dp_size, self.expert_capacity,
+            R.fingerprint(self.placement.reshape(1, -1)), self.num_ranks,
+        ], dtype=np.int64)
+        self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
+        self._config_checked = False
+        self._dispatches = 0  # call id of the next dispatch
         # Payload rows are copied as integers of the same width: bit-exact, and every
         # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
         self._move_dtype = _INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
@@ -369,6 +398,12 @@ class MoEAllToAll:
         )
 
     # ------------------------------------------------------------ helpers
+    def _check_config(self) -> None:
+        """Compare every rank's layer parameters (once per layer; raises on every rank)."""
+        if not self._config_checked:
+            check_config(self._exchange(self._config_row)(), R.LAYOUTS)
+            self._config_checked = True
+
     def _exchange(self, row: np.ndarray) -> Any:
         """Start an all-gather of one ``int64`` row per rank; returns a function that waits.
 
@@ -394,10 +429,12 @@ class MoEAllToAll:
             orchestrator=self.orchestrator, split_matrix=split_matrix,
         )
 
-    def _check_dispatch(
-        self, x: Any, topk_idx: Any, x_scale: Any
-    ) -> tuple[np.ndarray, int]:
-        """Local checks; returns the routing table as numpy and the scale columns (-1: none)."""
+    def _check_dispatch(self, x: Any, topk_idx: Any, x_scale: Any) -> int:
+        """Local checks of types, dtypes, shapes and devices; returns the scale columns (-1: none).
+
+        The routing table's values are checked on its device
+        (:func:`pathweave.moe._routing.check_topk`), with the counts.
+        """
         if not isinstance(x, torch.Tensor):
             raise MoEArgError(1, type_code(x))
         if x.dtype != self.dtype:
@@ -413,6 +450,8 @@ class MoEAllToAll:
             raise MoEArgError(6, dtype_code(topk_idx.dtype))
         if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, self.experts_per_token):
             raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
+        if topk_idx.device != x.device:
+            raise MoEArgError(13, 1)
         cols = -1
         if x_scale is not None:
             if not isinstance(x_scale, torch.Tensor):
@@ -424,12 +463,40 @@ class MoEAllToAll:
             if x_scale.device != x.device:
                 raise MoEArgError(13, 2)
             cols = int(x_scale.shape[1])
-        idx = topk_idx.detach().to("cpu", torch.int64).numpy()
-        bad = R.check_topk(idx, self.num_experts)
-        if bad is not None:
-            code, i, j, v = bad
+        return cols
+
+    def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Placement, local index and expert order as ``int64`` tensors on ``dev`` (cached)."""
+        t = self._dev_tables.get(dev)
+        if t is None:
+            t = tuple(
+                torch.from_numpy(np.array(a, dtype=np.int64)).to(dev)
+                for a in (self.placement, self.local_index, R.expert_order(self.placement))
+            )
+            self._dev_tables[dev] = t
+        return t  # type: ignore[return-value]
+
+    def _local_plan(
+        self, x: torch.Tensor, topk_idx: torch.Tensor
+    ) -> tuple[R.SendPlan, np.ndarray]:
+        """This rank's send plan (untrimmed) and its counts, read back in one transfer.
+
+        ``counts``: the routing check (code, token, slot, value), the routing
+        digest, pairs per expert, rows per rank: the only numbers of a call
+        that cross from the device to the host.
+        """
+        place, local, order = self._tables(x.device)
+        idx = topk_idx.to(torch.int64)
+        plan = R.send_plan(idx, place, local, order, self.num_ranks, layout=self.layout,
+                           dp_size=self.dp_size, member=self._member)
+        counts = torch.cat([
+            R.check_topk(idx, self.num_experts), R.routing_digest(idx).view(1),
+            plan.pairs_per_expert, plan.rows_per_rank,
+        ]).cpu().numpy()
+        if counts[0]:
+            code, i, j, v = (int(c) for c in counts[:4])
             raise MoEArgError(8 if code == 1 else 9, i, j, v)
-        return idx, cols
+        return plan, counts
 
     # ------------------------------------------------------------ dispatch
     def dispatch(
@@ -442,14 +509,18 @@ class MoEAllToAll:
     ) -> Any:
         """Send every token to the ranks of its experts.
 
+        Differentiable with respect to ``x`` (a floating payload): the
+        backward sends each row's gradient back to its source and sums a
+        token's rows there in float32, in slot order.
+
         Parameters
         ----------
         x
             ``[m, H]`` tokens of this rank, ``m <= max_num_tokens``, dtype
             ``self.dtype``.
         topk_idx
-            ``[m, k]`` integer expert ids; -1 means "no expert" (skipped).
-            A token may not name the same expert twice.
+            ``[m, k]`` integer expert ids on ``x``'s device; -1 means "no
+            expert" (skipped). A token may not name the same expert twice.
         x_scale
             Optional ``[m, S]`` float32 per-token block scales (fp8 payloads:
             ``S = ceil(H / 128)``), carried with their rows; all ranks pass
@@ -479,38 +550,40 @@ class MoEAllToAll:
             Bad arguments on any rank: raised on every rank, naming the
             rank and the values, before any data moves.
         """
-        k = self.experts_per_token
+        self._check_config()
         n = self.num_ranks
         E = self.num_experts
         err = np.zeros(ERR_FIELDS, dtype=np.int64)
-        idx = np.zeros((0, k), dtype=np.int64)
-        cols, m, plan = -1, 0, None
+        cols, plan, counts = -1, None, None
         try:
-            idx, cols = self._check_dispatch(x, topk_idx, x_scale)
-            m = idx.shape[0]
-            plan = R.send_plan(
-                idx, self.placement, self.local_index, n, layout=self.layout,
-                dp_size=self.dp_size, member=self._member,
-            )
+            cols = self._check_dispatch(x, topk_idx, x_scale)
+            plan, counts = self._local_plan(x, topk_idx)
         except MoEArgError as exc:
             err = exc.row()
-        # Row: error | m, digest, scale columns | pairs per expert | rows per rank.
-        row = np.zeros(ERR_FIELDS + 3 + E + n, dtype=np.int64)
+            plan = None
+        # Row: error | layer digest, m, routing digest, scale columns, needs grad |
+        # pairs per expert | rows per rank.
+        c0 = ERR_FIELDS + 5
+        row = np.zeros(c0 + E + n, dtype=np.int64)
         row[:ERR_FIELDS] = err
-        if plan is not None:
-            row[ERR_FIELDS : ERR_FIELDS + 3] = (m, R.fingerprint(idx), cols)
-            row[ERR_FIELDS + 3 : ERR_FIELDS + 3 + E] = plan.pairs_per_expert
-            row[ERR_FIELDS + 3 + E :] = np.diff(plan.row_ptr)
+        row[ERR_FIELDS] = self._config_digest
+        if plan is not None and counts is not None:
+            grad = torch.is_grad_enabled() and x.requires_grad
+            row[ERR_FIELDS + 1 : c0] = (int(x.shape[0]), counts[4], cols, int(grad))
+            row[c0:] = counts[5:]
+            plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
         wait = self._exchange(row)
-        packed = None if plan is None else self._pack(x, x_scale, plan, cols)
+        packed = None if plan is None else self._pack(x, x_scale, plan, cols, row[c0 + E :])
         meta = wait()
+        check_same_layer(meta[:, ERR_FIELDS], "dispatch")
         raise_first(meta, self._fields)
-        ms, digests, scols = meta[:, ERR_FIELDS], meta[:, ERR_FIELDS + 1], meta[:, ERR_FIELDS + 2]
-        pairs = meta[:, ERR_FIELDS + 3 : ERR_FIELDS + 3 + E]  # [src, expert]
-        rows = meta[:, ERR_FIELDS + 3 + E :]  # [src, dst]
+        ms, digests, scols = (meta[:, ERR_FIELDS + i] for i in (1, 2, 3))
+        pairs = meta[:, c0 : c0 + E]  # [src, expert]
+        rows = meta[:, c0 + E :]  # [src, dst]
         self._check_global(ms, digests, scols, pairs)
         assert plan is not None and packed is not None
-        return self._dispatch_data(x, idx, plan, pairs, rows, cols, packed, async_op)
+        grad = bool(meta[:, ERR_FIELDS + 4].any())  # every rank joins the backward, or none
+        return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad)
 
     def _check_global(
         self, ms: np.ndarray, digests: np.ndarray, scols: np.ndarray, pairs: np.ndarray
@@ -549,18 +622,6 @@ class MoEAllToAll:
                 f"more than expert_capacity={self.expert_capacity}"
             )
 
-    def _member_plans(self, idx: np.ndarray, own: R.SendPlan) -> list[R.SendPlan]:
-        """Send plans of every member of this rank's DP group (identical routing tables)."""
-        if self.dp_size == 1:
-            return [own]
-        return [
-            own if d == self._member else R.send_plan(
-                idx, self.placement, self.local_index, self.num_ranks, layout=self.layout,
-                dp_size=self.dp_size, member=d,
-            )
-            for d in range(self.dp_size)
-        ]
-
     def _row_bytes(self, x: torch.Tensor, cols: int) -> tuple[int, int, int]:
         """Byte widths of a dispatched row: payload, metadata (scales, tag, ids), whole row.
 
@@ -594,71 +655,86 @@ class MoEAllToAll:
         return out
 
     def _pack(
-        self, x: torch.Tensor, x_scale: torch.Tensor | None, plan: R.SendPlan, cols: int
+        self, x: torch.Tensor, x_scale: torch.Tensor | None, plan: R.SendPlan, cols: int,
+        rows_per_rank: np.ndarray,
     ) -> torch.Tensor:
-        """Rows to send, per destination: payloads, then scales | source token | (compact) ids."""
+        """Rows to send, per destination: payloads, then scales | source token | (compact) ids.
+
+        The metadata rows are built as ``int32`` columns on ``x``'s device
+        (scales by their bits); nothing goes through the host.
+        """
         hb, mb, row_bytes = self._row_bytes(x, cols)
-        sb = 4 * cols if cols > 0 else 0
-        n_send = int(plan.row_ptr[-1])
+        S = cols if cols > 0 else 0
+        n_send = int(plan.row_token.numel())
         dev = x.device
         send = self._pool.get("d_send", n_send, row_bytes, dev)
-        meta = np.zeros((n_send, mb), dtype=np.uint8)
-        meta[:, sb : sb + _TAG_BYTES] = _np_bytes(plan.row_token, n_send).numpy()
+        if n_send == 0:
+            return send
+        meta = torch.zeros(n_send, mb // 4, dtype=torch.int32, device=dev)
+        if S:
+            assert x_scale is not None
+            meta[:, :S] = x_scale.index_select(0, plan.row_token).view(torch.int32)
+        meta[:, S] = plan.row_token.to(torch.int32)
         if self.layout == "compact":
-            ids = _np_bytes(plan.row_local, n_send).numpy()
-            meta[:, sb + _TAG_BYTES : sb + _TAG_BYTES + ids.shape[1]] = ids
-        xc = x.contiguous().view(self._move_dtype)
-        sc = None if not sb else _byte_rows(x_scale.contiguous(), x.shape[0], sb)  # type: ignore[union-attr]
-        counts = np.diff(plan.row_ptr)
-        for q, (payload, mview) in enumerate(self._chunks(send, counts, hb, mb, self._move_dtype)):
+            meta[:, S + 1 : S + 1 + self.experts_per_token] = plan.row_local.to(torch.int32)
+        meta8 = meta.view(torch.uint8)
+        xc = x.detach().contiguous().view(self._move_dtype)
+        ptr = np.concatenate(([0], np.cumsum(rows_per_rank)))
+        for q, (payload, mview) in enumerate(
+            self._chunks(send, rows_per_rank, hb, mb, self._move_dtype)
+        ):
             if payload is None:
                 continue
-            a, b = int(plan.row_ptr[q]), int(plan.row_ptr[q + 1])
-            tok_t = _i64(plan.row_token[a:b], dev)
-            torch.index_select(xc, 0, tok_t, out=payload)
-            mview.copy_(torch.from_numpy(meta[a:b]))
-            if sc is not None:
-                torch.index_select(sc, 0, tok_t, out=mview[:, :sb])
+            a, b = int(ptr[q]), int(ptr[q + 1])
+            torch.index_select(xc, 0, plan.row_token[a:b], out=payload)
+            mview.copy_(meta8[a:b])
         return send
 
     def _dispatch_data(
-        self, x: torch.Tensor, idx: np.ndarray, plan: R.SendPlan, pairs: np.ndarray,
-        rows: np.ndarray, cols: int, send: torch.Tensor, async_op: bool,
+        self, x: torch.Tensor, topk_idx: torch.Tensor, plan: R.SendPlan, pairs: np.ndarray,
+        rows: np.ndarray, cols: int, send: torch.Tensor, async_op: bool, grad: bool,
     ) -> Any:
         n, H = self.num_ranks, self.hidden_dim
         dev = x.device
         compact = self.layout == "compact"
         k = self.experts_per_token
         hb, mb, row_bytes = self._row_bytes(x, cols)
-        sb = 4 * cols if cols > 0 else 0
-        send_splits = np.diff(plan.row_ptr).tolist()
+        S = cols if cols > 0 else 0
+        send_splits = [int(v) for v in rows[self.rank]]
         recv_counts = rows[:, self.rank]
-        recv_splits = recv_counts.tolist()
+        recv_splits = [int(v) for v in recv_counts]
         n_recv = int(recv_counts.sum())
         recv = self._pool.get("d_recv", n_recv, row_bytes, dev)
 
         local = self.local_expert_ids
         block = pairs[:, local]  # [src, local expert]
         expert_num_tokens = block.sum(axis=0).astype(np.int64)
-        src_rank = np.repeat(np.arange(n, dtype=np.int64), recv_counts)
         handle = MoEHandle(
-            owner=self, layout=self.layout, num_tokens=int(x.shape[0]),
-            expert_num_tokens=expert_num_tokens, recv_src_rank=src_rank,
-            recv_src_token=np.zeros(0, dtype=np.int64), positions=None,
+            owner=self, layout=self.layout, call_id=self._dispatches, num_tokens=int(x.shape[0]),
+            expert_num_tokens=expert_num_tokens,
+            recv_src_rank=np.repeat(np.arange(n, dtype=np.int64), recv_counts),
+            send_splits=send_splits, recv_splits=recv_splits, split_matrix=rows.copy(),
+            send_slot_row=plan.slot_row,
         )
-        member_plans = self._member_plans(idx, plan)
-        self._combine_recv_tables(handle, member_plans, dev)
+        self._dispatches += 1
+        place, _, order = self._tables(dev)
+        handle.slot_pos = R.return_slots(topk_idx.to(torch.int64), place, order,
+                                         layout=self.layout, dp_size=self.dp_size)
         if not compact:
             handle.positions = R.expert_major_positions(block, self.expert_capacity)
-            self._combine_send_tables(handle, handle.positions, recv_counts, dev)
+            handle.positions_t = _i64(handle.positions, dev)
+            self._combine_send_tables(handle, handle.positions_t, recv_counts)
 
         def finish() -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
             self._pool.busy.discard("d_send")
             self._pool.busy.discard("d_recv")
             chunks = self._chunks(recv, recv_counts, hb, mb, self._move_dtype)
-            meta = np.concatenate([m.cpu().numpy() for _, m in chunks]) if chunks else None
-            meta = meta if meta is not None else np.zeros((0, mb), dtype=np.uint8)
-            handle.recv_src_token = _u8_as(meta[:, sb : sb + _TAG_BYTES], np.int32).ravel()
+            meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
+            meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
+            handle.recv_src_token = (
+                meta[:, S].to(torch.int64) if meta is not None
+                else torch.zeros(0, dtype=torch.int64, device=dev)
+            )
             starts = np.concatenate(([0], np.cumsum(recv_counts)))
             if compact:
                 expert_x = torch.empty(n_recv, H, dtype=self.dtype, device=dev)
@@ -667,28 +743,36 @@ class MoEAllToAll:
                         expert_x[starts[s_] : starts[s_ + 1]].view(self._move_dtype).copy_(
                             payload
                         )
-                if sb:
-                    scale = torch.from_numpy(_u8_as(meta[:, :sb], np.float32, np.float32))
-                    handle.expert_x_scale = scale.to(dev)
-                ids = _u8_as(meta[:, sb + _TAG_BYTES : sb + _TAG_BYTES + _ID_BYTES * k], np.int32)
-                self._compact_tables(handle, ids, dev)
+                if S:
+                    handle.expert_x_scale = (
+                        meta[:, :S].contiguous().view(torch.float32) if meta is not None
+                        else torch.empty(0, S, dtype=torch.float32, device=dev)
+                    )
+                ids = (
+                    meta[:, S + 1 : S + 1 + k].to(torch.int64) if meta is not None
+                    else torch.empty(0, k, dtype=torch.int64, device=dev)
+                )
+                self._compact_tables(handle, ids, block)
             else:
                 L, cap = self.num_local_experts, self.expert_capacity
                 expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
                 flat = expert_x.view(self._move_dtype).view(L * cap, H)
                 scale = None
-                if sb:
-                    scale = torch.empty(L, cap, cols, dtype=torch.float32, device=dev)
+                if S:
+                    scale = torch.empty(L, cap, S, dtype=torch.float32, device=dev)
                     handle.expert_x_scale = scale
-                pos = handle.positions
-                assert pos is not None
+                pos_t = handle.positions_t
+                assert pos_t is not None
                 for s_, (payload, mview) in enumerate(chunks):
                     if payload is None:
                         continue
-                    pos_t = _i64(pos[starts[s_] : starts[s_ + 1]], dev)
-                    flat.index_copy_(0, pos_t, payload)
+                    p = pos_t[starts[s_] : starts[s_ + 1]]
+                    flat.index_copy_(0, p, payload)
                     if scale is not None:
-                        _byte_rows(scale, L * cap, sb).index_copy_(0, pos_t, mview[:, :sb])
+                        _byte_rows(scale, L * cap, 4 * S).index_copy_(0, p, mview[:, : 4 * S])
+            if grad:
+                src = x if x.requires_grad else x.detach().requires_grad_()
+                expert_x = _DispatchGrad.apply(src, (self, handle, expert_x))
             return expert_x, torch.from_numpy(expert_num_tokens).to(dev), handle
 
         # Combine returns each source's pairs to every member of its DP group:
@@ -700,35 +784,33 @@ class MoEAllToAll:
         member_sum = np.zeros((n, n), dtype=np.int64)
         np.add.at(member_sum, grp, to_rank)  # [group first, expert rank]
         handle.ret_matrix = member_sum[grp].T.copy()  # [expert rank r, destination t]
+        handle.ret_recv_splits = [int(v) for v in handle.ret_matrix[:, self.rank]]
         work = self._a2a(recv, send, recv_splits, send_splits, async_op, split_matrix=rows)
         if not async_op:
             return finish()
         self._pool.busy.update(("d_send", "d_recv"))
         return DispatchWork(work, finish)
 
-    # ------------------------------------------------------------ tables
-    def _combine_recv_tables(
-        self, handle: MoEHandle, member_plans: list[R.SendPlan], dev: torch.device
-    ) -> None:
-        """Rows combine brings back to this rank: from each expert rank, every member's pairs."""
-        n, k = self.num_ranks, self.experts_per_token
-        toks, slots, counts = [], [], np.zeros(n, dtype=np.int64)
-        for q in range(n):
-            for p in member_plans:
-                a, b = int(p.ret_ptr[q]), int(p.ret_ptr[q + 1])
-                toks.append(p.ret_token[a:b])
-                slots.append(p.ret_slot[a:b])
-                counts[q] += b - a
-        tok = np.concatenate(toks) if toks else np.zeros(0, dtype=np.int64)
-        slot = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
-        handle.ret_recv_splits = counts.tolist()
-        handle.slot_rows = []
-        for j in range(k):
-            sel = np.flatnonzero(slot == j)
-            handle.slot_rows.append((_i64(sel, dev), _i64(tok[sel], dev), tok[sel]))
+    def _dispatch_backward(self, grad: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
+        """Gradient of ``x``: every received row's gradient back to its source (the
+        transposed exchange), a token's rows summed in float32 in slot order."""
+        H = self.hidden_dim
+        dev = grad.device
+        if self.layout == "compact":
+            rows = grad.contiguous()
+        else:
+            assert handle.positions_t is not None
+            rows = grad.reshape(-1, H).index_select(0, handle.positions_t)
+        back = torch.empty(sum(handle.send_splits), H, dtype=grad.dtype, device=dev)
+        assert handle.split_matrix is not None
+        self._a2a(back, rows, handle.send_splits, handle.recv_splits, False,
+                  split_matrix=handle.split_matrix.T.copy())
+        assert handle.send_slot_row is not None
+        return _slot_sum(back, handle.send_slot_row, None, handle.num_tokens, H).to(self.dtype)
 
+    # ------------------------------------------------------------ tables
     def _combine_send_tables(
-        self, handle: MoEHandle, pair_pos: np.ndarray, pairs_from: np.ndarray, dev: torch.device
+        self, handle: MoEHandle, pair_pos: torch.Tensor, pairs_from: np.ndarray
     ) -> None:
         """What this rank sends back in combine.
 
@@ -740,36 +822,41 @@ class MoEAllToAll:
         n, dp = self.num_ranks, self.dp_size
         starts = np.concatenate(([0], np.cumsum(pairs_from)))
         if dp == 1:
-            handle.ret_gather = _i64(pair_pos, dev)
+            handle.ret_gather = pair_pos
             handle.ret_send_splits = [int(v) for v in pairs_from]
             return
         parts, splits = [], []
         for t in range(n):
             lo = t - t % dp
-            parts.append(pair_pos[starts[lo] : starts[lo + dp]])
+            parts.append(pair_pos[int(starts[lo]) : int(starts[lo + dp])])
             splits.append(int(starts[lo + dp] - starts[lo]))
-        handle.ret_gather = _i64(np.concatenate(parts), dev)
+        handle.ret_gather = torch.cat(parts)
         handle.ret_send_splits = splits
 
-    def _compact_tables(self, handle: MoEHandle, ids: np.ndarray, dev: torch.device) -> None:
-        """Pairs of the received compact rows: expert-grouped order and return order."""
-        L = self.num_local_experts
-        ids = ids.astype(np.int64)
+    def _compact_tables(self, handle: MoEHandle, ids: torch.Tensor, block: np.ndarray) -> None:
+        """Pairs of the received compact rows: expert-grouped order and return order.
+
+        One sort of the received expert ids on their device; the sizes come
+        from the counts (``block[s, l]``: pairs from source ``s`` for local
+        expert ``l``).
+        """
         handle.expert_ids = ids
-        flat = ids.ravel()
-        valid = np.flatnonzero(flat >= 0)  # (row, slot) ascending: the return order
-        row = valid // max(ids.shape[1], 1)
-        loc = flat[valid]
-        grouped = np.argsort(loc, kind="stable")  # by local expert, then row
-        handle.expert_rows = row[grouped]
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        valid = flat >= 0
+        pos = torch.arange(flat.numel(), device=ids.device)
+        key = torch.where(valid, flat * max(flat.numel(), 1) + pos, torch.iinfo(torch.int64).max)
+        P = handle.num_pairs
+        grouped = torch.sort(key, stable=True).indices[:P]  # by local expert, then (row, slot)
+        handle.expert_rows = grouped // max(k, 1)
         handle.expert_offsets = np.concatenate(
-            ([0], np.cumsum(np.bincount(loc, minlength=L)))
+            ([0], np.cumsum(handle.expert_num_tokens))
         ).astype(np.int64)
-        where = np.empty_like(grouped)
-        where[grouped] = np.arange(grouped.size)  # grouped position of each return-order pair
-        src = handle.recv_src_rank[row]
-        pairs_from = np.bincount(src, minlength=self.num_ranks)
-        self._combine_send_tables(handle, where, pairs_from, dev)
+        # Return order is (row, slot) ascending; where each returned pair sits when grouped.
+        ret_index = valid.to(torch.int64).cumsum(0) - 1
+        where = torch.empty(P, dtype=torch.int64, device=ids.device)
+        where[ret_index[grouped]] = torch.arange(P, device=ids.device)
+        self._combine_send_tables(handle, where, block.sum(axis=1))
 
     # ------------------------------------------------------------ combine
     def combine(
@@ -789,6 +876,12 @@ class MoEAllToAll:
         ``weighted=False`` gives the plain sum. Tokens with no expert get 0.
         With ``dp_size > 1`` every rank of a DP group gets the result for all
         of the group's tokens.
+
+        Differentiable with respect to ``expert_y`` and ``topk_weights``:
+        the backward sends each output row's gradient (times its weight) back
+        to the expert's rank through the transposed exchange, and the weight
+        gradients are float32 dot products at the source. Every rank must
+        run the backward if any does (the exchange is collective).
 
         Parameters
         ----------
@@ -813,20 +906,31 @@ class MoEAllToAll:
         out
             ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
         """
+        self._check_config()
         err = np.zeros(ERR_FIELDS, dtype=np.int64)
         try:
             w = self._check_combine(expert_y, handle, topk_weights, weighted)
         except MoEArgError as exc:
             err = exc.row()
             w = None
-        row = np.zeros(ERR_FIELDS + 1, dtype=np.int64)
+        # Row: error | expert_y dtype | layer digest | the handle's dispatch call id | needs grad.
+        row = np.zeros(ERR_FIELDS + 4, dtype=np.int64)
         row[:ERR_FIELDS] = err
+        row[ERR_FIELDS + 1] = self._config_digest
+        grad = False
         if not err[0]:
             row[ERR_FIELDS] = dtype_code(expert_y.dtype)
+            row[ERR_FIELDS + 2] = handle.call_id
+            grad = torch.is_grad_enabled() and (
+                expert_y.requires_grad or (w is not None and w.requires_grad)
+            )
+            row[ERR_FIELDS + 3] = int(grad)
         wait = self._exchange(row)
-        send = None if err[0] else self._pack_combine(expert_y, handle)
+        send = None if err[0] else self._pack_combine(expert_y, handle, grad)
         meta = wait()
+        check_same_layer(meta[:, ERR_FIELDS + 1], "combine")
         raise_first(meta, self._fields)
+        check_handle_ids(meta[:, ERR_FIELDS + 2])
         codes = meta[:, ERR_FIELDS]
         if (codes != codes[0]).any():
             r = int(np.flatnonzero(codes != codes[0])[0])
@@ -835,13 +939,22 @@ class MoEAllToAll:
                 f"{dtype_name(int(codes[r]))} on rank {r}; it must be the same on every rank"
             )
         assert send is not None
-        return self._combine_data(expert_y, handle, w, send, async_op)
+        handle.combined = True
+        if bool(meta[:, ERR_FIELDS + 3].any()) and not grad:
+            # A peer needs the backward: join its graph with a stand-in leaf.
+            send = send.detach().clone().requires_grad_()
+            grad = True
+        return self._combine_data(expert_y, handle, w, send, async_op, grad)
 
     def _check_combine(
         self, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
     ) -> torch.Tensor | None:
-        if not isinstance(handle, MoEHandle) or handle.owner is not self:
+        if not isinstance(handle, MoEHandle):
             raise MoEArgError(20, type_code(handle))
+        if handle.owner is not self:
+            raise MoEArgError(28)
+        if handle.combined:
+            raise MoEArgError(29, handle.call_id)
         if not isinstance(expert_y, torch.Tensor):
             raise MoEArgError(21, type_code(expert_y))
         if not _dtype_ok(expert_y, FLOAT_DTYPES):
@@ -868,58 +981,118 @@ class MoEAllToAll:
             raise MoEArgError(27)
         return topk_weights.to(torch.float32)
 
-    def _pack_combine(self, expert_y: torch.Tensor, handle: MoEHandle) -> torch.Tensor:
-        """The output rows going back, in return order (``uint8[rows, H * itemsize]``)."""
+    def _pack_combine(
+        self, expert_y: torch.Tensor, handle: MoEHandle, grad: bool
+    ) -> torch.Tensor:
+        """The output rows going back, in return order (``[rows, H]`` in ``expert_y``'s dtype).
+
+        With gradients a fresh, differentiable gather; without, into a reused buffer.
+        """
         H = self.hidden_dim
-        dt = expert_y.dtype
-        yb = H * expert_y.element_size()
         assert handle.ret_gather is not None
+        flat = expert_y.reshape(-1, H)
+        if grad:
+            return flat.index_select(0, handle.ret_gather)
         rows = int(handle.ret_gather.numel())
-        send = self._pool.get("c_send", rows, yb, expert_y.device)
+        send = self._pool.get("c_send", rows, H * expert_y.element_size(), expert_y.device)
+        out = send.view(expert_y.dtype).view(rows, H) if rows else flat[:0]
         if rows:
-            flat = expert_y.contiguous().view(-1, H)
-            torch.index_select(flat, 0, handle.ret_gather, out=send.view(dt).view(rows, H))
-        return send
+            torch.index_select(flat, 0, handle.ret_gather, out=out)
+        return out
 
     def _combine_data(
         self, expert_y: torch.Tensor, handle: MoEHandle, w: torch.Tensor | None,
-        send: torch.Tensor, async_op: bool,
+        send: torch.Tensor, async_op: bool, grad: bool,
     ) -> Any:
+        from pathweave.nn.functional import attach
+
         H = self.hidden_dim
         dev = expert_y.device
         dt = expert_y.dtype
-        yb = H * expert_y.element_size()
         n_recv = int(sum(handle.ret_recv_splits))
-        recv = self._pool.get("c_recv", n_recv, yb, dev)
+        if grad:  # saved for the weight gradients: never a reused buffer
+            recv = torch.empty(n_recv, H, dtype=dt, device=dev)
+            padded = recv
+        else:  # one more row of zeros: what slots without an expert read
+            buf = self._pool.get("c_recv", n_recv + 1, H * expert_y.element_size(), dev)
+            padded = buf.view(dt).view(n_recv + 1, H)
+            padded[n_recv].zero_()
+            recv = padded[:n_recv]
         m = handle.num_tokens
 
         def finish() -> torch.Tensor:
             self._pool.busy.discard("c_send")
             self._pool.busy.discard("c_recv")
-            ys = recv.view(dt).view(n_recv, H) if n_recv else recv
-            acc = torch.zeros(m, H, dtype=torch.float32, device=dev)
-            most = max((int(t[2].size) for t in handle.slot_rows), default=0)
-            tmp_lo = self._pool.get("c_tmp", most, yb, dev)
-            tmp32 = self._pool.get("c_tmp32", most, 4 * H, dev)
-            for j, (rows_t, tok_t, tok_np) in enumerate(handle.slot_rows):
-                cnt = int(tok_np.size)
-                if cnt == 0:
-                    continue
-                lo = tmp_lo[:cnt].view(dt).view(cnt, H)
-                torch.index_select(ys, 0, rows_t, out=lo)
-                part = tmp32[:cnt].view(torch.float32).view(cnt, H)
-                part.copy_(lo)
-                if w is not None:
-                    part.mul_(w[:, j].index_select(0, tok_t).unsqueeze(1))
-                acc.index_add_(0, tok_t, part)
-            return acc if dt == torch.float32 else acc.to(dt)
+            assert handle.slot_pos is not None
+            if grad:
+                ys = attach(recv, send, handle.ret_recv_splits, handle.ret_send_splits,
+                            self.group, orchestrator=self.orchestrator,
+                            split_matrix=handle.ret_matrix)
+                out = _slot_sum(ys, handle.slot_pos, w, m, H)
+            else:
+                out = _slot_sum(padded, handle.slot_pos, w, m, H, self._pool, zero_row=n_recv)
+            return out if dt == torch.float32 else out.to(dt)
 
-        work = self._a2a(recv, send, handle.ret_recv_splits, handle.ret_send_splits, async_op,
-                         split_matrix=handle.ret_matrix)
+        work = self._a2a(recv, send.detach(), handle.ret_recv_splits, handle.ret_send_splits,
+                         async_op, split_matrix=handle.ret_matrix)
         if not async_op:
             return finish()
         self._pool.busy.update(("c_send", "c_recv"))
         return CombineWork(work, finish)
+
+
+def _slot_sum(
+    rows: torch.Tensor, slot_row: torch.Tensor, w: torch.Tensor | None, m: int, H: int,
+    pool: _Pool | None = None, zero_row: int | None = None,
+) -> torch.Tensor:
+    """``out[i] = sum_j w[i, j] * rows[slot_row[i, j]]`` over slots with a row, in float32.
+
+    Slots are added in order ``j = 0, 1, ..`` (fixed, so the bits are the
+    same on every run and every device); differentiable in ``rows`` and
+    ``w``. An empty ``rows`` still joins the result's graph, so the
+    backward's collective runs on every rank.
+
+    Without gradients the caller may pass ``zero_row``, the index of a row
+    of zeros in ``rows``: slots without a row read it (adding ``+-0.0``
+    leaves the sum's bits alone) instead of being masked, and the per-slot
+    temporaries come from ``pool`` (fresh ``[m, H]`` buffers would cost a
+    page fault per page, more than the arithmetic).
+    """
+    acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
+    if rows.shape[0] == (0 if zero_row is None else 1) or m == 0:
+        link = rows.sum().to(torch.float32) * 0
+        return acc + (link if w is None else link + w.sum() * 0)
+    for j in range(slot_row.shape[1]):
+        pos = slot_row[:, j]
+        if zero_row is None or pool is None:
+            part = rows.index_select(0, pos.clamp(min=0)).to(torch.float32)
+            if w is not None:
+                part = part * w[:, j : j + 1]
+            acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
+            continue
+        lo = pool.get("c_tmp", m, H * rows.element_size(), rows.device)
+        lo = lo.view(rows.dtype).view(m, H)
+        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos), out=lo)
+        part = pool.get("c_tmp32", m, 4 * H, rows.device).view(torch.float32).view(m, H)
+        part.copy_(lo)
+        if w is not None:
+            part.mul_(w[:, j : j + 1])
+        acc.add_(part)
+    return acc
+
+
+class _DispatchGrad(torch.autograd.Function):
+    """Joins ``expert_x`` (moved outside autograd) to ``x``'s graph; backward: transposed move."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, box: tuple[Any, Any, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        ctx.layer, ctx.handle, expert_x = box
+        return expert_x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return ctx.layer._dispatch_backward(grad, ctx.handle), None
 
 
 def scale_columns(hidden_dim: int, block: int = 128) -> int:

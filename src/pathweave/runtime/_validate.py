@@ -10,13 +10,18 @@ exception with the same message on every rank, before any data moves.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["A2ALayout", "check_split_matrix", "decode_a2a", "encode_a2a"]
+__all__ = [
+    "A2ALayout", "check_fingerprints", "check_split_matrix", "decode_a2a", "encode_a2a",
+    "fingerprint",
+]
 
 # ------------------------------------------------------------------ dtypes
 _DTYPE_NAMES = (
@@ -106,8 +111,8 @@ _HEADER = _OUT_TRAIL + _MAX_TRAIL
 
 
 def meta_width(num_ranks: int) -> int:
-    """Length of one rank's metadata row for ``all_to_all_single``."""
-    return _HEADER + 2 * num_ranks
+    """Length of one rank's metadata row for ``all_to_all_single`` (fingerprint included)."""
+    return _HEADER + 2 * num_ranks + FP_WORDS
 
 
 def _tensor(x: Any) -> bool:
@@ -157,14 +162,18 @@ def _trail(t: Any, row: np.ndarray, col: int) -> None:
 
 
 def encode_a2a(
-    output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, num_ranks: int
+    output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, num_ranks: int,
+    config: np.ndarray | None = None,
 ) -> np.ndarray:
     """This rank's metadata row for ``all_to_all_single`` (``int64[meta_width(n)]``).
 
-    Never raises on bad arguments: it records the first problem in the row.
+    ``config`` is the call's :func:`fingerprint` (default: no fields); it
+    travels at the end of the row. Never raises on bad arguments: it records
+    the first problem in the row.
     """
     n = num_ranks
     row = np.zeros(meta_width(n), dtype=np.int64)
+    row[_HEADER + 2 * n :] = fingerprint({}) if config is None else config
 
     def fail(code: int, which: int, b: int = 0, c: int = 0) -> np.ndarray:
         row[_ERR], row[_EA], row[_EB], row[_EC] = code, which, b, c
@@ -256,6 +265,7 @@ def decode_a2a(meta: np.ndarray) -> A2ALayout:
     exception with the same message.
     """
     n = meta.shape[0]
+    check_fingerprints(meta[:, _HEADER + 2 * n :], "all_to_all_single")
     bad = np.flatnonzero(meta[:, _ERR])
     if bad.size:
         _raise_local(int(bad[0]), meta[int(bad[0])])
@@ -338,6 +348,84 @@ def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int) 
                          f"{int(outs[s])} rows but split_matrix[{s}, {rank}] = {int(m[s, rank])}")
     row_bytes = int(row[_IN_ES]) * int(row[_IN_ROWEL])
     return A2ALayout(np.ascontiguousarray(m, dtype=np.int64), row_bytes)
+
+
+# ---------------------------------------------------- configuration fingerprint
+# Each field takes one slot: a hash of ``name=value`` (what is compared) and
+# the text itself, cut to _FP_TEXT_BYTES (what the error shows). The row has
+# a fixed number of slots whatever the fields, so ranks that disagree on the
+# set of fields still exchange rows of one width (gloo aborts the process on a
+# size mismatch); fields beyond the last slot share it, hashed together.
+FP_SLOTS = 20
+_FP_TEXT_BYTES = 64
+_FP_SLOT_WORDS = 1 + _FP_TEXT_BYTES // 8
+#: Words of a fingerprint in a metadata row.
+FP_WORDS = FP_SLOTS * _FP_SLOT_WORDS
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def fingerprint(fields: Mapping[str, Any]) -> np.ndarray:
+    """The configuration of a call as ``int64[FP_WORDS]`` words for a metadata row.
+
+    ``fields`` maps a name (``"fabric"``, ``"chunk_bytes"``, a layer's
+    ``"moe.num_experts"``) to a value whose ``str`` is the same on every rank
+    exactly when the setting is: a string, an int, a bool, a tuple of them.
+    Every rank puts its words in the row it exchanges and
+    :func:`check_fingerprints` compares them. Field order matters: build the
+    mapping the same way on every rank.
+
+    Examples
+    --------
+    >>> a = fingerprint({"fabric": "h100-2x4", "chunk_bytes": 1 << 20})
+    >>> b = fingerprint({"fabric": "h100-2x4", "chunk_bytes": 4096})
+    >>> a.shape == (FP_WORDS,), bool((a == b).all()), bool((a[:9] == b[:9]).all())
+    (True, False, True)
+    """
+    items = [f"{name}={value}" for name, value in fields.items()]
+    if len(items) > FP_SLOTS:
+        rest = items[FP_SLOTS - 1 :]
+        items = [*items[: FP_SLOTS - 1], f"+{len(rest)} fields={_hash64(chr(0).join(rest)):x}"]
+    words = np.zeros((FP_SLOTS, _FP_SLOT_WORDS), dtype=np.int64)
+    for i, text in enumerate(items):
+        raw = text.encode()[:_FP_TEXT_BYTES].ljust(_FP_TEXT_BYTES, b"\0")
+        words[i, 0] = _hash64(text)
+        words[i, 1:] = np.frombuffer(raw, dtype="<i8")
+    return words.reshape(-1)
+
+
+def _fp_text(slot: np.ndarray) -> tuple[str, str]:
+    raw = slot[1:].astype("<i8").tobytes().rstrip(b"\0").decode(errors="ignore")
+    name, _, value = raw.partition("=")
+    return name, value
+
+
+def check_fingerprints(words: np.ndarray, op: str) -> None:
+    """Raise ``ValueError`` if any rank's :func:`fingerprint` differs from rank 0's.
+
+    ``words`` is ``int64[N, FP_WORDS]``, one row per rank (the same on every
+    rank after an exchange), so every rank raises the same message naming
+    the field, the first rank that differs and both values.
+    """
+    slots = words.reshape(words.shape[0], FP_SLOTS, _FP_SLOT_WORDS)
+    diff = slots[:, :, 0] != slots[0, :, 0]
+    if not diff.any():
+        return
+    rank, k = (int(v) for v in np.argwhere(diff.T)[0][::-1])
+    name_r, value_r = _fp_text(slots[rank, k])
+    name_0, value_0 = _fp_text(slots[0, k])
+    if name_r == name_0:
+        what = f"uses {name_r} {value_r} but rank 0 uses {value_0}"
+    else:
+        def setting(name: str, value: str) -> str:
+            return f"{name} {value}" if name else "no such field"
+
+        what = f"sets {setting(name_r, value_r)} where rank 0 sets {setting(name_0, value_0)}"
+    raise ValueError(f"{op}: rank {rank} {what}; every rank of the group must use the same "
+                     "configuration (fabric, policy, chunk_bytes, ...)")
 
 
 # ----------------------------------------------------------- p2p op lists

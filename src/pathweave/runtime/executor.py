@@ -43,7 +43,7 @@ import torch.distributed as dist
 from pathweave.errors import CommError
 from pathweave.runtime.schedule import STAGING, RankSchedule
 
-__all__ = ["Handle", "Transport", "as_bytes", "start_row_exchange"]
+__all__ = ["Handle", "Transport", "as_bytes", "dense", "is_dense", "start_row_exchange"]
 
 #: Tags of pathweave messages: [2**30, 2**31), clear of small user tags.
 _TAG_BASE = 1 << 30
@@ -53,10 +53,31 @@ _TAG_CALLS = 1 << (30 - _TAG_CALL_BITS - 1)
 _MAX_STREAMS = 4096
 
 
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements are its ``numel`` consecutive storage slots in row-major order.
+
+    This is the memory layout, not the view's strides: ``is_contiguous()``
+    ignores the stride of a dimension of size 1 (``torch.arange(3.)[1::2]``
+    is contiguous), and a conjugate or negative view holds other values in
+    memory than it shows, so its bytes are not its values.
+    """
+    return (t.layout == torch.strided and t.is_contiguous() and not t.is_conj()
+            and not t.is_neg())
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat ``uint8`` view of a contiguous tensor (any dtype, incl. bool and fp8)."""
-    flat = t.reshape(-1)
+    """A flat ``uint8`` view of a dense tensor (:func:`is_dense`; any dtype, incl. bool and fp8).
+
+    Built from the storage offset and element count, so the strides of size-1
+    dimensions do not matter.
+    """
+    flat = t.as_strided((t.numel(),), (1,))
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if :func:`is_dense`, else a dense copy with the values it shows."""
+    return t if is_dense(t) else t.resolve_conj().resolve_neg().contiguous()
 
 
 def _wrap(exc: BaseException, rank: int, what: str) -> CommError:

@@ -3,9 +3,10 @@
 One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 
 1. **exchange**: each rank encodes its arguments (splits, dtype, row shape,
-   any local problem) in one ``int64`` row; one all-gather gives every rank
-   every row; every rank validates them the same way, so bad input raises
-   the same error everywhere before any data moves;
+   any local problem) and its configuration fingerprint in one ``int64``
+   row; one all-gather gives every rank every row; every rank validates them
+   the same way, so bad input or a differing configuration raises the same
+   error everywhere before any data moves;
 2. **plan**: the demand matrix (bytes per pair) is quantised to 5
    significant bits; a plan per quantised demand is cached, so a repeated
    pattern costs no planning; hysteresis keeps the current plan unless a new
@@ -15,12 +16,25 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 3. **schedule**: the plan's split of each pair is applied to the exact bytes
    and cut into a per-rank schedule of chunked point-to-point operations
    (:mod:`pathweave.runtime.schedule`), cached by the exact metadata;
-4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`);
-5. **adapt** (``adapt=True``, the default unless ``PATHWEAVE_ADAPT=0``): the
-   completion times of this rank's receives ride along the next call's
-   metadata row, every rank turns all ranks' times into the same per-link
-   capacity estimates (:mod:`pathweave.runtime.telemetry`) and plans on them
-   once they move 1.5-fold (Hopper's probe rule).
+4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`)
+   on normalised buffers (a dense input, a scratch output copied back on
+   success), or torch's own collective on the same buffers;
+5. **account** in :class:`OrchestratorStats`;
+6. **adapt** (``adapt=True``, the default unless ``PATHWEAVE_ADAPT=0``): the
+   completion times of this rank's receives ride along the next
+   ``all_to_all_single``'s metadata row, every rank turns all ranks' times
+   into the same per-link capacity estimates
+   (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
+   1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
+
+Steps 2 to 5 are one pipeline (``Orchestrator._pipeline``) for every op.
+An op is an adapter: it exchanges and validates its own metadata, then
+hands the pipeline a ``_Call``: a metadata key, ``decode()`` (its layout:
+``pair_bytes`` and whatever its segments need), ``segments(layout)`` (its
+buffers' byte ranges per pair, :class:`~pathweave.runtime.schedule.Segments`)
+and ``buffers(multipath)`` (normalised send and receive buffers, torch's own
+collective on them, the copy back). ``all_to_all_single`` and
+``batch_isend_irecv`` are the two adapters today.
 
 Every rank holds the same metadata and the same history of calls, so every
 rank makes the same decisions without talking about them.
@@ -31,13 +45,13 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from pathweave.errors import FabricError, PlanError
+from pathweave.errors import CommError, FabricError, PlanError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import Plan
@@ -50,11 +64,23 @@ from pathweave.runtime.schedule import (
     split_fragments,
 )
 
-__all__ = ["CallStats", "Orchestrator", "OrchestratorStats", "default_fabric", "quantise"]
+__all__ = [
+    "MAX_WINDOW", "MIN_CHUNK_BYTES", "CallStats", "Orchestrator", "OrchestratorStats",
+    "default_fabric", "quantise",
+]
 
 #: Environment variable naming the fabric (a preset spec or a fabric file).
 FABRIC_ENV = "PATHWEAVE_FABRIC"
 PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
+#: Smallest ``chunk_bytes``: one page. Every chunk is a message with a fixed
+#: cost (tens of microseconds on gloo, a kernel launch on NCCL) and per-call
+#: time grows faster than the chunk count (measured on 8 gloo ranks, a 10 MB
+#: pair: 0.09 s at 1 MiB chunks, 8.2 s at 1 KiB; 3-byte chunks ran past the
+#: timeout), so smaller chunks only cost time.
+MIN_CHUNK_BYTES = 4096
+#: Largest ``window``: staging slots (posted receives) per forwarded stream;
+#: a few cover the pipeline, more only hold memory and posted receives.
+MAX_WINDOW = 64
 
 
 # ------------------------------------------------------------------- stats
@@ -186,10 +212,36 @@ def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
 
 
 # ------------------------------------------------------------ group state
+class _LRU:
+    """A cache that keeps the ``size`` most recently used entries (a hit counts as a use)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        value = self._d.get(key)
+        if value is not None:
+            self._d.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self._d[key] = value
+        self._d.move_to_end(key)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class _GroupState:
     """What an orchestrator keeps per process group."""
 
-    def __init__(self, transport: Any, fabric: Fabric, paths: PathSet):
+    def __init__(self, transport: Any, fabric: Fabric, paths: PathSet, cache_size: int = 64):
         self.transport = transport
         self.fabric = fabric
         self.paths = paths
@@ -198,18 +250,77 @@ class _GroupState:
         first = paths.pair_ptr[:-1].astype(np.int64).copy()
         first[:: n + 1] = 0  # the diagonal has no paths; never used
         self.default_path = first
-        self.plans: OrderedDict[bytes, _Decision] = OrderedDict()
-        self.schedules: OrderedDict[tuple[bytes, int], tuple[Any, ...]] = OrderedDict()
+        self.plans = _LRU(cache_size)
+        self.schedules = _LRU(cache_size)
         self.current: _Decision | None = None
         self.last_qkey: bytes | None = None
-        # (metadata, layout, decision) of the last all_to_all_single call
-        self.last_a2a: tuple[Any, ...] = (None, None, None)
+        # (metadata key, decoded layout, decision) of the last call of any op
+        self.last_call: tuple[Any, ...] = (None, None, None)
         self.next_ident = 1
+        self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
+        self.fingerprints = _LRU(cache_size)  # field values -> words
+        # fingerprints already checked by an exchange (split_matrix calls skip theirs)
+        self.checked_configs = _LRU(cache_size)
+        self._scratch: Any = None
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
         self.adapt: Any = None
         self.plan_fabric = fabric
         self.plan_paths = paths
+
+    def scratch(self, like: Any, *, reuse: bool) -> Any:
+        """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
+
+        With ``reuse`` (a blocking call on the CPU) it is a view of one buffer
+        kept per group: the call is over before the next can use it, and a
+        fresh CPU allocation of an output's size costs a page fault per page
+        (about as much as copying it). CUDA's caching allocator reuses memory
+        by itself.
+        """
+        import torch
+
+        if not reuse:
+            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        nbytes = like.numel() * like.element_size()
+        buf = self._scratch
+        if buf is None or buf.numel() < nbytes or buf.device != like.device:
+            buf = self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        return buf[:nbytes].view(like.dtype).view(like.shape)
+
+    def drop_scratch(self) -> None:
+        """Forget the reused scratch buffer (after a failed call)."""
+        self._scratch = None
+
+
+@dataclass(eq=False)
+class _Call:
+    """One call as the op pipeline sees it, built by an op's adapter.
+
+    ``decode()`` validates the exchanged metadata and returns the call's
+    layout (anything with ``pair_bytes``); it is skipped when ``mkey`` is the
+    previous call's. ``buffers(multipath)``, called once the arguments are
+    known to be good, returns ``(send_bufs, recv_bufs, post_torch, finish)``:
+    dense ``uint8`` views (``send_bufs`` hold the caller's input,
+    ``recv_bufs`` are scratch, or on torch's path a dense output itself),
+    ``post_torch(layout)`` starting torch's own collective on those buffers
+    and returning its works, and ``finish`` copying the scratch into the
+    caller's outputs once every byte has arrived.
+    """
+
+    op: str
+    mkey: bytes
+    decode: Callable[[], Any]
+    segments: Callable[[Any], Segments]
+    buffers: Callable[[bool], tuple[list[Any], list[Any], Callable[[Any], list[Any]],
+                                    Callable[[], None] | None]]
+    #: ``timing(layout)``: a key per receive op for live adaptation (None: not timed).
+    timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _P2PLayout:
+    matches: list[tuple[int, int, int, int, int]]
+    pair_bytes: np.ndarray
 
 
 class Orchestrator:
@@ -230,10 +341,12 @@ class Orchestrator:
         ``enabled="auto"`` an exchange whose largest pair is below this goes
         to torch.
     chunk_bytes
-        Chunk size of forwarded transfers (pipelining unit).
+        Chunk size of forwarded transfers (pipelining unit), at least
+        :data:`MIN_CHUNK_BYTES` (4 KiB).
     window
-        Staging slots per forwarded stream at each forwarding rank (>= 2):
-        at most ``window * chunk_bytes`` bytes of a stream sit at a relay.
+        Staging slots per forwarded stream at each forwarding rank (2 to
+        :data:`MAX_WINDOW`): at most ``window * chunk_bytes`` bytes of a
+        stream sit at a relay.
     hysteresis
         A new plan replaces the current one only if its predicted time is
         lower by more than this fraction.
@@ -267,6 +380,10 @@ class Orchestrator:
     Traceback (most recent call last):
     ...
     ValueError: window must be >= 2, got 1
+    >>> pw.Orchestrator(chunk_bytes=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: chunk_bytes must be >= 4096, got 3
     """
 
     def __init__(
@@ -301,8 +418,11 @@ class Orchestrator:
                 "not to a policy callable"
             )
         self.min_split_bytes = V.positive_int("min_split_bytes", min_split_bytes, 0)
-        self.chunk_bytes = V.positive_int("chunk_bytes", chunk_bytes)
+        self.chunk_bytes = V.positive_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES)
         self.window = V.positive_int("window", window, 2)
+        if self.window > MAX_WINDOW:
+            raise ValueError(f"window must be <= {MAX_WINDOW} (staging slots per forwarded "
+                             f"stream), got {window}")
         self.hysteresis = V.nonnegative_float("hysteresis", hysteresis)
         if self.hysteresis >= 1:
             raise ValueError(f"hysteresis must be < 1, got {hysteresis}")
@@ -355,7 +475,7 @@ class Orchestrator:
 
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
         max_hops = self.policy_options.get("max_hops", COMMON_OPTIONS["max_hops"])
-        st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops))
+        st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops), self.cache_size)
         if self.adapt:
             from pathweave.runtime.telemetry import Adaptation
 
@@ -427,11 +547,7 @@ class Orchestrator:
         cached = cand is not None
         if cand is None:
             cand = self._plan(st, q)
-            st.plans[key] = cand
-            if len(st.plans) > self.cache_size:
-                st.plans.popitem(last=False)
-        else:
-            st.plans.move_to_end(key)
+            st.plans.put(key, cand)
         cur = st.current
         if cur is not None and cur is not cand:
             # Hysteresis: a new plan must beat the current one by a clear margin.
@@ -455,104 +571,62 @@ class Orchestrator:
         async_op: bool = False,
         *,
         split_matrix: Any = None,
+        config: Mapping[str, Any] | None = None,
     ) -> Any:
         """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
 
         Returns ``None``, or a handle with ``wait()`` if ``async_op``. Bad
-        arguments raise the same ``ValueError``/``TypeError`` on every rank,
-        naming the rank, the pair and the numbers, before any data moves.
+        arguments, and a configuration that differs between ranks, raise the
+        same ``ValueError``/``TypeError`` on every rank, naming the rank, the
+        pair or setting and the values, before any data moves. ``output`` is
+        written only once every byte has arrived: a call that fails leaves it
+        untouched.
 
         ``split_matrix`` (keyword only): ``int[N, N]``, the rows every rank
         sends to every rank (``split_matrix[s, d]``), for a caller that already
         holds it from a collective of its own, hence identical on every rank.
-        The call then skips its metadata exchange. Only this rank's
-        arguments can be checked (its splits against its row and column of
-        the matrix, its tensors' sums, dtypes and row shapes): they raise here,
-        before any data moves, but only on this rank. Dtype and row shape must
-        be the same on every rank, as the caller's own exchange should ensure.
-        """
-        import torch
+        The call then skips its metadata exchange, except the first time a
+        configuration is used this way on the group, which exchanges once to
+        check it. Otherwise only this rank's arguments can be checked (its
+        splits against its row and column of the matrix, its tensors' sums,
+        dtypes and row shapes): they raise here, before any data moves, but
+        only on this rank. Dtype and row shape must be the same on every
+        rank, as the caller's own exchange should ensure.
 
+        ``config`` (keyword only): more named settings for the configuration
+        fingerprint (:func:`pathweave.runtime._validate.fingerprint`), e.g. a
+        layer's ``{"moe.num_experts": 64}``; names must not clash with the
+        orchestrator's own.
+        """
         t0 = time.perf_counter()
         st = self._state(group)
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
-        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size)
-        if st.adapt is not None and split_matrix is None:
-            row = np.concatenate([row, st.adapt.words()])  # split off in _adapt_exchanged
-        elif st.adapt is not None:
-            st.adapt.forget()
+        words = self._fingerprint(st, config)
+        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words)
         if split_matrix is not None:
             given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
-            # The key stands for what every rank would have exchanged: all splits
-            # and the row size (dtype and row shape only enter through it).
-            mkey = b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
+            if words.tobytes() not in st.checked_configs:
+                self._check_config_once(st, row, given, deadline)
+                st.checked_configs.put(words.tobytes(), True)
+            # The key stands for what every rank would have exchanged: all splits,
+            # the row size (dtype and row shape only enter through it), the config.
+            mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
+                    + words.tobytes())
+            if st.adapt is not None:
+                st.adapt.forget()  # no exchange: no telemetry travels
+
+            def decode() -> V.A2ALayout:
+                return given
         else:
-            meta = tr.exchange(row, deadline)
+            meta = tr.exchange(np.r_[row, self._adapt_words(st)], deadline)
             meta = self._adapt_exchanged(st, meta, row.size)
-            mkey = meta.tobytes()
-        t1 = time.perf_counter()
-        if mkey == st.last_a2a[0]:
-            # The very same call as the last one: validated and decided then.
-            _, layout, dec = st.last_a2a
-            cached = True
-        else:
-            layout = given if split_matrix is not None else V.decode_a2a(meta)
-            t1 = time.perf_counter()
-            dec, cached = self._decide(st, layout.pair_bytes)
-            st.last_a2a = (mkey, layout, dec)
-        pair_bytes = layout.pair_bytes
-        total = int(pair_bytes.sum() - np.trace(pair_bytes))
-        if not dec.multipath:
-            t2 = time.perf_counter()
-            import torch.distributed as dist
+            mkey = b"A" + meta.tobytes()
 
-            work = dist.all_to_all_single(
-                output, input, output_split_sizes, input_split_sizes, group=group,
-                async_op=async_op,
-            )
-            self._account(st, "all_to_all_single", total, None, t0, t1, t2, cached)
-            return work
-        sched_key = (mkey, dec.ident)
-        entry = st.schedules.get(sched_key)
-        if entry is None:
-            cached = False
-            entry = self._schedule(st, dec, Segments.all_to_all(pair_bytes), pair_bytes)
-            st.schedules[sched_key] = entry
-            if len(st.schedules) > self.cache_size:
-                st.schedules.popitem(last=False)
-        else:
-            st.schedules.move_to_end(sched_key)
-        sched = entry[0]
-        t2 = time.perf_counter()
-        from pathweave.runtime.executor import as_bytes
-
-        src = input if input.is_contiguous() else input.contiguous()
-        finish = None
-        dst = output
-        if not output.is_contiguous():
-            dst = torch.empty(output.shape, dtype=output.dtype, device=output.device)
-
-            def finish() -> None:
-                output.copy_(dst)
-
-        timing = None
-        if st.adapt is not None and not async_op:
-            # A receive at offset off of the output holds bytes of the source whose
-            # segment it lies in: key (source, the peer it came from).
-            starts = np.concatenate([[0], np.cumsum(pair_bytes[:, tr.rank])])
-
-            def timing(op: tuple[int, ...]) -> tuple[int, int]:
-                return int(np.searchsorted(starts, op[3], side="right") - 1), int(op[0])
-
-        handle = tr.run(
-            sched, [as_bytes(src)], [as_bytes(dst)], deadline=deadline,
-            wait=not async_op, finish=finish, timing=timing,
-        )
-        if timing is not None:
-            obs = [(s, last, sec) for (s, last), sec in handle.timings.items()]
-            st.adapt.observe(entry[3], entry[1], obs)
-        self._account(st, "all_to_all_single", total, entry, t0, t1, t2, cached)
+            def decode() -> V.A2ALayout:
+                return V.decode_a2a(meta)
+        call = self._a2a_call(st, output, input, mkey, decode, reuse=not async_op)
+        handle = self._pipeline(st, call, t0, deadline, wait=not async_op)
         return handle if async_op else None
 
     def batch_isend_irecv(self, ops: Sequence[Any], group: Any = None) -> list[Any]:
@@ -562,6 +636,7 @@ class Orchestrator:
         messages are split over several paths, and forwarding ranks must take
         part. Sends and receives match per (source, destination, tag) in list
         order, as in torch. Returns one handle per op (all complete together).
+        Received tensors are written once every byte has arrived.
         """
         t0 = time.perf_counter()
         if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
@@ -569,6 +644,7 @@ class Orchestrator:
         st = self._state(group)
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
+        words = self._fingerprint(st, None)
         n = tr.size
 
         def peer_of(op: Any) -> int | None:
@@ -585,76 +661,235 @@ class Orchestrator:
                 return tr.global_ranks.index(peer)
             return peer if group is None else n + peer  # out of range: reported as such
 
-        width = 8
-        row = V.encode_p2p(ops, peer_of, n, width)
-        meta = tr.exchange(row, deadline)
+        def exchange(width: int) -> np.ndarray:
+            meta = tr.exchange(np.r_[words, V.encode_p2p(ops, peer_of, n, width)], deadline)
+            V.check_fingerprints(meta[:, : V.FP_WORDS], "batch_isend_irecv")
+            return meta[:, V.FP_WORDS :]
+
+        meta = exchange(8)
         bad = np.flatnonzero(meta[:, 0])
         if bad.size:
             V.raise_p2p_local(int(bad[0]), meta[int(bad[0])])
         counts = meta[:, 3]
-        if int(counts.max(initial=0)) > width:
-            width = int(counts.max())
-            meta = tr.exchange(V.encode_p2p(ops, peer_of, n, width), deadline)
-        tables = [
-            meta[r, 4 : 4 + V.P2P_FIELDS * int(counts[r])].reshape(-1, V.P2P_FIELDS)
-            for r in range(n)
-        ]
-        matches = V.match_p2p(tables)
-        pair_bytes = np.zeros((n, n), dtype=np.int64)
-        for s, d, _, _, nb in matches:
-            pair_bytes[s, d] += nb
-        t1 = time.perf_counter()
-        st.last_a2a = (None, None, None)  # the decision state may move on here
+        if int(counts.max(initial=0)) > 8:
+            meta = exchange(int(counts.max()))
+
+        def decode() -> _P2PLayout:
+            tables = [
+                meta[r, 4 : 4 + V.P2P_FIELDS * int(counts[r])].reshape(-1, V.P2P_FIELDS)
+                for r in range(n)
+            ]
+            matches = V.match_p2p(tables)
+            pair_bytes = np.zeros((n, n), dtype=np.int64)
+            for s, d, _, _, nb in matches:
+                pair_bytes[s, d] += nb
+            return _P2PLayout(matches, pair_bytes)
+
         if st.adapt is not None:
             st.adapt.forget()  # no telemetry travels with point-to-point batches
-        dec, cached = self._decide(st, pair_bytes)
-        total = int(pair_bytes.sum())
-        if not dec.multipath:
-            t2 = time.perf_counter()
-            import torch.distributed as dist
-
-            works = dist.batch_isend_irecv(list(ops)) if ops else []
-            self._account(st, "batch_isend_irecv", total, None, t0, t1, t2, cached)
-            return works
-        mkey = meta.tobytes()
-        sched_key = (mkey, dec.ident)
-        entry = st.schedules.get(sched_key)
-        if entry is None:
-            cached = False
-            segs = _p2p_segments(matches, n)
-            entry = self._schedule(st, dec, segs, pair_bytes)
-            st.schedules[sched_key] = entry
-            if len(st.schedules) > self.cache_size:
-                st.schedules.popitem(last=False)
-        sched = entry[0]
-        t2 = time.perf_counter()
-        from pathweave.runtime.executor import as_bytes
-
-        bufs = []
-        finishers = []
-        for op in ops:
-            t = op.tensor
-            if t.is_contiguous():
-                bufs.append(as_bytes(t))
-            else:
-                tmp = t.contiguous()
-                bufs.append(as_bytes(tmp))
-                if op.op is not _dist().isend:
-                    finishers.append((t, tmp))
-
-        def finish() -> None:
-            for t, tmp in finishers:
-                t.copy_(tmp)
-
-        handle = tr.run(sched, bufs, bufs, deadline=deadline, wait=False,
-                        finish=finish if finishers else None)
-        self._account(st, "batch_isend_irecv", total, entry, t0, t1, t2, cached)
+        call = self._p2p_call(st, list(ops), b"P" + words.tobytes() + meta.tobytes(), decode)
+        handle = self._pipeline(st, call, t0, deadline, wait=False)
         return [handle] * len(ops)
+
+    # -------------------------------------------------------- op adapters
+    def _a2a_call(
+        self, st: _GroupState, output: Any, input: Any, mkey: bytes, decode: Callable[[], Any],
+        *, reuse: bool,
+    ) -> _Call:
+        """``all_to_all_single`` on normalised buffers: a dense input, a scratch output."""
+
+        from pathweave.runtime.executor import as_bytes, dense, is_dense
+
+        tr = st.transport
+
+        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
+            src = as_bytes(dense(input))
+            if not multipath and is_dense(output):
+                # torch's path into the output itself, as torch's own call: no
+                # copy (docs/runtime.md, "Outputs of a failed call").
+                dst = as_bytes(output)
+                finish = None
+            else:
+                scratch = st.scratch(output, reuse=reuse and output.device.type == "cpu")
+                dst = as_bytes(scratch)
+
+                def finish() -> None:
+                    output.copy_(scratch)
+
+            def post_torch(layout: V.A2ALayout) -> list[Any]:
+                rows = layout.in_rows
+                # Splits in bytes on the byte views: every dtype on every backend.
+                send = (rows[tr.rank] * layout.row_bytes).tolist()
+                recv = (rows[:, tr.rank] * layout.row_bytes).tolist()
+                return [_dist().all_to_all_single(dst, src, recv, send, group=tr.group,
+                                                  async_op=True)]
+
+            return [src], [dst], post_torch, finish
+
+        def timing(layout: V.A2ALayout) -> Callable[[tuple[int, ...]], tuple[int, int]]:
+            # A receive at offset off of the output holds bytes of the source whose
+            # segment it lies in: key (source, the peer it came from).
+            starts = np.concatenate([[0], np.cumsum(layout.pair_bytes[:, tr.rank])])
+            return lambda op: (int(np.searchsorted(starts, op[3], side="right") - 1), int(op[0]))
+
+        return _Call("all_to_all_single", mkey, decode,
+                     lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
+                     timing if reuse else None)
+
+    def _p2p_call(
+        self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
+    ) -> _Call:
+        """``batch_isend_irecv`` on normalised buffers: dense sends, scratch receives."""
+        import torch
+
+        from pathweave.runtime.executor import as_bytes, dense, is_dense
+
+        dist = _dist()
+
+        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
+            bufs, outs = [], []
+            for op in ops:
+                if op.op is dist.isend:
+                    bufs.append(as_bytes(dense(op.tensor)))
+                elif not multipath and is_dense(op.tensor):
+                    bufs.append(as_bytes(op.tensor))
+                else:
+                    t = op.tensor
+                    tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                    bufs.append(as_bytes(tmp))
+                    outs.append((t, tmp))
+
+            def post_torch(layout: _P2PLayout) -> list[Any]:
+                mine = [dist.P2POp(op.op, b, op.peer, op.group, op.tag)
+                        for op, b in zip(ops, bufs, strict=True)]
+                return list(dist.batch_isend_irecv(mine)) if mine else []
+
+            def finish() -> None:
+                for t, tmp in outs:
+                    t.copy_(tmp)
+
+            return bufs, bufs, post_torch, finish
+
+        return _Call("batch_isend_irecv", mkey, decode,
+                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers)
+
+    # ------------------------------------------------------- op pipeline
+    def _pipeline(
+        self, st: _GroupState, call: _Call, t0: float, deadline: float, *, wait: bool
+    ) -> Any:
+        """decide -> schedule (cached) -> run -> account: the steps every op shares.
+
+        The call's metadata is exchanged already (``t0`` is when the call
+        began). Returns the handle, waited for if ``wait``.
+        """
+        from pathweave.runtime.executor import Handle
+
+        tr = st.transport
+        t1 = time.perf_counter()
+        if call.mkey == st.last_call[0]:
+            # The very same call as the last one: validated and decided then.
+            _, layout, dec = st.last_call
+            cached = True
+        else:
+            layout = call.decode()
+            t1 = time.perf_counter()
+            dec, cached = self._decide(st, layout.pair_bytes)
+            st.last_call = (call.mkey, layout, dec)
+        pair_bytes = layout.pair_bytes
+        total = int(pair_bytes.sum() - np.trace(pair_bytes))
+        entry = None
+        if dec.multipath:
+            key = (call.mkey, dec.ident)
+            entry = st.schedules.get(key)
+            if entry is None:
+                cached = False
+                entry = self._schedule(st, dec, call.segments(layout), pair_bytes)
+                st.schedules.put(key, entry)
+        t2 = time.perf_counter()
+        send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
+        try:
+            if entry is None:
+                try:
+                    works = post_torch(layout)
+                except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
+                    raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
+                handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
+                                host_wait=not tr.nccl)
+            else:
+                timing = None
+                if st.adapt is not None and wait and call.timing is not None:
+                    timing = call.timing(layout)
+                handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
+                                wait=timing is not None, finish=finish, timing=timing)
+                if timing is not None:
+                    st.adapt.observe(entry[3], entry[1], [
+                        (s, last, sec) for (s, last), sec in handle.timings.items()])
+            if wait:
+                handle.wait()
+        except CommError:
+            # Receives of this call may still be posted into the group's reused
+            # scratch; a later call must not share that memory with them.
+            st.drop_scratch()
+            raise
+        self._account(call.op, total, entry, t0, t1, t2, cached)
+        return handle
+
+    def _fingerprint(self, st: _GroupState, extra: Mapping[str, Any] | None) -> np.ndarray:
+        """This call's configuration as :func:`~pathweave.runtime._validate.fingerprint` words.
+
+        Everything that shapes what a call does with the bytes: two ranks
+        that differ in any of it would move different bytes (or wait for
+        messages that never come).
+        """
+        pol = self.policy if isinstance(self.policy, str) else _callable_text(self.policy)
+        fields: dict[str, Any] = {
+            "fabric": st.fabric_text,
+            "policy": pol,
+            "policy options": sorted(self.policy_options.items()),
+            "enabled": self.enabled,
+            "chunk_bytes": self.chunk_bytes,
+            "window": self.window,
+            "min_split_bytes": self.min_split_bytes,
+            "hysteresis": self.hysteresis,
+            "min_gain": self.min_gain,
+            "cache_size": self.cache_size,
+            "adapt": self.adapt,
+        }
+        if extra:
+            clash = sorted(set(extra) & set(fields))
+            if clash:
+                raise ValueError(f"config names {clash} clash with the orchestrator's own "
+                                 "settings")
+            fields.update(extra)
+        key = tuple((k, str(v)) for k, v in fields.items())
+        words = st.fingerprints.get(key)
+        if words is None:
+            words = V.fingerprint(fields)
+            st.fingerprints.put(key, words)
+        return words
+
+    def _check_config_once(
+        self, st: _GroupState, row: np.ndarray, given: V.A2ALayout, deadline: float
+    ) -> None:
+        """A ``split_matrix`` call with a configuration not yet checked: exchange once.
+
+        The row is the one a call without the matrix would exchange, so a
+        rank that passed no matrix still meets this one in the same
+        collective.
+        """
+        layout = V.decode_a2a(st.transport.exchange(row, deadline))
+        if not np.array_equal(layout.in_rows, given.in_rows):
+            s, d = (int(v) for v in np.argwhere(layout.in_rows != given.in_rows)[0])
+            raise ValueError(
+                f"all_to_all_single: split_matrix[{s}, {d}] = {int(given.in_rows[s, d])} on rank "
+                f"{st.transport.rank} but rank {s} sends {int(layout.in_rows[s, d])} rows to "
+                f"rank {d}; split_matrix must be the same on every rank"
+            )
 
     # ---------------------------------------------------------- internals
     def _schedule(
         self, st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray
-    ) -> tuple[RankSchedule, np.ndarray, dict[str, int]]:
+    ) -> tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray]:
         fpair, fpath, fbytes = split_fragments(
             dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
             min_split_bytes=self.min_split_bytes, default_path=st.default_path,
@@ -670,25 +905,29 @@ class Orchestrator:
 
     # --------------------------------------------------- live adaptation
     @staticmethod
+    def _adapt_words(st: _GroupState) -> np.ndarray:
+        """This rank's telemetry words (zeros without adaptation: every row has one width)."""
+        n = st.transport.size
+        return np.zeros(n * n, dtype=np.int64) if st.adapt is None else st.adapt.words()
+
+    @staticmethod
     def _adapt_exchanged(st: _GroupState, meta: np.ndarray, width: int) -> np.ndarray:
         """Split the telemetry words off the exchanged rows; re-plan if the estimates moved.
 
         Every rank holds the same rows and the same history, so every rank
         reaches the same estimates and the same plan.
         """
-        if st.adapt is None:
-            return meta
-        base = width - st.adapt.words().size
-        st.adapt.absorb(meta[:, base:])
-        if st.adapt.replan():
-            st.plan_fabric = st.adapt.fabric
-            st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
-            st.last_a2a = (None, None, None)
-        return np.ascontiguousarray(meta[:, :base])
+        if st.adapt is not None:
+            st.adapt.absorb(meta[:, width:])
+            if st.adapt.replan():
+                st.plan_fabric = st.adapt.fabric
+                st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds,
+                                                st.paths.max_hops)
+                st.last_call = (None, None, None)
+        return np.ascontiguousarray(meta[:, :width])
 
     def _account(
-        self, st: _GroupState, op: str, total: int, entry: Any, t0: float, t1: float,
-        t2: float, cached: bool,
+        self, op: str, total: int, entry: Any, t0: float, t1: float, t2: float, cached: bool
     ) -> None:
         s = self.stats
         s.calls += 1
@@ -715,6 +954,29 @@ def _dist() -> Any:
 
 def _is_world(g: Any) -> bool:
     return g is _dist().group.WORLD
+
+
+def _fabric_digest(fab: Fabric) -> str:
+    """A short hash of everything in ``fab`` (two fabrics with one name may differ)."""
+    import hashlib
+    import json
+
+    from pathweave.fabric import to_dict
+
+    text = json.dumps(to_dict(fab), sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+
+
+def _callable_text(fn: Any) -> str:
+    """A policy callable as text that is the same in every process (no addresses)."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        args = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in sorted(fn.keywords.items())]
+        return f"{_callable_text(fn.func)}({', '.join(args)})"
+    mod = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{mod}.{name}"
 
 
 def _link_bytes(st: _GroupState, fpath: np.ndarray, fbytes: np.ndarray) -> np.ndarray:

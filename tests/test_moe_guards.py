@@ -1,0 +1,147 @@
+"""MoE layers that disagree across ranks, and combines with the wrong handle (issue 16).
+
+Every case runs on 4 gloo ranks in both layouts (iterating
+``pathweave.moe._routing.LAYOUTS``): one rank builds its layer with another
+parameter, or passes a stale, reused or foreign handle; every rank must raise
+the same error before any byte moves, nothing may hang or abort, and the good
+calls afterwards must equal the dense single-process reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pathweave.moe._routing import LAYOUTS
+from pathweave.moe.reference import reference_combine
+from pathweave.runtime.launch import run_local
+
+E, K, H, M = 8, 2, 16, 6
+
+# parameter -> (keyword arguments of the odd rank's layer, expected message)
+MISMATCH: dict[str, tuple[dict[str, Any], str]] = {
+    "num_experts": ({"num_experts": 16}, "rank 3 uses num_experts=16 but rank 0 uses "
+                                         "num_experts=8"),
+    "experts_per_token": ({"experts_per_token": 3}, "rank 3 uses experts_per_token=3 but "
+                                                    "rank 0 uses experts_per_token=2"),
+    "hidden_dim": ({"hidden_dim": 32}, "rank 3 uses hidden_dim=32 but rank 0 uses hidden_dim=16"),
+    "max_num_tokens": ({"max_num_tokens": 7}, "rank 3 uses max_num_tokens=7 but rank 0 uses "
+                                              "max_num_tokens=6"),
+    "dtype": ({"dtype": torch.bfloat16}, "rank 3 uses dtype=bfloat16 but rank 0 uses "
+                                         "dtype=float32"),
+    "layout": ({"layout": "other"}, "rank 3 uses layout="),
+    "dp_size": ({"dp_size": 2}, "rank 3 uses dp_size=2 but rank 0 uses dp_size=1"),
+    "expert_capacity": ({"expert_capacity": 20}, "rank 3 uses expert_capacity=20 but rank 0 "
+                                                 "uses expert_capacity=24"),
+    "placement": ({"placement": [3, 2, 1, 0, 0, 1, 2, 3]}, "rank 3 uses placement an expert "
+                                                           "placement with digest"),
+}
+
+
+def _inputs(world: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(world):
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)])
+        idx[torch.rand(M, K, generator=g) < 0.2] = -1
+        out.append({"x": torch.randn(M, H, generator=g), "idx": idx,
+                    "w": torch.rand(M, K, generator=g)})
+    return out
+
+
+def _experts(moe: Any, expert_x: torch.Tensor, handle: Any) -> torch.Tensor:
+    """Expert ``e`` multiplies its rows by ``e + 1`` (either layout)."""
+    if moe.layout == "compact":
+        y = expert_x[handle.expert_rows]
+        for l_, e in enumerate(moe.local_expert_ids.tolist()):
+            a, b = handle.expert_offsets[l_], handle.expert_offsets[l_ + 1]
+            y[a:b] *= e + 1
+        return y
+    scale = torch.tensor(moe.local_expert_ids + 1, dtype=expert_x.dtype)
+    return expert_x * scale.view(-1, 1, 1)
+
+
+def _guards(rank: int, world: int, layout: str) -> list[tuple[str, str, str]]:
+    from pathweave.moe import MoEAllToAll
+
+    seen: list[tuple[str, str, str]] = []
+
+    def attempt(label: str, fn: Any) -> Any:
+        try:
+            res = fn()
+        except (TypeError, ValueError) as exc:
+            seen.append((label, type(exc).__name__, str(exc)))
+            return None
+        seen.append((label, "none", ""))
+        return res
+
+    base = {"num_experts": E, "experts_per_token": K, "hidden_dim": H, "max_num_tokens": M,
+            "dtype": torch.float32, "layout": layout}
+    data = _inputs(world, seed=3)
+    mine = data[rank]
+    for name, (change, _) in MISMATCH.items():
+        kw = dict(base)
+        if rank == 3:
+            kw.update(change)
+            if name == "layout":
+                kw["layout"] = next(lo for lo in LAYOUTS if lo != layout)
+        layer = MoEAllToAll(**kw)
+        x = mine["x"].to(layer.dtype)[:, : layer.hidden_dim]
+        if layer.hidden_dim > H:
+            x = torch.cat([x, x], dim=1)
+        idx = torch.full((M, layer.experts_per_token), -1)
+        attempt(name, lambda f=layer.dispatch, x=x, idx=idx: f(x, idx))
+    moe = MoEAllToAll(**base)
+    other = MoEAllToAll(**base)
+    ex1, _, h1 = moe.dispatch(mine["x"], mine["idx"])
+    y1 = _experts(moe, ex1, h1)
+    out1 = moe.combine(y1, h1, mine["w"])
+    attempt("reused", lambda: moe.combine(y1, h1, mine["w"]))
+    ex2, _, h2 = moe.dispatch(mine["x"], mine["idx"])
+    y2 = _experts(moe, ex2, h2)
+    attempt("reused-one-rank", lambda: moe.combine(y2, h1 if rank == 1 else h2, mine["w"]))
+    ex3, _, h3 = moe.dispatch(mine["x"], mine["idx"])  # h2 and h3 both open now
+    y3 = _experts(moe, ex3, h3)
+    attempt("older-one-rank", lambda: moe.combine(y3, h2 if rank == 2 else h3, mine["w"]))
+    exo, _, ho = other.dispatch(mine["x"], mine["idx"])
+    attempt("foreign-one-rank", lambda: moe.combine(y3, ho if rank == 3 else h3, mine["w"]))
+    attempt("foreign-all", lambda: moe.combine(y3, ho, mine["w"]))
+    # The layer is still usable, every open handle still combines once, and the bytes agree
+    # with the dense reference.
+    outs = [out1, moe.combine(y3, h3, mine["w"]), moe.combine(y2, h2, mine["w"]),
+            other.combine(_experts(other, exo, ho), ho, mine["w"])]
+    want = reference_combine([d["x"] for d in data], [d["idx"] for d in data],
+                             [d["w"] for d in data], moe.placement.tolist(),
+                             lambda e, x, s: x * (e + 1))[rank]
+    for out in outs:
+        err = float((out - want).abs().max()) if out.numel() else 0.0
+        seen.append(("good", "none" if err <= 1e-5 else f"error {err}", ""))
+    return seen
+
+
+EXPECT_HANDLES = {
+    "reused": ("ValueError", "rank 0: the handle of dispatch call 0 was already combined"),
+    "reused-one-rank": ("ValueError", "rank 1: the handle of dispatch call 0 was already "
+                                      "combined"),
+    "older-one-rank": ("ValueError", "rank 2 combines the handle of dispatch call 1 but rank 0 "
+                                     "that of call 2"),
+    "foreign-one-rank": ("ValueError", "rank 3: handle comes from another MoEAllToAll layer"),
+    "foreign-all": ("ValueError", "rank 0: handle comes from another MoEAllToAll layer"),
+}
+
+
+def test_mismatched_layers_and_stale_handles_raise_on_every_rank() -> None:
+    for layout in LAYOUTS:
+        seen = run_local(_guards, 4, (layout,), timeout_s=120)
+        for r in range(1, 4):
+            assert seen[r] == seen[0], (layout, r, seen[r], seen[0])
+        want = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
+        labels = [s[0] for s in seen[0]]
+        assert labels == [*want, "good", "good", "good", "good"], labels
+        for label, exc, msg in seen[0]:
+            if label == "good":
+                assert exc == "none", (layout, exc)
+                continue
+            assert exc == want[label][0], (layout, label, exc, msg)
+            assert want[label][1] in msg, (layout, label, msg)
