@@ -153,7 +153,8 @@ class PolicyResult:
     ``predicted_s``: the simulator's makespan of the same fragments on the
     scaled fabric; ``bound_s``: their congestion bound; ``verified``: every
     rank received exactly the expected bytes in every call;
-    ``path_kind_bytes``: bytes per path role the data plane sent (per call).
+    ``path_kind_bytes``: bytes per path role the data plane sent (per call);
+    ``plan_switches``: plans replaced during the calls (live adaptation).
     """
 
     policy: str
@@ -163,6 +164,7 @@ class PolicyResult:
     bound_s: float
     verified: bool
     path_kind_bytes: dict[str, int] = field(default_factory=dict)
+    plan_switches: int = 0
 
     @property
     def vs_predicted(self) -> float:
@@ -218,7 +220,7 @@ class EmulationResult:
                 "speedup_measured": base.measured_s / p.measured_s,
                 "speedup_predicted": base.predicted_s / p.predicted_s,
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
-                "makespans_s": list(p.makespans_s),
+                "makespans_s": list(p.makespans_s), "plan_switches": p.plan_switches,
             })
         return rows
 
@@ -581,6 +583,7 @@ def run_workloads(
             results.append(PolicyResult(
                 p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
                 {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
+                int(recs[0].get("switches", 0)),
             ))
         out.append(EmulationResult(
             fabric=fab.name, scale=float(emu.scale), workload=wl,
@@ -755,7 +758,8 @@ def _worker(spec_path: str, rank: int) -> None:
             if orch is not None:
                 calls = spec["warmup"] + spec["repeat"]
                 kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds}
+            switches = 0 if orch is None else orch.stats.plan_switches
+            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches}
         res.append(case)
     dist.barrier()
     dist.destroy_process_group()

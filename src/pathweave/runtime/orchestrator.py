@@ -20,7 +20,7 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    on normalised buffers (a dense input, a scratch output copied back on
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
-6. **adapt** (``adapt=True``, the default unless ``PATHWEAVE_ADAPT=0``): the
+6. **adapt** (``adapt=True``, or ``PATHWEAVE_ADAPT=1``; off by default): the
    completion times of this rank's receives ride along the next
    ``all_to_all_single``'s metadata row, every rank turns all ranks' times
    into the same per-link capacity estimates
@@ -364,8 +364,8 @@ class Orchestrator:
         Plans and schedules kept (least recently used are dropped).
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
-        on them (``docs/runtime.md``, "Live adaptation"); default: on unless
-        ``PATHWEAVE_ADAPT=0``.
+        on them (``docs/runtime.md``, "Live adaptation"); default: off unless
+        ``PATHWEAVE_ADAPT=1``.
     **policy_options
         Options passed to a registered policy (checked by
         :func:`pathweave.plan.make`).

@@ -258,15 +258,20 @@ def ratios_from_times(
     return link_ratios(streams, times, link_bytes, nominal_Bps)
 
 
-#: ``PATHWEAVE_ADAPT=0`` turns live adaptation off for orchestrators that do not say.
+#: ``PATHWEAVE_ADAPT=1`` turns live adaptation on for orchestrators that do not say.
 ADAPT_ENV = "PATHWEAVE_ADAPT"
 
 
 def adapt_default() -> bool:
-    """Live adaptation unless ``PATHWEAVE_ADAPT`` is ``0``/``false``/``no``/``off``."""
+    """Live adaptation only where ``PATHWEAVE_ADAPT`` is ``1``/``true``/``yes``/``on``.
+
+    Off by default: on one machine's loopback (tests, CPU runs) receive
+    times measure the CPU scheduler, not links, and learning them would
+    change plans call after call; NCCL calls are not timed yet.
+    """
     import os
 
-    return os.environ.get(ADAPT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(ADAPT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class Adaptation:
