@@ -1,14 +1,16 @@
-"""A co-tenant in the emulator: real competing TCP traffic over one emulated link.
+"""A co-tenant in the emulator: real competing traffic over one emulated link.
 
 ``--background rail0:0.6`` picks the rank pair whose kernel route is the
 shortest one over ``rail0`` (ranks 0 and 4 on ``h100-2x4``) and, inside
-those ranks' namespaces, runs a paced TCP sender to the other rank's
-identity address in each direction at 60 % of the link's emulated payload
+those ranks' namespaces, runs a paced UDP sender to the other rank's
+identity address in each direction taking 60 % of the link's emulated wire
 rate. The processes are the emulator's own (recorded, killed by its
 cleanup), talk only to emulator addresses, and stop by themselves after
 ``duration_s``.
 
-A paced sender does not back off for pathweave's traffic: it is the
+UDP, because a paced sender must not back off for pathweave's traffic (a
+TCP co-tenant measured here yielded most of its rate to gloo's many
+connections once the link was full): it is the
 simulator's :class:`~pathweave.sim.dynamic.BackgroundEvent` (a fixed rate
 taken off the links it crosses), so predictions and bounds use
 :func:`residual_fabric`, the fabric with that rate taken off every link of
@@ -28,13 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from pathweave.emulate.topology import framing_factor
 from pathweave.errors import InputError
 from pathweave.fabric import Fabric
 
 __all__ = ["Background", "CoTenant", "parse_background", "residual_fabric"]
 
 _PORT = 29701
-_BLOCK = 64 * 1024
+#: Datagram size: IP fragments of it fill full frames; few sends per second.
+_BLOCK = 16 * 1024
 #: Least capacity a link keeps in the residual fabric (as the simulator's background).
 _FLOOR = 0.01
 
@@ -167,7 +171,10 @@ class Background:
         scale = float(self.emu.scale)
         try:
             for k, t in enumerate(self.tenants):
-                rate = t.rate_Bps * scale
+                # The same share of the wire as TCP payload at rate_Bps would take:
+                # datagram fragments carry mtu - 20 bytes, TCP segments mtu - 52.
+                mtu = int(lay.mtu)
+                rate = t.rate_Bps * scale * framing_factor(mtu) * (mtu - 20) / (mtu + 14)
                 for src, dst in ((t.a, t.b), (t.b, t.a)):
                     port = str(_PORT + 2 * k + (src > dst))
                     addr = lay.rank_address[dst]
@@ -204,43 +211,28 @@ class Background:
 def _recv(addr: str, port: int, duration_s: float) -> None:
     import socket
 
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((addr, port))
-    srv.listen(1)
-    srv.settimeout(duration_s)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((addr, port))
+    sock.settimeout(1.0)
     print("listening", flush=True)
     end = time.monotonic() + duration_s
-    try:
-        conn, _ = srv.accept()
-    except OSError:
-        return
-    conn.settimeout(1.0)
     while time.monotonic() < end:
         try:
-            if not conn.recv(1 << 20):
-                break
+            sock.recv(1 << 16)
         except TimeoutError:
             continue
         except OSError:
             break
-    conn.close()
-    srv.close()
+    sock.close()
 
 
 def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
+    """Datagrams at ``rate_Bps`` of payload, whatever else the link carries (no back-off)."""
     import socket
 
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     end = time.monotonic() + duration_s
-    for _ in range(100):
-        try:
-            conn = socket.create_connection((addr, port), timeout=5)
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        return
-    conn.settimeout(1.0)
     block = bytes(_BLOCK)
     t0, sent = time.monotonic(), 0
     while (now := time.monotonic()) < end:
@@ -248,16 +240,12 @@ def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
         if due > now:
             time.sleep(min(due - now, end - now))
             continue
-        if now - due > 0.2:  # fell behind (the link was full): do not burst to catch up
-            t0, sent = now, 0
         try:
-            conn.sendall(block)
-        except TimeoutError:
-            continue
-        except OSError:
-            break
+            sock.sendto(block, (addr, port))
+        except OSError:  # a full queue drops, as on a wire
+            time.sleep(0.001)
         sent += _BLOCK
-    conn.close()
+    sock.close()
 
 
 def _main(argv: Sequence[str]) -> None:

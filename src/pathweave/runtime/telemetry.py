@@ -98,8 +98,12 @@ def link_ratios(
     *,
     slow: float = 2.0 / 3.0,
     reference_quantile: float = 0.0,
-) -> np.ndarray:
-    """Effective-capacity ratio per link implied by stream completion times (NaN: not seen).
+) -> tuple[np.ndarray, np.ndarray]:
+    """Effective-capacity ratios per link implied by stream completion times.
+
+    Returns ``(ratio, floor)``: ``ratio`` where a link explains slowed
+    streams, ``floor`` (a lower bound) where a link is crossed only by
+    unslowed ones; NaN where nothing is known.
 
     ``streams`` maps a stream key to the links it crosses, ``times_s`` the
     key to when its last byte arrived, ``link_bytes`` is what each link
@@ -110,29 +114,32 @@ def link_ratios(
     slowed beyond ``1 / slow`` is explained by one link: the link that the
     most slowed streams cross (ties: the busiest), which gets the ratio that
     makes its time match the slowest of them; its streams are then removed
-    and the next link is sought. Links only crossed by unslowed streams are
-    at full speed (ratio 1).
+    and the next link is sought. A link crossed by an unslowed stream carried
+    its bytes within that stream's time: a lower bound of its ratio (it may
+    have had slack), ``min(1, busy / time)``.
 
     Examples
     --------
     Three links of 10 B/s, each carrying 10 B (1 s busy). Stream 0 crosses
     link 0 and ends at 1 s; streams 1 and 2 cross links 0 and 2, and 1 and 2,
     and end at 4 s: link 2, common to both slow streams, is at a quarter
-    and explains them; link 0 is at full speed; link 1 is not seen (its one
-    stream is explained).
+    and explains them; link 0 is at least at full speed; nothing is known of
+    link 1 (its one stream is explained).
 
     >>> streams = {0: np.array([0]), 1: np.array([0, 2]), 2: np.array([1, 2])}
-    >>> r = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0), np.full(3, 10.0))
-    >>> r.tolist()
-    [1.0, nan, 0.25]
+    >>> r, lo = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0),
+    ...                     np.full(3, 10.0))
+    >>> r.tolist(), lo.tolist()
+    ([nan, nan, 0.25], [1.0, nan, nan])
     """
     nom = np.asarray(nominal_Bps, dtype=np.float64)
     busy_s = np.asarray(link_bytes, dtype=np.float64) / nom
     out = np.full(nom.size, np.nan)
+    floor = np.full(nom.size, np.nan)
     keys = [k for k in streams if np.isfinite(times_s.get(k, np.nan)) and times_s[k] > 0
             and busy_s[streams[k]].max(initial=0) > 0]
     if not keys:
-        return out
+        return out, floor
     expect = np.array([busy_s[streams[k]].max() for k in keys])
     took = np.array([times_s[k] for k in keys])
     scale = float(np.quantile(took / expect, reference_quantile))
@@ -151,10 +158,13 @@ def link_ratios(
         out[link] = min(1.0, busy_s[link] / latest[link])
         left &= np.array([link not in streams[k] for k in keys])
     for i in np.flatnonzero(left):
+        # An unslowed stream bounds its links from below only: a link it
+        # crosses carried its bytes within the stream's time (at least).
         ls = streams[keys[i]]
         ls = ls[np.isnan(out[ls])]
-        out[ls] = 1.0
-    return out
+        lb = np.minimum(1.0, busy_s[ls] / took[i])
+        floor[ls] = np.fmax(floor[ls], lb)
+    return out, floor
 
 
 class LinkEstimator:
@@ -191,10 +201,17 @@ class LinkEstimator:
         self._hist: list[deque[float]] = [deque(maxlen=int(window)) for _ in range(num_links)]
         self._age = np.zeros(num_links, dtype=np.int64)
 
-    def update(self, ratios: np.ndarray) -> None:
-        """Add one call's ratios (NaN: link not observed this call)."""
+    def update(self, ratios: np.ndarray, floors: np.ndarray | None = None) -> None:
+        """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
+
+        A lower bound above a link's estimate (the link proved faster) is
+        taken as an observation; one below it says nothing.
+        """
         r = np.asarray(ratios, dtype=np.float64)
+        lo = np.full(r.size, np.nan) if floors is None else np.asarray(floors, dtype=np.float64)
         for i, h in enumerate(self._hist):
+            if not np.isfinite(r[i]) and np.isfinite(lo[i]) and h and lo[i] > np.median(h):
+                r[i] = lo[i]
             if np.isfinite(r[i]):
                 h.append(float(np.clip(r[i], 0.0, 1.0)))
                 self._age[i] = 0
@@ -246,7 +263,7 @@ class SwitchPolicy:
 def ratios_from_times(
     paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
     words: Sequence[np.ndarray], num_ranks: int,
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
     n = int(num_ranks)
     streams = stream_links(paths, flow_path, n)
@@ -317,8 +334,8 @@ class Adaptation:
         if last is None or not (np.asarray(words) > 0).any():
             return
         fpath, link_bytes = last
-        self.est.update(ratios_from_times(self.paths, fpath, link_bytes,
-                                          self.nominal.capacity_Bps, list(words), self.n))
+        self.est.update(*ratios_from_times(self.paths, fpath, link_bytes,
+                                           self.nominal.capacity_Bps, list(words), self.n))
 
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
