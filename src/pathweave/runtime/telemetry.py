@@ -23,7 +23,6 @@ so every rank reaches the same estimates and the same plans:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,30 +139,31 @@ def link_ratios(
             and busy_s[streams[k]].max(initial=0) > 0]
     if not keys:
         return out, floor
-    expect = np.array([busy_s[streams[k]].max() for k in keys])
+    # crosses[i, l]: stream i crosses link l
+    crosses = np.zeros((len(keys), nom.size), dtype=bool)
+    for i, k in enumerate(keys):
+        crosses[i, streams[k]] = True
+    expect = np.where(crosses, busy_s, 0.0).max(axis=1)
     took = np.array([times_s[k] for k in keys])
     scale = float(np.quantile(took / expect, reference_quantile))
     took = took / scale                           # in nominal-fabric seconds
     slowed = took * slow > expect
     left = np.ones(len(keys), dtype=bool)
     while (slowed & left).any():
-        count = np.zeros(nom.size)
-        latest = np.zeros(nom.size)
-        for i in np.flatnonzero(slowed & left):
-            ls = streams[keys[i]]
-            count[ls] += 1
-            latest[ls] = np.maximum(latest[ls], took[i])
+        m = crosses[slowed & left]
+        count = m.sum(axis=0)
+        latest = np.where(m, took[slowed & left][:, None], 0.0).max(axis=0)
         best = np.flatnonzero(count == count.max())
         link = int(best[np.argmax(busy_s[best])])
         out[link] = min(1.0, busy_s[link] / latest[link])
-        left &= np.array([link not in streams[k] for k in keys])
-    for i in np.flatnonzero(left):
-        # An unslowed stream bounds its links from below only: a link it
-        # crosses carried its bytes within the stream's time (at least).
-        ls = streams[keys[i]]
-        ls = ls[np.isnan(out[ls])]
-        lb = np.minimum(1.0, busy_s[ls] / took[i])
-        floor[ls] = np.fmax(floor[ls], lb)
+        left &= ~crosses[:, link]
+    # An unslowed stream bounds its links from below only: a link it crosses
+    # carried its bytes within the stream's time (at least).
+    m = crosses[left]
+    if m.size:
+        lb = np.where(m, np.minimum(1.0, busy_s[None, :] / took[left][:, None]), np.nan)
+        seen = m.any(axis=0) & np.isnan(out)
+        floor[seen] = np.nanmax(lb[:, seen], axis=0)
     return out, floor
 
 
@@ -198,8 +198,17 @@ class LinkEstimator:
                              f"{ttl}")
         self.levels = int(levels)
         self.ttl = int(ttl)
-        self._hist: list[deque[float]] = [deque(maxlen=int(window)) for _ in range(num_links)]
+        self._hist = np.full((int(window), num_links), np.nan)  # a ring per link
+        self._next = np.zeros(num_links, dtype=np.int64)
         self._age = np.zeros(num_links, dtype=np.int64)
+
+    def _median(self) -> np.ndarray:
+        """Median of each link's window (NaN for an empty one)."""
+        empty = np.isnan(self._hist).all(axis=0)
+        out = np.full(self._hist.shape[1], np.nan)
+        if (~empty).any():
+            out[~empty] = np.nanmedian(self._hist[:, ~empty], axis=0)
+        return out
 
     def update(self, ratios: np.ndarray, floors: np.ndarray | None = None) -> None:
         """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
@@ -207,25 +216,27 @@ class LinkEstimator:
         A lower bound above a link's estimate (the link proved faster) is
         taken as an observation; one below it says nothing.
         """
-        r = np.asarray(ratios, dtype=np.float64)
-        lo = np.full(r.size, np.nan) if floors is None else np.asarray(floors, dtype=np.float64)
-        for i, h in enumerate(self._hist):
-            if not np.isfinite(r[i]) and np.isfinite(lo[i]) and h and lo[i] > np.median(h):
-                r[i] = lo[i]
-            if np.isfinite(r[i]):
-                h.append(float(np.clip(r[i], 0.0, 1.0)))
-                self._age[i] = 0
-            else:
-                self._age[i] += 1
-                if self._age[i] > self.ttl:
-                    h.clear()
+        r = np.array(ratios, dtype=np.float64)
+        if floors is not None:
+            lo = np.asarray(floors, dtype=np.float64)
+            med = self._median()
+            up = np.isnan(r) & np.isfinite(lo) & np.isfinite(med) & (lo > med)
+            r[up] = lo[up]
+        seen = np.flatnonzero(np.isfinite(r))
+        self._hist[self._next[seen] % self._hist.shape[0], seen] = np.clip(r[seen], 0.0, 1.0)
+        self._next[seen] += 1
+        self._age[seen] = 0
+        unseen = np.isnan(r)
+        self._age[unseen] += 1
+        stale = unseen & (self._age > self.ttl)
+        self._hist[:, stale] = np.nan
 
     def ratio_q(self) -> np.ndarray:
         """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal)."""
-        q = np.full(len(self._hist), self.levels, dtype=np.int64)
-        for i, h in enumerate(self._hist):
-            if h:
-                q[i] = int(np.clip(np.round(np.median(h) * self.levels), 1, self.levels))
+        med = self._median()
+        q = np.full(med.size, self.levels, dtype=np.int64)
+        ok = np.isfinite(med)
+        q[ok] = np.clip(np.round(med[ok] * self.levels), 1, self.levels).astype(np.int64)
         return q
 
     def capacity_Bps(self, nominal_Bps: np.ndarray) -> np.ndarray:
@@ -262,11 +273,12 @@ class SwitchPolicy:
 
 def ratios_from_times(
     paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
-    words: Sequence[np.ndarray], num_ranks: int,
+    words: Sequence[np.ndarray], num_ranks: int, streams: dict[int, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
     n = int(num_ranks)
-    streams = stream_links(paths, flow_path, n)
+    if streams is None:
+        streams = stream_links(paths, flow_path, n)
     times: dict[int, float] = {}
     for d, w in enumerate(words):
         t = decode_times(np.asarray(w)[: n * n]).reshape(n, n)
@@ -313,6 +325,7 @@ class Adaptation:
         self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
         self._mine = np.zeros(self.n * self.n, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self._streams: tuple[bytes | None, dict[int, np.ndarray]] = (None, {})
 
     @property
     def cap_key(self) -> bytes:
@@ -334,8 +347,12 @@ class Adaptation:
         if last is None or not (np.asarray(words) > 0).any():
             return
         fpath, link_bytes = last
+        key = fpath.tobytes()
+        if self._streams[0] != key:  # a plan's streams serve every call of it
+            self._streams = (key, stream_links(self.paths, fpath, self.n))
         self.est.update(*ratios_from_times(self.paths, fpath, link_bytes,
-                                           self.nominal.capacity_Bps, list(words), self.n))
+                                           self.nominal.capacity_Bps, list(words), self.n,
+                                           self._streams[1]))
 
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
