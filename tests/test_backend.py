@@ -16,7 +16,7 @@ import torch.distributed as dist
 import pathweave.distributed as pwd
 from pathweave.errors import FabricError, RankError
 from pathweave.fabric.paths import ROLES
-from pathweave.plan import policies
+from pathweave.plan import DEFAULT_POLICY, policies
 from pathweave.runtime import backend as B
 from pathweave.runtime.launch import run_local
 
@@ -282,7 +282,7 @@ def test_config_accepts_every_policy_and_multipath_value():
         assert B.config_from_env({B.POLICY_ENV: name}).policy == name
     for raw, enabled in {"auto": "auto", "ON": True, " off ": False, "": "auto"}.items():
         assert B.config_from_env({B.MULTIPATH_ENV: raw}).enabled == enabled
-    assert B.config_from_env({}) == B.BackendConfig(None, "mwu", "auto")
+    assert B.config_from_env({}) == B.BackendConfig(None, DEFAULT_POLICY, "auto")
 
 
 @pytest.mark.parametrize("env, message", [

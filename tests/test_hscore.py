@@ -280,3 +280,72 @@ def test_spine_loses_ties(spine) -> None:
     # Idle: dr scores 1 * 1, a spine 1 * 1 * 1; only a strictly better spine wins.
     plan = pw.plan.make(spine, _pairs(8, {(0, 5): MB}), "hscore")
     assert [r.role for r in plan.routes(0, 5)] == ["dr"]
+
+
+# ------------------------------------------------------------------ slow twins
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster"])
+def test_path_segments_match_reference(fab_name: str) -> None:
+    fab = _fabric(fab_name)
+    paths = pw.fabric.compile_paths(fab)
+    rail_v = fab.vertex_kind == int(pw.fabric.VertexKind.RAIL)
+    into_rail, from_rail = rail_v[fab.link_dst], rail_v[fab.link_src]
+    segs = tuple(np.zeros(paths.num_paths, dtype=np.int32) for _ in range(4))
+    hk.path_segments(paths.links, paths.length, into_rail, from_rail, *segs)
+    ref = hk.segments_reference(paths.links, paths.length, into_rail, from_rail)
+    for got, want in zip(segs, ref, strict=True):
+        assert got.tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hx=st.lists(_score, min_size=4, max_size=4),
+    hsf=st.lists(_score, min_size=4, max_size=4),
+    hdf=st.lists(_score, min_size=4, max_size=4),
+    has_path=st.lists(st.booleans(), min_size=4, max_size=4),
+    g1=st.integers(-1, 3),
+    g2=st.integers(-1, 3),
+    delta=st.sampled_from([-1.0, 0.0, 0.05, 0.3, 2.0]),
+)
+def test_decide_matches_reference(hx, hsf, hdf, has_path, g1, g2, delta) -> None:
+    rail_pid = np.where(has_path, np.arange(4) + 10, -1).astype(np.int64)
+    chosen = np.empty(4, dtype=np.int64)
+    hx, hsf, hdf = np.array(hx), np.array(hsf), np.array(hdf)
+    n, code, gamma1, gamma2 = hk.decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen)
+    rails, ref_code, ref1, ref2 = hk.decide_reference(hx, hsf, hdf, rail_pid, g1, g2, delta)
+    assert (chosen[:n].tolist(), code) == (rails, ref_code)
+    np.testing.assert_array_equal([gamma1, gamma2], [ref1, ref2])
+
+
+def _random_demand(n: int, seed: int) -> np.ndarray:
+    # Sizes over three decades so earlier pairs leave uneven loads behind.
+    rng = np.random.default_rng(seed)
+    d = rng.integers(1, 1 << 24, size=(n, n)) * (rng.random((n, n)) < 0.5)
+    np.fill_diagonal(d, 0)
+    return d.astype(np.int64)
+
+
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster"])
+@pytest.mark.parametrize("opts", [{}, {"spray_delta": 0.05}, {"spray_delta": 0.5, "order": "pair"}])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, seed: int) -> None:
+    """The planner's kernel call, replayed on the slow twin with copies of its outputs."""
+    kernel = hk.route_kernel
+    compared = []
+
+    def both(*args):
+        *inputs, load, out_pid, out_bytes, counts = args
+        ref_out = [load.copy(), out_pid.copy(), out_bytes.copy(), counts.copy()]
+        ref_n = hk.route_reference(*inputs, *ref_out)
+        n = kernel(*args)
+        assert n == ref_n
+        np.testing.assert_array_equal(out_pid[:n], ref_out[1][:n])
+        np.testing.assert_array_equal(out_bytes[:n], ref_out[2][:n])
+        np.testing.assert_array_equal(counts, ref_out[3])
+        np.testing.assert_array_equal(load, ref_out[0])
+        compared.append(n)
+        return n
+
+    monkeypatch.setattr(hk, "route_kernel", both)
+    fab = _fabric(fab_name)
+    pw.plan.make(fab, _random_demand(fab.num_ranks, seed), "hscore", **opts).validate()
+    assert compared and compared[0] > 0

@@ -195,6 +195,13 @@ _READS = ("cpu", "numpy", "tolist", "item", "__array__", "__int__", "__float__",
           "__bool__")
 
 
+def step(moe: Any, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, layout: str) -> None:
+    """One training step's MoE calls: dispatch, a stand-in expert, combine, backward."""
+    expert_x, _, handle = moe.dispatch(x, idx)
+    y = expert_x * 2 if layout != "compact" else expert_x[handle.expert_rows] * 2
+    moe.combine(y, handle, w).sum().backward()
+
+
 def _host_job(rank: int, world: int, layout: str) -> list[tuple[str, int]]:
     """Every tensor read back to Python/numpy during a training step's MoE calls: (how, numel)."""
     from pathweave.moe import MoEAllToAll
@@ -207,6 +214,9 @@ def _host_job(rank: int, world: int, layout: str) -> list[tuple[str, int]]:
     idx[0, 1] = -1
     w = torch.rand(m, k, generator=g, requires_grad=True)
     seen: list[tuple[str, int]] = []
+    # One step first: the data plane checks a new configuration once (one metadata
+    # exchange with the settings' fingerprint); the steady state is what is watched.
+    step(moe, x, idx, w, layout)
     saved = {name: getattr(torch.Tensor, name) for name in _READS}
 
     def spy(name: str) -> Any:
@@ -220,9 +230,7 @@ def _host_job(rank: int, world: int, layout: str) -> list[tuple[str, int]]:
     for name in _READS:
         setattr(torch.Tensor, name, spy(name))
     try:
-        expert_x, _, handle = moe.dispatch(x, idx)
-        y = expert_x * 2 if layout != "compact" else expert_x[handle.expert_rows] * 2
-        moe.combine(y, handle, w).sum().backward()
+        step(moe, x, idx, w, layout)
     finally:
         for name, fn in saved.items():
             setattr(torch.Tensor, name, fn)

@@ -614,7 +614,7 @@ def test_auto_uses_multipath_only_for_a_predicted_gain():
 
 
 def test_plan_cache_and_hysteresis():
-    orch = pw.Orchestrator(fabric=FAB8, enabled=True, hysteresis=0.2)
+    orch = pw.Orchestrator(fabric=FAB8, policy="mwu", enabled=True, hysteresis=0.2)
     st_ = _group_state(FAB8)
     hot = pw.traffic.hotspot(8, bytes_per_rank=64 << 20, ratio=0.8).astype(np.int64)
     d1, c1 = orch._decide(st_, hot)
@@ -696,7 +696,7 @@ def _decode_two(args0, args1):
 
 
 def test_validation_rows_accept_any_int_sequence_and_name_bad_ones():
-    torch = pytest.importorskip("torch")
+    import torch  # a hard dependency: a broken install fails here, not skips
     x = torch.zeros(4, 3)
     ok = (x, x, [2, 2], [2, 2])
     for splits in ([2, 2], (2, 2), np.array([2, 2]), torch.tensor([2, 2]), [2.0, 2.0]):

@@ -253,7 +253,7 @@ WORKLOADS = (
 
 
 @pytest.mark.parametrize("fabric_spec", ["h100-2x4", "dgx-h100:nodes=2"])
-@pytest.mark.parametrize("policy", ["static", "multirail", "mwu", "optimal", "hscore"])
+@pytest.mark.parametrize("policy", pw.plan.policies())
 def test_makespan_never_below_congestion(fabric_spec, policy):
     fab = pw.fabric.preset(fabric_spec)
     for spec in WORKLOADS:
@@ -347,7 +347,19 @@ def test_fig6_fit_within_five_percent():
 def test_fig6_run_writes_files(tmp_path):
     res = fig6.run(tmp_path, quick=True)
     assert res.csv_path.exists() and res.png_path.stat().st_size > 0
-    assert len(res.rows) == len(fig6.CONFIGS) * len(fig6.QUICK_SIZES)
+    bw_rows = [r for r in res.rows if not r["config"].startswith("send/recv")]
+    assert len(bw_rows) == len(fig6.CONFIGS) * len(fig6.QUICK_SIZES)
+
+
+def test_fig6_sendrecv_never_slower_than_static_and_matches_its_makespans():
+    rows = fig6.sendrecv((1 << 20, 256 << 20))
+    by = {(r["config"], r["scope"], r["size_bytes"]): r for r in rows}
+    for (_config, scope, size), r in by.items():
+        base = by["send/recv static", scope, size]
+        assert r["speedup"] == pytest.approx(base["makespan_s"] / r["makespan_s"])
+        assert r["speedup"] >= 1.0 - 1e-9
+    # 1 MiB stays whole on its static path (the size threshold): exactly static.
+    assert by[f"send/recv {pw.plan.DEFAULT_POLICY}", "intra", 1 << 20]["speedup"] == 1.0
 
 
 def test_p2p_plan_rejects_too_many_paths(h100):

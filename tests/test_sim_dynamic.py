@@ -349,10 +349,12 @@ def test_bad_arguments_name_the_bad_value():
         run_dynamic(fab, tr, "nope")
     with pytest.raises(PlanError, match=r"unknown option 'probes'; valid options: none"):
         run_dynamic(fab, tr, "ecmp", probes=3)
-    with pytest.raises(PlanError, match=r"switch_ratio=1.5"):
+    with pytest.raises(PlanError, match=r"option switch_ratio must be in \(0.0, 1.0\], got 1.5"):
         run_dynamic(fab, tr, "hopper", switch_ratio=1.5)
     with pytest.raises(ValueError, match=r"epoch_s must be positive.*-1"):
         run_dynamic(fab, tr, epoch_s=-1)
+    with pytest.raises(TypeError, match=r"epoch_s must be a real number, got str '1e-6'"):
+        run_dynamic(fab, tr, epoch_s="1e-6")
     with pytest.raises(ValueError, match="trace is for 4 ranks"):
         run_dynamic(fab, one_flow(10, n=4))
     with pytest.raises(TypeError, match="trace must be a FlowTrace"):

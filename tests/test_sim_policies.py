@@ -15,7 +15,7 @@ import pytest
 from pathweave.errors import PlanError
 from pathweave.fabric import candidate_paths, preset
 from pathweave.fabric.builders import leaf_spine
-from pathweave.sim import run_dynamic
+from pathweave.sim import LinkEvent, run_dynamic
 from pathweave.sim.policies import (
     Observation,
     PathChoice,
@@ -77,11 +77,13 @@ def test_registry_and_option_errors():
     assert isinstance(make_policy("hopper", ctx), policy_class("hopper"))
     with pytest.raises(PlanError, match="unknown dynamic policy 'rps'"):
         policy_class("rps")
-    with pytest.raises(PlanError, match="hopper option probes=0"):
+    with pytest.raises(PlanError, match=r"hopper option probes must be in \[1, 64\], got 0"):
         make_policy("hopper", ctx, probes=0)
+    with pytest.raises(TypeError, match="hopper option probes must be a real number, got str '2'"):
+        make_policy("hopper", ctx, probes="2")
     with pytest.raises(PlanError, match=r"'flowbender' got unknown option 'gain'.*patience_epochs"):
         make_policy("flowbender", ctx, gain=1)
-    with pytest.raises(PlanError, match="nimble-online option min_gain=2"):
+    with pytest.raises(PlanError, match=r"option min_gain must be in \[0.0, 1.0\], got 2"):
         make_policy("nimble-online", ctx, min_gain=2)
     with pytest.raises(TypeError, match="policy must be a name"):
         make_policy(3, ctx)
@@ -362,3 +364,20 @@ def test_hopper_figure_ranks_the_policies_on_a_small_fabric(tmp_path):
     png = fig.plot(rows, tmp_path / "hopper.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert write_csv(tmp_path / "hopper.csv", rows).read_text().startswith("load,policy,")
+
+
+# ------------------------------------------------------------------ stranded flows
+@pytest.mark.parametrize("name", policy_names())
+def test_a_flow_stranded_on_its_only_dead_path_waits_for_the_restore(name):
+    # One spine: failing its cables strands the flow on a dead path with no
+    # alternative. No policy may try to move it (flowbender used to draw a
+    # random index from an empty candidate list); it resumes on the restore.
+    fab = leaf_spine(2, 1, 1)
+    tr = FlowTrace.from_flows([(0.0, 0, 1, 2_000_000)], num_ranks=2)
+    events = [LinkEvent.cable(20e-6, "leaf0", "spine0"),
+              LinkEvent.cable(300e-6, "leaf0", "spine0", 1.0)]
+    options = {"patience_epochs": 1, "threshold": 1.0} if name == "flowbender" else {}
+    r = run_dynamic(fab, tr, name, events=events, **options)
+    assert r.finished == 1 and r.info["stalled_flows"] == 1
+    assert r.finish_s[0] > 300e-6
+    assert r.sent_bytes[0] == pytest.approx(2_000_000 + r.resent_bytes[0])

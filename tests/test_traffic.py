@@ -396,8 +396,6 @@ def test_generators_common_invariants(n: int, payload: int, seed: int) -> None:
 
 BAD_CALLS = [
     (lambda: uniform(1, 10), "num_ranks", "1"),
-    (lambda: uniform(True, 10), "num_ranks", "True"),
-    (lambda: uniform(4.0, 10), "num_ranks", "4.0"),
     (lambda: uniform(4, -1), "bytes_per_rank", "-1"),
     (lambda: uniform(4, float("nan")), "bytes_per_rank", "nan"),
     (lambda: hotspot(4, 10, ratio=1.5), "ratio", "1.5"),
@@ -438,6 +436,25 @@ def test_bad_arguments_name_parameter_and_value(call, param: str, value: str) ->
     message = str(info.value)
     assert param in message
     assert value in message
+
+
+BAD_TYPES = [
+    (lambda: uniform(True, 10), "num_ranks", "True"),
+    (lambda: uniform(4.0, 10), "num_ranks", "4.0"),
+    (lambda: uniform(4, "10"), "bytes_per_rank", "'10'"),
+    (lambda: zipf(4, 10, seed=1.5), "seed", "1.5"),
+    (lambda: hotspot(4, 10, ratio=0.5, hot="0"), "hot", "'0'"),
+    (lambda: stencil(4, 10, periodic="yes"), "periodic", "'yes'"),
+]
+
+
+@pytest.mark.parametrize(("call", "param", "value"), BAD_TYPES)
+def test_wrong_types_raise_type_error_naming_parameter_and_value(call, param, value) -> None:
+    # A wrong type is a programming error (TypeError), not a bad workload value.
+    with pytest.raises(TypeError) as info:
+        call()
+    assert not isinstance(info.value, WorkloadError)
+    assert param in str(info.value) and value in str(info.value)
 
 
 def test_workload_error_is_a_value_error() -> None:
@@ -578,7 +595,7 @@ def test_spec_gpus_per_node_must_divide() -> None:
 
 
 def test_spec_not_a_string() -> None:
-    with pytest.raises(WorkloadError, match="42"):
+    with pytest.raises(TypeError, match="workload spec must be a string, got int 42"):
         WorkloadSpec.parse(42)  # type: ignore[arg-type]
 
 

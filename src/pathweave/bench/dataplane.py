@@ -92,7 +92,7 @@ import numpy as np
 
 from pathweave import fabric as pwfabric
 from pathweave import traffic
-from pathweave.bench.planner import Check
+from pathweave.bench._report import Check
 from pathweave.errors import FabricError
 
 WORLD_SIZE = 8

@@ -3,8 +3,13 @@
 One emulator and one launch of the ranks run ``hotspot:R`` for every ratio
 ``R`` (0 to 0.9 by default) under each policy; :func:`write_outputs` writes
 the records as CSV and a plot of measured against predicted makespans (and
-the congestion bounds) over the ratio. Needs root (see
-:mod:`pathweave.emulate`).
+the congestion bounds) over the ratio, and :func:`checks` the default
+policy's target: measured makespan at most :data:`EMULATED_TARGET` (1.03x)
+of the best baseline's at every point, every byte verified
+(``emulate_checks.txt``). ``run(..., workloads=EXTRA_WORKLOADS)`` adds
+``many_to_few:2`` and ``stencil:dims=2`` to the same launch (their records
+have ``ratio`` None; the CLI table has no workload column yet, so the CLI
+sweeps the hotspot ratios only). Needs root (see :mod:`pathweave.emulate`).
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ from typing import Any
 from pathweave._files import atomic_write
 
 __all__ = [
-    "BACKGROUND_LOADS", "DEFAULT_RATIOS", "QUICK_RATIOS", "background_checks",
-    "background_policies", "run", "run_background", "write_background", "write_outputs",
+    "BACKGROUND_LOADS", "DEFAULT_RATIOS", "EXTRA_WORKLOADS", "QUICK_RATIOS", "background_checks",
+    "background_policies", "checks", "run", "run_background", "write_background",
+    "write_outputs",
 ]
 
 DEFAULT_RATIOS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 QUICK_RATIOS = (0.0, 0.5, 0.9)
+#: Workloads run beside the hotspot sweep (their records have ``ratio`` None).
+EXTRA_WORKLOADS = ("many_to_few:2", "stencil:dims=2")
+#: The default policy's measured makespan over the best baseline's, at most.
+EMULATED_TARGET = 1.03
 CSV_FIELDS = (
     "fabric", "scale", "workload", "ratio", "bytes_per_rank", "policy", "measured_s",
     "predicted_s", "bound_s", "measured_vs_predicted", "measured_vs_bound",
@@ -41,6 +51,7 @@ def run(
     repeat: int = 3,
     prefix: str = "pw",
     progress: Callable[[str], None] | None = None,
+    workloads: Sequence[str] = (),
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Run the sweep; one record per (ratio, policy) (see ``EmulationResult.records``).
@@ -54,21 +65,60 @@ def run(
     for r in rs:
         if not 0.0 <= r <= 1.0:
             raise ValueError(f"hotspot ratios must lie in [0, 1], got {r}")
-    specs = [f"hotspot:{r:g}" for r in rs]
+    specs = [f"hotspot:{r:g}" for r in rs] + list(workloads)
     results = run_workloads(
         fabric, specs, scale=scale, bytes_per_rank=bytes_per_rank, policies=policies,
         repeat=repeat, prefix=prefix, progress=progress, **options,
     )
     records = []
-    for r, res in zip(rs, results, strict=True):
+    keys = [*rs, *([None] * len(workloads))]
+    for r, res in zip(keys, results, strict=True):
         for rec in res.records():
             rec["ratio"] = r
             records.append(rec)
     return records
 
 
+def checks(records: Sequence[dict[str, Any]]) -> list[str]:
+    """PASS/MISS lines: the default policy against the best baseline, per workload, measured.
+
+    Needs the default policy and at least one baseline among the records'
+    policies; says so otherwise.
+    """
+    from pathweave.plan import DEFAULT_POLICY, baselines
+
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        cells.setdefault(str(r["workload"]), {})[r["policy"]] = r
+    ratios, worst_at, unverified = [], "", 0
+    for wl, row in cells.items():
+        base = [row[b]["measured_s"] for b in baselines() if b in row]
+        if DEFAULT_POLICY not in row or not base:
+            continue
+        v = row[DEFAULT_POLICY]["measured_s"] / min(base)
+        if not ratios or v > max(ratios):
+            worst_at = wl
+        ratios.append(v)
+        unverified += sum(not r.get("verified") for r in row.values())
+    if not ratios:
+        return [f"  - {DEFAULT_POLICY} vs best baseline: run {DEFAULT_POLICY} and a baseline"]
+    worst = max(ratios)
+    ok = worst <= EMULATED_TARGET and unverified == 0
+    med = sorted(ratios)[len(ratios) // 2]
+    return [
+        f"{'PASS' if ok else 'MISS'} {DEFAULT_POLICY}/best baseline measured makespan worst "
+        f"{worst:.3f} at {worst_at}, median {med:.3f} over {len(ratios)} workloads "
+        f"(target <= {EMULATED_TARGET:.2f}, bytes verified: "
+        f"{'all' if unverified == 0 else f'{unverified} not'})"
+    ]
+
+
 def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``emulate.csv`` and ``emulate.png`` (measured vs predicted over the hotspot ratio)."""
+    """``emulate.csv`` and ``emulate.png`` (measured vs predicted over the hotspot ratio).
+
+    Also writes ``emulate_checks.txt``, the :func:`checks` lines, which the
+    figure shows at its foot. Returns the CSV and PNG paths.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,8 +137,9 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     pols = list(dict.fromkeys(r["policy"] for r in records))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    swept = [r for r in records if r["ratio"] is not None]
     for i, p in enumerate(pols):
-        rows = sorted((r for r in records if r["policy"] == p), key=lambda r: r["ratio"])
+        rows = sorted((r for r in swept if r["policy"] == p), key=lambda r: r["ratio"])
         x = [r["ratio"] for r in rows]
         c = colors[i % len(colors)]
         ax.plot(x, [r["measured_s"] for r in rows], "o-", color=c, label=f"{p} measured")
@@ -112,12 +163,17 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     ax2.axhline(1.0, color="grey", lw=0.8)
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
+    lines = checks(records)
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
     png_path = out_dir / "emulate.png"
     atomic_write(png_path, png.getvalue())
+    # The target lines go beside the CSV (and under the plot): the CLI lists
+    # only the CSV and the PNG.
+    atomic_write(out_dir / "emulate_checks.txt", ("\n".join(lines) + "\n").encode())
     return [csv_path, png_path]
 
 

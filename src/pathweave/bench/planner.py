@@ -35,11 +35,21 @@ Repeats
 Quick mode
     Skips the 1024-GPU fabric and the LP at 256 GPUs; under a minute.
 
+Time
+    Every plan's predicted time (:func:`pathweave.plan.predict_time`), its
+    simulated makespan (:func:`pathweave.sim.simulate`, up to 256 GPUs; 64
+    in quick mode) and, where the LP is solved, the case's time yardstick
+    (:func:`pathweave.plan.optimal.time_optimum`), all from the same run.
+
 Targets (:func:`summarize`): ``mwu`` within 2 % of the optimum at the median
 and 5 % at worst; ``mwu`` median planning time at most 50 us, 5 ms, 100 ms and
 2 s at 8, 64, 256 and 1024 ranks; and, as a check of the fabric model
 against the NIMBLE paper, ``static`` at 3.8x and 2.7x the optimum for
-hotspot 0.9 and 0.5 on ``h100-2x4``.
+hotspot 0.9 and 0.5 on ``h100-2x4``. For the default policy
+(:func:`time_checks`): simulated makespan at most the best baseline's on
+every case (ties within 0.1 %) and never above ``static``'s; predicted time
+within 2 % (median) and 5 % (worst) of the time yardstick; planning time
+under the same per-size targets as ``mwu``.
 
 Examples
 --------
@@ -62,8 +72,10 @@ import numpy as np
 
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
-from pathweave import traffic
+from pathweave import sim, traffic
+from pathweave.bench._report import Check
 from pathweave.errors import SolverError
+from pathweave.plan.optimal import time_optimum
 
 BYTES_PER_RANK = 256 << 20
 TIME_LIMIT_S = 120.0
@@ -91,7 +103,24 @@ STATIC_REFERENCE_FABRIC = "h100-2x4"
 #: Keys of every record :func:`run` returns.
 RECORD_KEYS = (
     "fabric", "ranks", "workload", "policy", "congestion_s", "optimal_s", "plan_s_median",
+    "predicted_s", "sim_s", "time_optimum_s", "replan_s",
 )
+#: Replanning a changed MoE step must take at most this share of its predicted time.
+REPLAN_SHARE_TARGET = 0.10
+
+#: Seed of the "next step" of a MoE workload, replanned from the plan of the first.
+REPLAN_SEED = 1
+#: Plans are simulated (``sim_s``) on fabrics up to this many ranks (quick: 64);
+#: a 256-GPU simulation of every policy takes minutes.
+SIM_MAX_RANKS = 256
+SIM_MAX_RANKS_QUICK = 64
+#: Time targets of the default policy (issue 10): simulated makespan at most the
+#: best baseline's on every case and never above ``static``'s; predicted time
+#: within 2 % (median) and 5 % (worst) of the time yardstick.
+TIME_VS_BASELINE_TARGET = 1.0
+#: Simulator event batching (``SimModel.batch_rtol``) and set-up make makespans of
+#: plans with the same link loads differ by up to this much; the PASS line names it.
+SIM_TIE_RTOL = 1e-3
 
 
 def repeats_for(ranks: int) -> int:
@@ -228,11 +257,16 @@ def run(
         (congestion bound of the plan; ``None`` for an unsolved LP),
         ``optimal_s`` (LP optimum of the case or ``None``) and
         ``plan_s_median`` (median planning time; ``None`` where the LP was
-        skipped).
+        skipped), ``predicted_s`` (the time model's
+        :func:`~pathweave.plan.predict_time`), ``sim_s`` (simulated makespan,
+        up to 256 GPUs, 64 in quick mode; else ``None``) and
+        ``time_optimum_s`` (the case's time yardstick,
+        :func:`~pathweave.plan.optimal.time_optimum`, where the LP is solved).
     """
     if repeat is not None and repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     names = _policy_order(pwplan.policies() if policies is None else policies)
+    sim_max = SIM_MAX_RANKS_QUICK if quick else SIM_MAX_RANKS
     for n in names:
         pwplan.policy_info(n)
     todo = cases(quick, lp_max_ranks)
@@ -260,6 +294,7 @@ def run(
         )
         reps = repeat if repeat is not None else repeats_for(fab.num_ranks)
         results: dict[str, tuple[float | None, float | None]] = {}
+        plans: dict[str, pwplan.Plan] = {}
         optimum = None
         for name in _policy_order([*names, "optimal"]):
             if name == "optimal":
@@ -271,9 +306,19 @@ def run(
                     results[name] = (None, None)
                 continue
             step(f"{fab.name} {case.workload}: {name}")
-            results[name] = _time_policy(fab, demand, name, reps)
+            results[name], plans[name] = _time_policy(fab, demand, name, reps)
+        yard = _time_yardstick(fab, demand, time_limit_s) if case.solve_optimal else None
+        replan_s = None
+        if case.workload.startswith("moe") and pwplan.DEFAULT_POLICY in plans:
+            # The next MoE step: the same layer, other tokens (another seed).
+            nxt = traffic.parse_workload(case.workload, fab.num_ranks, seed=REPLAN_SEED)
+            replan_s = _time_replan(plans[pwplan.DEFAULT_POLICY], nxt, reps)
         for name in names:
             congestion, plan_s = results[name]
+            plan = plans.get(name)
+            sim_s = None
+            if plan is not None and fab.num_ranks <= sim_max:
+                sim_s = sim.simulate(fab, plan).makespan_s
             records.append(
                 {
                     "fabric": fab.name,
@@ -283,6 +328,10 @@ def run(
                     "congestion_s": congestion,
                     "optimal_s": optimum,
                     "plan_s_median": plan_s,
+                    "predicted_s": None if plan is None else pwplan.predict_time(plan),
+                    "sim_s": sim_s,
+                    "time_optimum_s": yard,
+                    "replan_s": replan_s if name == pwplan.DEFAULT_POLICY else None,
                 }
             )
     if on_progress is not None:
@@ -301,14 +350,29 @@ def warm_up() -> None:
 
 def _time_policy(
     fab: pwfabric.Fabric, demand: np.ndarray, policy: str, reps: int
-) -> tuple[float, float]:
-    """Congestion and median planning time of ``reps`` calls after one untimed call."""
+) -> tuple[tuple[float, float], pwplan.Plan]:
+    """``((congestion, median planning time), plan)`` of ``reps`` calls after an untimed one."""
     plan = pwplan.make(fab, demand, policy)  # compiles paths, fills caches
     times = []
     for _ in range(reps):
         plan = pwplan.make(fab, demand, policy)
         times.append(plan.plan_s)
-    return plan.congestion_s, statistics.median(times)
+    return (plan.congestion_s, statistics.median(times)), plan
+
+
+def _time_replan(prev: pwplan.Plan, demand: np.ndarray, reps: int) -> tuple[float, float]:
+    """``(median replan time, predicted time of the replanned step)``."""
+    plan = pwplan.replan(prev, demand)
+    times = [pwplan.replan(prev, demand).plan_s for _ in range(reps)]
+    return statistics.median(times), float(plan.info["predicted_s"])
+
+
+def _time_yardstick(fab: pwfabric.Fabric, demand: np.ndarray, time_limit_s: float) -> float | None:
+    """Predicted time of :func:`~pathweave.plan.optimal.time_optimum`; ``None`` if unsolved."""
+    try:
+        return float(time_optimum(fab, demand, time_limit_s=time_limit_s).info["predicted_s"])
+    except SolverError:
+        return None
 
 
 def _solve(
@@ -324,17 +388,6 @@ def _solve(
 
 
 # ------------------------------------------------------------------ summary
-@dataclass(frozen=True)
-class Check:
-    """One target line: what was measured, the target, and whether it was met."""
-
-    name: str
-    value: float | None
-    target: float
-    passed: bool | None  # None: nothing to measure (e.g. the LP was skipped)
-    text: str
-
-
 @dataclass(frozen=True)
 class Summary:
     """Aggregates of a benchmark run (see :func:`summarize`)."""
@@ -363,7 +416,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
     ...     for p, c, t in [("static", 3.79, 1e-5), ("mwu", 1.01, 4e-5), ("optimal", 1.0, 1e-2)]
     ... ]
     >>> s = summarize(recs)
-    >>> [c.passed for c in s.checks]
+    >>> [c.passed for c in s.checks][:8]
     [True, True, True, None, None, None, True, None]
     """
     ratios: dict[str, list[float]] = {}
@@ -424,4 +477,89 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
                 + f" (reference {ref}x)",
             )
         )
+    checks.extend(time_checks(records))
     return Summary(ratios, mwu_time, checks)
+
+
+def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
+    """The default policy's time targets over records of several policies per case.
+
+    Records need ``fabric``, ``workload``, ``policy``, ``sim_s``, ``predicted_s``,
+    ``time_optimum_s`` and, for the planning-time lines, ``ranks`` and
+    ``plan_s_median``. Per case (fabric, workload): the default policy's
+    simulated makespan over the best baseline's and ``static``'s over the
+    default's; its predicted time over the time yardstick; its median planning
+    time per size.
+    """
+    default = pwplan.DEFAULT_POLICY
+    base = pwplan.baselines()
+    cells: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    for r in records:
+        cells.setdefault((r["fabric"], r["workload"]), {})[r["policy"]] = r
+    vs_best, vs_static, vs_yard = [], [], []
+    worst_case = ""
+    for (fab, wl), row in cells.items():
+        d = row.get(default)
+        if d is None:
+            continue
+        sims = [row[b]["sim_s"] for b in base if b in row and row[b].get("sim_s")]
+        if d.get("sim_s") and sims:
+            ratio = d["sim_s"] / min(sims)
+            if not vs_best or ratio > max(vs_best):
+                worst_case = f"{fab} {workload_label(wl)}"
+            vs_best.append(ratio)
+        if d.get("sim_s") and "static" in row and row["static"].get("sim_s"):
+            vs_static.append(row["static"]["sim_s"] / d["sim_s"])
+        if d.get("predicted_s") and d.get("time_optimum_s"):
+            vs_yard.append(d["predicted_s"] / d["time_optimum_s"])
+
+    def line(name: str, vals: list[float], agg: Callable[[list[float]], float], target: float,
+             ok: Callable[[float], bool], text: str) -> Check:
+        if not vals:
+            return Check(name, None, target, None, f"{name}: not measured")
+        v = agg(vals)
+        return Check(name, v, target, ok(v), text.format(v=v, n=len(vals)))
+
+    lim = TIME_VS_BASELINE_TARGET + SIM_TIE_RTOL
+    out = [
+        line(f"{default}/best baseline worst", vs_best, max, TIME_VS_BASELINE_TARGET,
+             lambda v: v <= lim,
+             f"{default}/best baseline simulated makespan worst {{v:.4f}} at {worst_case}, "
+             f"median {statistics.median(vs_best) if vs_best else 0:.4f} over {{n}} cases "
+             f"(target <= {TIME_VS_BASELINE_TARGET:.2f}, ties within {SIM_TIE_RTOL:.1%})"),
+        line("static/default least", vs_static, min, 1.0, lambda v: v >= 1.0 - SIM_TIE_RTOL,
+             f"static/{default} simulated makespan least {{v:.4f}} over {{n}} cases "
+             f"(target >= 1.00: never slower than static)"),
+        line(f"{default}/time yardstick median", vs_yard, statistics.median,
+             RATIO_TARGET_MEDIAN, lambda v: v <= RATIO_TARGET_MEDIAN,
+             f"{default}/time yardstick predicted median {{v:.4f}} over {{n}} cases "
+             f"(target <= {RATIO_TARGET_MEDIAN})"),
+        line(f"{default}/time yardstick worst", vs_yard, max, RATIO_TARGET_WORST,
+             lambda v: v <= RATIO_TARGET_WORST,
+             f"{default}/time yardstick predicted worst  {{v:.4f}} "
+             f"(target <= {RATIO_TARGET_WORST})"),
+    ]
+    for r in records:
+        rp = r.get("replan_s")
+        if r["policy"] == default and rp and int(r["ranks"]) >= 64:
+            share = rp[0] / rp[1]
+            out.append(Check(
+                f"replan {r['ranks']}", share, REPLAN_SHARE_TARGET, share <= REPLAN_SHARE_TARGET,
+                f"replan of a changed MoE step at {int(r['ranks']):>4} ranks: "
+                f"{_fmt_time(rp[0])}, {share:.1%} of its predicted {_fmt_time(rp[1])} "
+                f"(target <= {REPLAN_SHARE_TARGET:.0%})",
+            ))
+    times: dict[int, list[float]] = {}
+    for r in records:
+        if r["policy"] == default and r.get("plan_s_median") is not None:
+            times.setdefault(int(r["ranks"]), []).append(float(r["plan_s_median"]))
+    for ranks, target in MWU_TIME_TARGET_S.items():
+        ts = times.get(ranks)
+        t = statistics.median(ts) if ts else None
+        out.append(Check(
+            f"{default} time {ranks}", t, target, None if t is None else t <= target,
+            f"{default} planning time at {ranks:>4} ranks: "
+            + (f"{_fmt_time(t)} median" if t is not None else "not run")
+            + f" (target <= {_fmt_time(target)})",
+        ))
+    return out

@@ -28,7 +28,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic
+from pathweave.bench._report import Check
 
 BYTES_PER_RANK = 256 << 20
 RANKS = (64, 128, 256, 512, 1024)
@@ -135,12 +135,6 @@ def _replace(model: sim.SimModel, **kw: Any) -> sim.SimModel:
     return sim.SimModel(**{**model.to_dict(), **kw})
 
 
-@dataclass(frozen=True)
-class Check:
-    text: str
-    passed: bool | None
-
-
 def summarize(records: Sequence[dict[str, Any]]) -> list[Check]:
     """Targets and side-by-side ratios, as lines with a pass mark (None: informative)."""
     checks: list[Check] = []
@@ -150,10 +144,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[Check]:
             speed = r["exact_sim_s"] / r["sim_s_median"]
             checks.append(
                 Check(
-                    f"{r['ranks']} GPUs: batching (rtol {r['batch_rtol']:g}) changes the "
+                    name=f"batching-{r['ranks']}",
+                    value=err,
+                    target=None,
+                    passed=None,
+                    text=f"{r['ranks']} GPUs: batching (rtol {r['batch_rtol']:g}) changes the "
                     f"makespan by {err:+.2e}; unbatched / batched time {speed:.1f}x "
                     f"({r['events']} vs {r['exact_events']} events)",
-                    None,
                 )
             )
     big = [r for r in records if r["ranks"] == 1024]
@@ -161,10 +158,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[Check]:
         ok = r["sim_s_median"] <= TARGET_1024_S
         checks.append(
             Check(
-                f"1024 GPUs uniform all-to-all ({r['policy']}) simulated in "
+                name="sim-1024-s",
+                value=r["sim_s_median"],
+                target=TARGET_1024_S,
+                passed=ok,
+                text=f"1024 GPUs uniform all-to-all ({r['policy']}) simulated in "
                 f"{r['sim_s_median']:.1f} s wall, {r['sim_cpu_s_median']:.1f} s CPU "
                 f"(target <= {TARGET_1024_S:.0f} s)",
-                ok,
             )
         )
     return checks

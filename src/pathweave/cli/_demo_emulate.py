@@ -41,7 +41,7 @@ def skip_reason() -> str | None:
     if missing:
         return f"{', '.join(missing)} not found (apt-get install -y iproute2 procps)"
     if importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install 'pathweave[torch]')"
+        return "torch is not installed (a dependency of pathweave: pip install torch)"
     return None
 
 

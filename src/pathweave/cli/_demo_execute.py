@@ -46,7 +46,7 @@ def execute_step(ctx: DemoContext) -> None:
     out = ctx.console
     if importlib.util.find_spec("torch") is None:
         out.print("[yellow]skipped:[/] torch is not installed, so nothing can run for real "
-                  "(pip install 'pathweave[torch]').")
+                  "(torch is a dependency of pathweave: pip install torch).")
         return
     from pathweave.bench import dataplane
 
@@ -63,7 +63,7 @@ def execute_step(ctx: DemoContext) -> None:
         "are forwarded by relay ranks as they would be by GPUs."
     )
     with out.status("running on local ranks"):
-        result = dataplane.execute(fab, demand, policy="mwu", enabled=True)
+        result = dataplane.execute(fab, demand, policy="mintime", enabled=True)
     if not result["verified"]:
         out.print(f"[bold red]MISMATCH[/] with torch.distributed.all_to_all_single: "
                   f"{result['mismatch']}")

@@ -193,7 +193,7 @@ def bench_dataplane(
 ) -> None:
     """pathweave's all_to_all_single against torch's on local gloo ranks, bitwise checked."""
     if importlib.util.find_spec("torch") is None:
-        fail("the data-plane benchmark needs torch: pip install 'pathweave[torch]'")
+        fail("the data-plane benchmark needs torch, a dependency of pathweave: pip install torch")
     _run_and_render(json_out=json_out, quick=quick, repeat=repeat, world_size=ranks,
                     sizes=sizes, multipath_fabric=fabric)
 

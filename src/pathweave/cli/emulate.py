@@ -248,7 +248,7 @@ def bench_emulate(
     bytes_per_rank: Annotated[str, typer.Option(
         "--bytes", metavar="SIZE", help="Payload per rank (4M, 4MiB, ...).")] = "4M",
     policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")]
-    = "static,mwu",
+    = "static,multirail,hscore,mwu,mintime",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per point.")] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="Ratios 0, 0.5, 0.9 only, once each.")]
     = False,

@@ -130,7 +130,7 @@ def bench_moe(
 ) -> None:
     """MoE dispatch+combine: pathweave vs torch all_to_all_single (exact and padded)."""
     if importlib.util.find_spec("torch") is None:
-        fail("the MoE benchmark needs torch: pip install 'pathweave[torch]'")
+        fail("the MoE benchmark needs torch, a dependency of pathweave: pip install torch")
     _run_and_render(json_out=json_out, quick=quick, ranks=ranks, experts=experts, topk=topk,
                     fabric=fabric, budget=budget, backward=backward)
 

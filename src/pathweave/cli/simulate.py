@@ -26,7 +26,7 @@ from pathweave.cli._common import (
 )
 from pathweave.plan import Plan
 
-DEFAULT_POLICIES = "static,multirail,hscore,mwu"
+DEFAULT_POLICIES = "static,multirail,hscore,mwu,mintime"
 
 
 def simulation_table(

@@ -29,7 +29,6 @@ content. Sizes are checked before anything is built (see
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
@@ -37,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pathweave import _spec
 from pathweave.errors import FabricError
 from pathweave.fabric._core import Fabric
 from pathweave.fabric._limits import check_fabric, check_size
@@ -124,47 +124,34 @@ DISCOVERY_KEYS = {
 }
 
 
-def _parse_value(spec: str, key: str, text: str) -> Any:
-    t = text.strip()
+def _parse_value(where: str, key: str, text: str) -> Any:
     if key in _TEXT_KEYS:
-        if not t:
-            raise FabricError(f"fabric spec {spec!r}: {key} is empty")
-        return t
-    try:
-        v = float(t)
-    except ValueError:
-        raise FabricError(f"fabric spec {spec!r}: {key}={text!r} is not a number") from None
-    if not math.isfinite(v):
-        raise FabricError(f"fabric spec {spec!r}: {key}={t} is not a finite number")
+        return text
     if key in _COUNT_KEYS:
-        if not v.is_integer():
-            raise FabricError(f"fabric spec {spec!r}: {key}={t} is not a whole number")
+        v = _spec.integer(text, where, FabricError)
         if v < _COUNT_KEYS[key]:
-            raise FabricError(f"fabric spec {spec!r}: {key}={t} must be >= {_COUNT_KEYS[key]}")
-        return int(v)
+            raise FabricError(f"{where} must be >= {_COUNT_KEYS[key]}")
+        return v
+    v = _spec.number(text, where, FabricError)
     if v <= 0:
-        raise FabricError(f"fabric spec {spec!r}: {key}={t} must be positive")
+        raise FabricError(f"{where} must be positive")
     return v
 
 
 def parse_options(spec: str, text: str) -> dict[str, Any]:
     """``key=value,...`` of a spec string as a dict; a key given twice is an error.
 
+    The grammar is :mod:`pathweave._spec`'s; keys are case-sensitive
+    (``nic_Bps``).
+
     >>> parse_options("dgx-h100:nodes=4", "nodes=4")
     {'nodes': 4}
     """
-    kw: dict[str, Any] = {}
     if not text.strip():
-        return kw
-    for item in text.split(","):
-        key, eq, val = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise FabricError(f"fabric spec {spec!r}: expected key=value, got {item!r}")
-        if key in kw:
-            raise FabricError(f"fabric spec {spec!r}: {key} given twice")
-        kw[key] = _parse_value(spec, key, val)
-    return kw
+        return {}
+    found = _spec.items(text, where=f"fabric spec {spec!r}", error=FabricError)
+    return {key: _parse_value(f"fabric spec {spec!r}: {key}={val!r}", key, val)
+            for key, _, val in found}
 
 
 def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
@@ -194,11 +181,10 @@ def preset(name: str, **params: Any) -> Fabric:
     >>> preset("dgx-h100:nodes=4").num_ranks
     32
     """
-    base, _, rest = name.partition(":")
-    base = base.strip()
+    base, rest = _spec.split(name, "fabric spec")
     if base not in PRESETS:
         raise FabricError(f"unknown fabric preset {base!r}; known presets: {', '.join(PRESETS)}")
-    kw = parse_options(name, rest)
+    kw = parse_options(name, rest or "")
     kw.update(params)
     try:
         _check_shape(name, base, kw)

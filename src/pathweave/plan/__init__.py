@@ -4,17 +4,22 @@ Examples
 --------
 >>> import pathweave as pw
 >>> pw.plan.policies()
-['static', 'multirail', 'mwu', 'optimal', 'hscore']
+['static', 'multirail', 'mwu', 'optimal', 'hscore', 'mwu_time', 'mintime']
+>>> pw.plan.DEFAULT_POLICY
+'mintime'
 """
 
 # isort: off
 # Importing the planners registers them; this order is the order of policies().
-from pathweave.plan import static, multirail, mwu, optimal, hscore  # noqa: F401
+from pathweave.plan import static, multirail, mwu, optimal, hscore, mintime  # noqa: F401
 # isort: on
 from pathweave.plan._plan import Plan, Route
+from pathweave.plan.mintime import DEFAULT_POLICY, replan
 from pathweave.plan.pinned import pinned
-from pathweave.plan.registry import Policy, make, policies, policy_info, register
+from pathweave.plan.registry import Policy, baselines, make, policies, policy_info, register
+from pathweave.plan.timemodel import predict_time
 
 __all__ = [
-    "Plan", "Policy", "Route", "make", "pinned", "policies", "policy_info", "register",
+    "DEFAULT_POLICY", "Plan", "Policy", "Route", "baselines", "make", "pinned", "policies",
+    "policy_info", "predict_time", "register", "replan",
 ]

@@ -4,9 +4,14 @@ The public wrapper (:mod:`pathweave.plan.hscore`) validates options and
 derives the per-path segment offsets once; these functions trust their
 inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
 callable from Python, so tests can probe it with hand-made h-scores.
+Each kernel has a slow plain-Python twin at the end of the module
+(:func:`segments_reference`, :func:`decide_reference`,
+:func:`route_reference`) that tests/test_hscore.py compares it with.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -294,3 +299,106 @@ def route_kernel(
                     )
             counts[code] += 1
     return n_out
+
+
+# ------------------------------------------------------------ slow reference twins
+# Plain Python, one rule per line, written from the module's rules rather than
+# from the kernels' loops; the tests compare every kernel above with its twin.
+
+
+def segments_reference(links, length, into_rail, from_rail):
+    """:func:`path_segments` as lists: ``(sf_end, core_lo, core_hi, df_lo)`` per path."""
+    out = ([], [], [], [])
+    for p in range(len(length)):
+        hops = [int(e) for e in links[p, : length[p]]]
+        entering = [h for h, e in enumerate(hops) if into_rail[e]]
+        leaving = [h for h, e in enumerate(hops) if from_rail[e]]
+        seg = (0, 0, 0, 0)
+        if entering and leaving and entering[0] >= 1 and leaving[-1] >= entering[0]:
+            seg = (entering[0] - 1, entering[0], leaving[-1] + 1, leaving[-1] + 2)
+        for column, value in zip(out, seg, strict=True):
+            column.append(value)
+    return out
+
+
+def decide_reference(hx, hsf, hdf, rail_pid, g1, g2, delta):
+    """:func:`decide` with a sorted list; returns ``(rails, code, gamma1, gamma2)``."""
+    rails = [x for x in range(len(hx)) if rail_pid[x] >= 0]
+    if g1 < 0 or g2 < 0 or rail_pid[g1] < 0 or rail_pid[g2] < 0:
+        if not rails:
+            return [], CODE_OTHER, math.nan, math.nan
+        best = max(rails, key=lambda x: (hsf[x] * hx[x] * hdf[x], -x))
+        return [best], CODE_FALLBACK, math.nan, math.nan
+    gamma1 = hx[g1] / hsf[g2]
+    gamma2 = hx[g2] / hdf[g1]
+    base_code = CODE_MATCHED if g1 == g2 else (CODE_RD if gamma1 > gamma2 else CODE_DR)
+    base = g1 if base_code != CODE_DR else g2
+    m = max(gamma1, gamma2)
+    ranked = sorted(rails, key=lambda x: (hx[x], x))
+    above = [x for x in ranked if hx[x] > m and x not in (g1, g2)]
+    if m >= 1.0 or not above:
+        return [base], base_code, gamma1, gamma2
+    if delta >= 0.0:
+        window = sorted(x for x in ranked if m - delta <= hx[x] <= m + delta)
+        if window:
+            return window, CODE_SPRAY, gamma1, gamma2
+    return [above[0]], CODE_REMOTE, gamma1, gamma2
+
+
+def route_reference(
+    order, pair_lo, pair_hi, nbytes, inter, g1s, g2s, links, length, kind, via,
+    sf_end, core_lo, core_hi, df_lo, num_rails, delta, load, out_pid, out_bytes, counts,
+):
+    """:func:`route_kernel` in plain Python, with the same arguments and outputs."""
+
+    def score(p, lo, hi, f):
+        # The h-score of a set: its least healthy link, f / (L_e + f).
+        return min((f / (load[links[p, h]] + f) for h in range(lo, hi)), default=1.0)
+
+    flows = []
+
+    def emit(p, b):
+        flows.append((p, b))
+        for h in range(length[p]):
+            load[links[p, h]] += float(b)
+
+    kk = max(num_rails, 1)
+    hx, hsf, hdf = [1.0] * kk, [1.0] * kk, [1.0] * kk
+    for k in order:
+        lo, hi, f = int(pair_lo[k]), int(pair_hi[k]), int(nbytes[k])
+        if not inter[k]:
+            direct = [q for q in range(lo, hi) if kind[q] == _DIRECT]
+            emit(direct[0] if direct else lo, f)
+            counts[CODE_INTRA] += 1
+            continue
+        rail_pid = [-1] * kk
+        spine = []
+        for p in range(lo, hi):
+            a, c0, c1, d0, z = sf_end[p], core_lo[p], core_hi[p], df_lo[p], length[p]
+            if kind[p] == _RAIL:
+                x = via[p]
+                rail_pid[x] = p
+                hsf[x], hx[x], hdf[x] = score(p, 0, a, f), score(p, c0, c1, f), score(p, d0, z, f)
+            elif kind[p] == _SPINE:
+                s = (score(p, c0, c0 + 1, f) * score(p, c0 + 1, c1 - 1, f)
+                     * score(p, c1 - 1, c1, f) * score(p, 0, a, f) * score(p, d0, z, f))
+                spine.append((s, p))
+        rails, code, _, _ = decide_reference(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta)
+        rail_s = min((hsf[x] * hx[x] * hdf[x] for x in rails), default=2.0)
+        # The first spine path of the best score (the kernel keeps the first on ties).
+        best_sp = max(spine, key=lambda sp: (sp[0], -sp[1])) if spine else None
+        if best_sp is not None and (not rails or best_sp[0] > rail_s):
+            emit(best_sp[1], f)
+            counts[CODE_SPINE] += 1
+        elif not rails:
+            emit(lo, f)
+            counts[CODE_OTHER] += 1
+        else:
+            share, extra = divmod(f, len(rails))
+            for j, x in enumerate(rails):
+                if share + (j < extra) > 0:
+                    emit(rail_pid[x], share + (j < extra))
+            counts[code] += 1
+    for i, (p, b) in enumerate(flows):
+        out_pid[i], out_bytes[i] = p, b
+    return len(flows)

@@ -161,9 +161,28 @@ def route_kernel(
             )
             rem[k] = r - f
             left -= f
-    # Phase 2: rip up and re-route. Early pairs chose paths before later
-    # pairs loaded the fabric; re-routing each pair against everyone else's
-    # final load removes most of that order bias.
+    # Phase 2: rip up and re-route (also the warm start of a replan).
+    sweeps += refine_kernel(
+        pair_lo, pair_hi, demand, off, links, length, penalty_s, inv_cap, lam, chunk,
+        min_split, refine, load, flow,
+    )
+    return sweeps
+
+
+@njit(cache=True)
+def refine_kernel(
+    pair_lo, pair_hi, demand, off, links, length, penalty_s, inv_cap, lam, chunk, min_split,
+    refine, load, flow,
+):
+    """Rip up and re-route the pairs on hot links, ``refine`` passes; returns the passes.
+
+    Early pairs chose paths before later pairs loaded the fabric; re-routing
+    each pair against everyone else's final load removes most of that order
+    bias. Given any ``flow`` and its ``load`` (a previous plan's split of a
+    new demand), it is also the warm start of an incremental replan.
+    """
+    k_pairs = pair_lo.shape[0]
+    sweeps = 0
     for _ in range(refine):
         sweeps += 1
         # Only pairs that touch a link near the current maximum can lower
@@ -254,7 +273,33 @@ def route_demand(
     refine: np.int64,
     num_links: np.int64,
 ):
+    """:func:`route_pinned` with no pair pinned."""
+    pin = np.full(demand_flat.shape[0], -1, dtype=np.int64)
+    return route_pinned(
+        demand_flat, pair_ptr, links, length, penalty_s, inv_cap, lam, chunk, min_split,
+        refine, num_links, pin,
+    )
+
+
+@njit(cache=True)
+def route_pinned(
+    demand_flat: np.ndarray,
+    pair_ptr: np.ndarray,
+    links: np.ndarray,
+    length: np.ndarray,
+    penalty_s: np.ndarray,
+    inv_cap: np.ndarray,
+    lam: float,
+    chunk: np.int64,
+    min_split: np.int64,
+    refine: np.int64,
+    num_links: np.int64,
+    pin: np.ndarray,
+):
     """Whole planner in one call: pairs with demand -> ``(path_ids, bytes, sweeps)``.
+
+    ``pin[i] >= 0`` restricts flat pair ``i`` to that one path (the size
+    threshold: a small pair goes whole on its static path, never forwarded).
 
     NOTE: one entry point instead of several numpy steps around the kernel,
     because at 8 ranks the Python-side glue cost as much as the routing.
@@ -270,8 +315,12 @@ def route_demand(
     j = 0
     for i in range(demand_flat.shape[0]):
         if demand_flat[i] != 0:
-            lo[j] = pair_ptr[i]
-            hi[j] = pair_ptr[i + 1]
+            if pin[i] >= 0:
+                lo[j] = pin[i]
+                hi[j] = pin[i] + 1
+            else:
+                lo[j] = pair_ptr[i]
+                hi[j] = pair_ptr[i + 1]
             dem[j] = demand_flat[i]
             m += hi[j] - lo[j]
             j += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pathweave.fabric import Fabric, PathKind, PathSet
-from pathweave.plan._flows import matching_paths, nonzero_pairs, plan_from_flows, split_evenly
+from pathweave.plan._flows import matching_paths, nonzero_pairs, split_evenly
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 from pathweave.plan.static import static_paths
@@ -26,19 +26,48 @@ from pathweave.plan.static import static_paths
 @register(
     "multirail",
     options={},
+    baseline=True,
     summary="UCX/MPI-like: direct inside a node, striped over the source GPU's rails across",
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     pairs, nbytes = nonzero_pairs(demand)
-    own = paths.owns_rail
-    is_rail = paths.kind == PathKind.RAIL
-    via = np.where(is_rail, paths.via, 0)
-    accept = is_rail & own[paths.src, via]
-    which, pid = matching_paths(paths, pairs, accept)
-    counts = np.bincount(which, minlength=pairs.size)
-    striped = counts > 0
-    shares = split_evenly(nbytes[striped], counts[striped])
-    rest = ~striped
-    fp = np.concatenate([pid, static_paths(paths, pairs[rest])])
-    fb = np.concatenate([shares, nbytes[rest]])
-    return plan_from_flows(fabric, demand, paths, fp, fb, "multirail")
+    ptr, pid_all = _stripes(paths)
+    lo, hi = ptr[pairs], ptr[pairs + 1]
+    counts = hi - lo
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    fp = pid_all[np.repeat(lo, counts) + (np.arange(int(counts.sum())) - starts)]
+    fb = split_evenly(nbytes, counts)
+    # Stripes are in pair order and path order within a pair: the Plan layout.
+    keep = fb > 0
+    fp, fb = fp[keep], fb[keep]
+    fp.setflags(write=False)
+    fb.setflags(write=False)
+    return Plan(fabric, paths, demand, fp, fb, "multirail")
+
+
+def _stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over all pairs of the paths each pair is striped over (kept with the paths)."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        n = paths.num_ranks
+        pairs = np.flatnonzero(paths.pair_ptr[1:] > paths.pair_ptr[:-1]).astype(np.int64)
+        own = paths.owns_rail
+        is_rail = paths.kind == PathKind.RAIL
+        via = np.where(is_rail, paths.via, 0)
+        accept = is_rail & own[paths.src, via]
+        which, pid = matching_paths(paths, pairs, accept)
+        counts = np.bincount(which, minlength=pairs.size)
+        # A pair without an own-rail path (inside a node, or no NIC) goes static.
+        rest = counts == 0
+        which = np.concatenate([which, np.flatnonzero(rest)])
+        pid = np.concatenate([pid, static_paths(paths, pairs[rest])])
+        order = np.lexsort((pid, which))
+        per_pair = np.zeros(n * n, dtype=np.int64)
+        per_pair[pairs] = np.bincount(which, minlength=pairs.size)
+        ptr = np.concatenate([[0], np.cumsum(per_pair)])
+        out = (ptr, pid[order])
+        for a in out:
+            a.setflags(write=False)
+        return out
+
+    return paths.derived("multirail.stripes", build)

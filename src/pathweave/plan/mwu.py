@@ -30,7 +30,8 @@ shortest path unless that path is badly loaded, which is the paper's
 "significant penalty when the message size is not large enough".
 
 Size threshold. Pairs below ``min_split_bytes`` (default 1 MiB) go whole on
-one path (Sec. V-B: multi-path is disabled for <= 1 MB).
+their ``static`` path (Sec. V-B: multi-path, forwarding included, is
+disabled for <= 1 MB), so a small pair is never split nor relayed.
 
 Refinement (our addition). After the sweeps, ``refine`` passes (default 1)
 rip up and re-route each pair that touches a link loaded to at least 90 % of
@@ -53,9 +54,10 @@ import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
-from pathweave.plan._mwu_kernel import route_demand
+from pathweave.plan._mwu_kernel import route_pinned
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
+from pathweave.plan.static import static_pins
 
 DEFAULTS = {
     "fraction": 0.5,
@@ -121,21 +123,45 @@ def mwu(
     _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
     _check("refine", refine, 0, 1000)
     penalty, inv_cap = _derived(paths, hop_penalty_s)
-    pid, fb, sweeps = route_demand(
-        demand.reshape(-1),
-        paths.pair_ptr,
-        paths.links,
-        paths.length,
-        penalty,
-        inv_cap,
-        float(fraction),
-        np.int64(chunk_bytes),
-        np.int64(min_split_bytes),
-        np.int64(refine),
-        np.int64(fabric.num_links),
+    return route(
+        fabric, demand, paths, "mwu", paths.links, paths.length, penalty, inv_cap,
+        fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+        refine=refine,
+    )
+
+
+def route(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    policy: str,
+    links: np.ndarray,
+    length: np.ndarray,
+    penalty_s: np.ndarray,
+    inv_cap: np.ndarray,
+    *,
+    fraction: float,
+    chunk_bytes: int,
+    min_split_bytes: int,
+    refine: int,
+    info: dict | None = None,
+) -> Plan:
+    """Run the Algorithm-1 kernel over ``links`` (any link ids, ``inv_cap`` per id).
+
+    Pairs below ``min_split_bytes`` are pinned to their ``static`` path.
+    """
+    flat = demand.reshape(-1)
+    pins = static_pins(paths)
+    small = (flat > 0) & (flat < min_split_bytes)
+    pin = np.where(small, pins, -1) if small.any() else np.full(flat.size, -1, dtype=np.int64)
+    pid, fb, sweeps = route_pinned(
+        flat, paths.pair_ptr, links, length, penalty_s, inv_cap, float(fraction),
+        np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
+        np.int64(inv_cap.size), pin,
     )
     pid.setflags(write=False)
     fb.setflags(write=False)
     # compact_flows yields ids sorted by pair and path without repeats: the
     # Plan layout, so no re-sorting is needed.
-    return Plan(fabric, paths, demand, pid, fb, "mwu", 0.0, {"sweeps": int(sweeps)})
+    return Plan(fabric, paths, demand, pid, fb, policy, 0.0,
+                {"sweeps": int(sweeps), **(info or {})})

@@ -24,6 +24,8 @@ no plan has a lower congestion than ``optimum_s``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import scipy.optimize
 import scipy.sparse
@@ -157,3 +159,124 @@ def optimal(
     }
     keep = fb > 0
     return plan_from_flows(fabric, demand, paths, pid[keep], fb[keep], "optimal", info)
+
+
+# ------------------------------------------------------------ time yardstick
+def time_optimum(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet | None = None,
+    *,
+    model: Any = None,
+    time_limit_s: float = 120.0,
+    min_split_bytes: int = 1 << 20,
+) -> Plan:
+    """The time yardstick: a plan of least predicted time over the same paths (LP).
+
+    The time model (:mod:`pathweave.plan.timemodel`) of a plan is
+    ``max(setup + max_e load_e / c_e, max_f fixed_p + x_f / rate_p)`` over
+    effective links ``e`` and used paths ``p``, where ``fixed_p`` is a path's
+    start plus fill (one whole chunk). For a set ``S`` of usable paths that
+    is linear::
+
+        minimise    T
+        subject to  sum_{p of pair k} x_p = d_k
+                    setup + sum_{p through e} x_p / c_e <= T     every effective link
+                    fixed_p + x_p / rate_p <= T                  every p in S
+
+    ``S`` grows with a threshold on ``fixed_p``: one LP per distinct
+    threshold (each pair keeps at least one path) gives the optimum over
+    plans whose paths all lie below it; the least of these, each rounded to
+    whole bytes and predicted with :func:`~pathweave.plan.timemodel.predict_time`,
+    is returned. ``info["predicted_s"]`` is its predicted time; no plan over
+    these paths is predicted faster, up to the fill of fragments smaller
+    than one chunk (charged a whole chunk here) and rounding.
+
+    Pairs below ``min_split_bytes`` stay whole on their ``static`` path, the
+    rule every planner keeps (NIMBLE's size threshold): the model does not
+    see what splitting small messages costs (many short flows sharing links
+    max-min), so without the rule the yardstick would reward exactly the
+    plans the threshold exists to prevent. ``min_split_bytes=0`` lifts it.
+    """
+    from pathweave.fabric import candidate_paths
+    from pathweave.plan.registry import as_demand
+    from pathweave.plan.timemodel import path_costs, predict_time
+
+    ps = candidate_paths(fabric) if paths is None else paths
+    demand = as_demand(demand, fabric.num_ranks)
+    pairs, nbytes = nonzero_pairs(demand)
+    if pairs.size == 0:
+        return plan_from_flows(fabric, demand, ps, np.zeros(0), np.zeros(0), "time_optimum",
+                               {"predicted_s": 0.0})
+    pc = path_costs(ps, model)
+    which, pid = matching_paths(ps, pairs, np.ones(ps.num_paths, dtype=bool))
+    small = nbytes[which] < min_split_bytes
+    if small.any():
+        from pathweave.plan.static import static_pins
+
+        keep = ~small | (pid == static_pins(ps)[pairs[which]])
+        which, pid = which[keep], pid[keep]
+    fixed = pc.fixed_s(pid)
+    pair_min = np.full(pairs.size, np.inf)
+    np.minimum.at(pair_min, which, fixed)
+    levels = np.unique(np.round(fixed[fixed >= pair_min.max()], 9))
+    best: Plan | None = None
+    for level in levels:
+        keep = fixed <= level + 1e-9
+        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which[keep], pid[keep],
+                        time_limit_s)
+        t = predict_time(plan, model)
+        if best is None or t < best.info["predicted_s"]:
+            plan.info["predicted_s"] = t
+            plan.info["levels"] = int(levels.size)
+            best = plan
+    assert best is not None
+    return best
+
+
+def _time_lp(
+    fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
+    nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, time_limit_s: float,
+) -> Plan:
+    """One LP of :func:`time_optimum` over the variables ``pid`` (units: MB and ms)."""
+    nvar = pid.size
+    rows_links = pc.links[pid]
+    mask = rows_links >= 0
+    var_idx = np.broadcast_to(np.arange(nvar)[:, None], rows_links.shape)[mask]
+    used, link_row = np.unique(rows_links[mask], return_inverse=True)
+    coef = GBps / pc.capacity_Bps[used][link_row]
+    nrow = used.size
+    rate = pc.rate_cap_Bps[pid] / GBps
+    fin = np.isfinite(rate)
+    fvars = np.flatnonzero(fin)
+    t_col = np.full(nvar + 1, 0.0)
+    a_ub = scipy.sparse.csr_matrix(
+        (
+            np.concatenate([coef, -np.ones(nrow), 1.0 / rate[fin], -np.ones(fvars.size)]),
+            (
+                np.concatenate([link_row, np.arange(nrow), nrow + np.arange(fvars.size),
+                                nrow + np.arange(fvars.size)]),
+                np.concatenate([var_idx, np.full(nrow, nvar), fvars, np.full(fvars.size, nvar)]),
+            ),
+        ),
+        shape=(nrow + fvars.size, nvar + 1),
+    )
+    b_ub = np.concatenate([np.full(nrow, -pc.setup_s * 1e3), -pc.fixed_s(pid[fin]) * 1e3])
+    a_eq = scipy.sparse.csr_matrix(
+        (np.ones(nvar), (which, np.arange(nvar))), shape=(pairs.size, nvar + 1)
+    )
+    t_col[-1] = 1.0
+    res = scipy.optimize.linprog(
+        t_col, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=nbytes / MB, bounds=(0, None),
+        method="highs", options={"time_limit": float(time_limit_s), "presolve": True},
+    )
+    if res.status != 0 or res.x is None:
+        raise SolverError(
+            f"HiGHS did not solve the min-time LP ({nvar} variables): status {res.status} "
+            f"({_STATUS.get(res.status, 'unknown')}): {res.message}"
+        )
+    # which may skip pairs' indices only if a pair lost all paths; levels prevent that
+    fb = round_within_pairs(which, res.x[:nvar] * MB, nbytes)
+    keep = fb > 0
+    return plan_from_flows(fabric, demand, ps, pid[keep], fb[keep], "time_optimum",
+                           {"lp_s": float(res.fun) * 1e-3})

@@ -22,24 +22,32 @@ Planner = Callable[..., Plan]
 
 @dataclass(frozen=True)
 class Policy:
-    """A registered policy: its function, its options with defaults, one line of help."""
+    """A registered policy: its function, its options with defaults, one line of help.
+
+    ``baseline``: the policy stands for what other libraries do (NCCL, UCX,
+    h-score); the default policy plans every baseline as a candidate and is
+    never predicted slower than any of them.
+    """
 
     name: str
     func: Planner
     options: dict[str, Any]
     summary: str
+    baseline: bool = False
 
 
 _REGISTRY: dict[str, Policy] = {}
 
 
-def register(name: str, *, options: dict[str, Any], summary: str) -> Callable[[Planner], Planner]:
+def register(
+    name: str, *, options: dict[str, Any], summary: str, baseline: bool = False
+) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``."""
 
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary)
+        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline)
         return func
 
     return deco
@@ -48,6 +56,11 @@ def register(name: str, *, options: dict[str, Any], summary: str) -> Callable[[P
 def policies() -> list[str]:
     """Names of the registered policies, in registration order."""
     return list(_REGISTRY)
+
+
+def baselines() -> list[str]:
+    """Names of the registered baseline policies (``static``, ``multirail``, ...)."""
+    return [p.name for p in _REGISTRY.values() if p.baseline]
 
 
 def policy_info(name: str) -> Policy:
@@ -94,7 +107,7 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
 def make(
     fabric: Fabric | str,
     demand: Any,
-    policy: str = "mwu",
+    policy: str | None = None,
     *,
     paths: PathSet | None = None,
     **options: Any,
@@ -108,8 +121,9 @@ def make(
     demand
         ``D[src, dst]`` in whole bytes, shape ``(num_ranks, num_ranks)``.
     policy
-        A registered policy: ``static``, ``multirail``, ``mwu``, ``optimal``,
-        ``hscore`` (see :func:`policies`).
+        A registered policy (see :func:`policies`); default
+        :data:`pathweave.plan.DEFAULT_POLICY`, the plan of least predicted
+        completion time.
     paths
         Candidate paths to use; default ``candidate_paths(fabric, kinds,
         max_hops)`` (cached on the fabric).
@@ -132,6 +146,10 @@ def make(
     pathweave.errors.PlanError: policy 'mwu' got unknown option 'lam'; valid options: ...
     """
     fab = resolve(fabric)
+    if policy is None:
+        from pathweave.plan.mintime import DEFAULT_POLICY
+
+        policy = DEFAULT_POLICY
     pol = policy_info(policy)
     valid = {**COMMON_OPTIONS, **pol.options}
     unknown = sorted(set(options) - set(valid))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pathweave.fabric import Fabric, PathKind, PathSet
-from pathweave.plan._flows import first_matching, nonzero_pairs, plan_from_flows
+from pathweave.plan._flows import first_matching, nonzero_pairs
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 
@@ -35,12 +35,31 @@ def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
     return pid
 
 
+def static_pins(paths: PathSet) -> np.ndarray:
+    """``int64[N * N]``: every pair's static path (-1 on the diagonal), kept with the paths."""
+
+    def build() -> np.ndarray:
+        n = paths.num_ranks
+        pairs = np.flatnonzero(paths.pair_ptr[1:] > paths.pair_ptr[:-1]).astype(np.int64)
+        out = np.full(n * n, -1, dtype=np.int64)
+        out[pairs] = static_paths(paths, pairs)
+        out.setflags(write=False)
+        return out
+
+    return paths.derived("static.pins", build)
+
+
 @register(
     "static",
     options={},
+    baseline=True,
     summary="NCCL-like: direct NVLink inside a node, PXN (destination's rail) across nodes",
 )
 def static(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     pairs, nbytes = nonzero_pairs(demand)
-    pid = static_paths(paths, pairs)
-    return plan_from_flows(fabric, demand, paths, pid, nbytes, "static")
+    # One path per pair, in pair order: path ids ascend, the Plan layout as is.
+    pid = static_pins(paths)[pairs]
+    pid.setflags(write=False)
+    nbytes.setflags(write=False)
+    return Plan(fabric, demand=demand, paths=paths, flow_path=pid, flow_bytes=nbytes,
+                policy="static")

@@ -14,14 +14,14 @@ import torch.distributed  # noqa: F401
 
 import pathweave.distributed  # noqa: F401
 from pathweave.fabric import preset
-from pathweave.plan import make
+from pathweave.plan import DEFAULT_POLICY, make
 
 
 def _load_kernels() -> None:
     fab = preset("h100-2x4")
     demand = np.zeros((fab.num_ranks, fab.num_ranks))
     demand[0, 5] = demand[1, 2] = 64 << 20
-    for policy in ("mwu", "hscore"):
+    for policy in ("mwu", "hscore", DEFAULT_POLICY):
         make(fab, demand, policy)
 
 

@@ -88,8 +88,9 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> BackendConfig:
     enabled = _MULTIPATH.get(raw.strip().lower() or "auto")
     if enabled is None:
         raise ValueError(f"{MULTIPATH_ENV}={raw!r} is not one of {', '.join(_MULTIPATH)}")
-    policy = env.get(POLICY_ENV, "").strip() or "mwu"
-    from pathweave.plan import policy_info
+    from pathweave.plan import DEFAULT_POLICY, policy_info
+
+    policy = env.get(POLICY_ENV, "").strip() or DEFAULT_POLICY
 
     try:
         policy_info(policy)

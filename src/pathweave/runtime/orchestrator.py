@@ -157,7 +157,7 @@ class _Decision:
     flow_pair: np.ndarray
     flow_path: np.ndarray
     flow_weight: np.ndarray
-    predicted_s: float  # congestion bound of this decision on the demand it was made for
+    predicted_s: float  # predicted time (time model) of this decision on its demand
     static_s: float
 
 
@@ -333,7 +333,8 @@ class Orchestrator:
         a preset spec or a file); default :func:`default_fabric`. Its
         ``num_ranks`` must equal the size of every group it serves.
     policy
-        A registered policy name (``"mwu"``, ``"optimal"``, ``"hscore"``, ...)
+        A registered policy name; default :data:`pathweave.plan.DEFAULT_POLICY`
+        (``"mwu"``, ``"optimal"``, ``"hscore"``, ...)
         or a callable ``(fabric, demand) -> Plan`` (``demand`` is the
         quantised ``int64[N, N]`` matrix); a callable lets tests force plans.
     min_split_bytes
@@ -351,10 +352,10 @@ class Orchestrator:
         A new plan replaces the current one only if its predicted time is
         lower by more than this fraction.
     enabled
-        ``"auto"``: multi-path only where the plan's congestion bound beats
-        ``static``'s by ``min_gain`` (large, skewed exchanges); ``True``:
-        always; ``False``: always torch's own collectives (after the same
-        validation).
+        ``"auto"``: multi-path only where the plan's predicted time
+        (:func:`pathweave.plan.predict_time`) beats ``static``'s by
+        ``min_gain`` (large, skewed exchanges); ``True``: always; ``False``:
+        always torch's own collectives (after the same validation).
     timeout_s
         Limit of one call; a call that cannot finish (a peer died) raises
         :class:`~pathweave.errors.CommError` on every surviving rank.
@@ -389,7 +390,7 @@ class Orchestrator:
     def __init__(
         self,
         fabric: Fabric | str | None = None,
-        policy: PolicyArg = "mwu",
+        policy: PolicyArg | None = None,
         min_split_bytes: int = 1 << 20,
         chunk_bytes: int = 1 << 20,
         window: int = 4,
@@ -403,6 +404,10 @@ class Orchestrator:
         **policy_options: Any,
     ):
         self.fabric = None if fabric is None else resolve(fabric)
+        if policy is None:
+            from pathweave.plan import DEFAULT_POLICY
+
+            policy = DEFAULT_POLICY
         if not (callable(policy) or isinstance(policy, str)):
             raise TypeError(f"policy must be a policy name or a callable, got {policy!r}")
         if isinstance(policy, str):
@@ -490,8 +495,7 @@ class Orchestrator:
         from pathweave.plan import make
 
         self.stats.plans_made += 1
-        fab, paths = st.plan_fabric, st.plan_paths
-        static_s = make(fab, demand, "static", paths=paths).congestion_s
+        static = make(st.plan_fabric, demand, "static", paths=st.plan_paths)
         if callable(self.policy):
             plan = self.policy(st.fabric, demand)
             if not isinstance(plan, Plan):
@@ -500,8 +504,12 @@ class Orchestrator:
                 raise PlanError("policy callable returned a plan for another fabric or path set")
             plan.validate()
         else:
-            plan = make(fab, demand, self.policy, paths=paths, **self.policy_options)
-        plan_s = plan.congestion_s
+            plan = make(st.plan_fabric, demand, self.policy, paths=st.plan_paths,
+                        **self._split_options(), **self.policy_options)
+        from pathweave.plan import predict_time
+
+        plan_s = predict_time(plan)
+        static_s = predict_time(static)
         if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
             return self._fallback(st, static_s)
         keep = plan.flow_bytes > 0
@@ -513,13 +521,21 @@ class Orchestrator:
         return _Decision(ident, True, pair, fp, plan.flow_bytes[keep].astype(np.float64),
                          plan_s, static_s)
 
+    def _split_options(self) -> dict[str, int]:
+        """``min_split_bytes``/``chunk_bytes`` for a registered policy that accepts them."""
+        from pathweave.plan import policy_info
+
+        opts = policy_info(self.policy).options
+        mine = {"min_split_bytes": self.min_split_bytes, "chunk_bytes": self.chunk_bytes}
+        return {k: v for k, v in mine.items() if k in opts and k not in self.policy_options}
+
     @staticmethod
     def _fallback(st: _GroupState, static_s: float) -> _Decision:
         empty = np.zeros(0, dtype=np.int64)
         return _Decision(0, False, empty, empty, np.zeros(0), static_s, static_s)
 
     def _predict(self, st: _GroupState, dec: _Decision, demand: np.ndarray) -> float:
-        """Congestion bound of ``dec``'s splits applied to ``demand``."""
+        """Predicted time (time model) of ``dec``'s splits applied to ``demand``."""
         covered = np.bincount(dec.flow_pair, weights=dec.flow_weight, minlength=demand.size) > 0
         if (demand.reshape(-1)[~covered] > 0).any():
             return float("inf")  # the plan has no path for some pair of this demand
@@ -527,7 +543,9 @@ class Orchestrator:
             dec.flow_pair, dec.flow_path, dec.flow_weight, demand,
             min_split_bytes=self.min_split_bytes,
         )
-        return float((_link_bytes(st, fpath, fbytes) / st.plan_fabric.capacity_Bps).max())
+        from pathweave.plan.timemodel import time_terms
+
+        return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64)))
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""

@@ -74,72 +74,31 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pathweave.errors import FabricError, PlanError
+from pathweave import _check
+from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, LinkKind, PathSet, candidate_paths, resolve
-from pathweave.sim._maxmin import maxmin_into
-from pathweave.sim._queue import link_in_bytes, path_sums, propagate, queue_step
-from pathweave.sim.policies import (
-    DynamicPolicy,
-    Observation,
-    PathChoice,
-    PolicyContext,
-    make_policy,
+from pathweave.sim import _dynamic_account as account
+from pathweave.sim import _dynamic_cc as cc
+from pathweave.sim._dynamic_events import (
+    BackgroundEvent,
+    EventQueue,
+    LinkEvent,
+    LinkKey,
+    apply_capacity,
 )
+from pathweave.sim._dynamic_place import Placer, observe
+from pathweave.sim._dynamic_state import FlowStats, LinkStats, Network, Subflows, ideal_fct_s
+from pathweave.sim._queue import propagate, queue_step
+from pathweave.sim.policies import DynamicPolicy, PolicyContext, make_policy
 from pathweave.traffic.trace import FlowTrace
 
-__all__ = ["BackgroundEvent", "DynamicResult", "LinkEvent", "run_dynamic"]
-
-LinkKey = int | tuple[str, str]
-
-#: Effective capacity never drops below this share of a link's capacity, so a
-#: sender on a link with a long queue still crawls instead of stopping.
-MIN_RATE_SHARE = 0.01
-#: Two one-way delays closer than this count as equal (no reordering).
-OOO_TOLERANCE_S = 1e-9
-
-
-@dataclass(frozen=True)
-class LinkEvent:
-    """At ``time_s`` set the capacity of ``links`` to ``factor`` x the fabric's.
-
-    ``factor=0`` fails them (queues dropped, flows re-placed); ``1`` restores
-    them. Links are ids or ``(src, dst)`` vertex names; :meth:`cable` gives
-    both directions.
-
-    Examples
-    --------
-    >>> LinkEvent.cable(1e-3, "leaf0", "spine0")
-    LinkEvent(time_s=0.001, links=(('leaf0', 'spine0'), ('spine0', 'leaf0')), factor=0.0)
-    """
-
-    time_s: float
-    links: tuple[LinkKey, ...]
-    factor: float = 0.0
-
-    @classmethod
-    def cable(cls, time_s: float, a: str, b: str, factor: float = 0.0) -> LinkEvent:
-        """Both directions of the cable between vertices ``a`` and ``b``."""
-        return cls(time_s, ((a, b), (b, a)), factor)
-
-
-@dataclass(frozen=True)
-class BackgroundEvent:
-    """From ``time_s`` on, ``links`` each carry ``rate_Bps`` of background traffic.
-
-    Background traffic does not react to congestion: it takes its rate off
-    the capacity the flows share and feeds the queue when the link is full.
-    ``rate_Bps=0`` stops it.
-    """
-
-    time_s: float
-    links: tuple[LinkKey, ...]
-    rate_Bps: float
+__all__ = ["BackgroundEvent", "DynamicResult", "LinkEvent", "LinkKey", "run_dynamic"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -279,76 +238,6 @@ class DynamicResult:
         )
 
 
-# ------------------------------------------------------------------ subflows
-class _Subflows:
-    """Running subflows as parallel arrays, kept sorted by flow id."""
-
-    FIELDS = (
-        ("flow", np.int64),
-        ("path", np.int64),
-        ("rem", np.float64),  # bytes left
-        ("ready", np.float64),  # sends from this time on (arrival, or end of a pause)
-        ("rate", np.float64),  # last sending rate (carried into a fresh epoch)
-        ("fresh", np.bool_),  # no CC feedback yet: sends at `rate` instead of its share
-        ("ooo_until", np.float64),  # bytes sent before this time overtake older bytes
-    )
-
-    def __init__(self) -> None:
-        for name, dt in self.FIELDS:
-            setattr(self, name, np.zeros(0, dtype=dt))
-
-    def __len__(self) -> int:
-        return int(self.flow.size)
-
-    def keep(self, mask: np.ndarray) -> None:
-        for name, _ in self.FIELDS:
-            setattr(self, name, getattr(self, name)[mask])
-
-    def add(self, **cols: np.ndarray) -> None:
-        for name, dt in self.FIELDS:
-            setattr(self, name, np.concatenate([getattr(self, name), np.asarray(cols[name], dt)]))
-
-    def sort(self) -> None:
-        order = np.argsort(self.flow, kind="stable")
-        for name, _ in self.FIELDS:
-            setattr(self, name, getattr(self, name)[order])
-
-
-# ------------------------------------------------------------------ helpers
-def _resolve_links(fab: Fabric, links: Iterable[LinkKey], what: str) -> np.ndarray:
-    out = []
-    for k in links:
-        if isinstance(k, tuple):
-            out.append(fab.link_id(k[0], k[1]))
-        else:
-            i = int(k)
-            if not 0 <= i < fab.num_links:
-                raise FabricError(f"{what}: link id {i} out of range [0, {fab.num_links})")
-            out.append(i)
-    if not out:
-        raise FabricError(f"{what} names no link")
-    return np.array(out, dtype=np.int64)
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return v
-
-
-def _path_line_rate(fab: Fabric, ps: PathSet) -> np.ndarray:
-    """Capacity of each path's first network link (a NIC's line rate), else its first link."""
-    lk = ps.links.astype(np.int64)
-    valid = lk >= 0
-    safe = np.where(valid, lk, 0)
-    net = valid & (fab.link_kind[safe] == int(LinkKind.NETWORK))
-    col = np.where(net.any(axis=1), net.argmax(axis=1), 0)
-    return fab.capacity_Bps[safe[np.arange(lk.shape[0]), col]]
-
-
 # ------------------------------------------------------------------ the run
 def run_dynamic(
     fabric: Fabric | str,
@@ -418,430 +307,143 @@ def run_dynamic(
         raise ValueError(
             f"trace is for {trace.num_ranks} ranks but fabric {fab.name!r} has {fab.num_ranks}"
         )
-    dt = _positive("epoch_s", epoch_s)
-    K = float(queue_target_bytes)
-    if not (K >= 0 and math.isfinite(K)):
-        raise ValueError(f"queue_target_bytes must be >= 0 and finite, got {queue_target_bytes!r}")
-    tau = _positive("drain_epochs", drain_epochs) * dt
-    t_limit = math.inf if max_time_s is None else _positive("max_time_s", max_time_s)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
+    dt = _check.real("epoch_s", epoch_s, low=0.0, low_open=True)
+    K = _check.real("queue_target_bytes", queue_target_bytes, low=0.0)
+    tau = _check.real("drain_epochs", drain_epochs, low=0.0, low_open=True) * dt
+    t_limit = (math.inf if max_time_s is None
+               else _check.real("max_time_s", max_time_s, low=0.0, low_open=True))
+    _check.integer("seed", seed)
     ps = candidate_paths(fab) if paths is None else paths
     if ps.fabric is not fab:
         raise PlanError("paths were compiled for another fabric")
-
-    # ---- events, sorted by time (stable: same-time events apply in given order)
-    ev_time, ev_links, ev_kind, ev_val = [], [], [], []
-    for i, ev in enumerate(events):
-        if isinstance(ev, LinkEvent):
-            f = float(ev.factor)
-            if not (0.0 <= f <= 1.0):
-                raise FabricError(f"event {i}: capacity factor {ev.factor!r} must lie in [0, 1]")
-            kind, val = 0, f
-        elif isinstance(ev, BackgroundEvent):
-            r = float(ev.rate_Bps)
-            if not (r >= 0 and math.isfinite(r)):
-                raise FabricError(f"event {i}: background rate {ev.rate_Bps!r} must be >= 0")
-            kind, val = 1, r
-        else:
-            raise TypeError(f"event {i} is a {type(ev).__name__}, not a LinkEvent/BackgroundEvent")
-        if not (float(ev.time_s) >= 0 and math.isfinite(float(ev.time_s))):
-            raise FabricError(f"event {i}: time_s={ev.time_s!r} must be >= 0")
-        ev_time.append(float(ev.time_s))
-        ev_links.append(_resolve_links(fab, ev.links, f"event {i}"))
-        ev_kind.append(kind)
-        ev_val.append(val)
-    ev_order = sorted(range(len(ev_time)), key=lambda k: ev_time[k])
-
-    # ---- static tables
-    nl = fab.num_links
-    links2d = ps.links
-    plen = ps.length
-    cap0 = fab.capacity_Bps.astype(np.float64)
+    evq = EventQueue(fab, events)
     ctx = PolicyContext.build(fab, ps, trace, seed=int(seed), epoch_s=dt)
-    base_rtt = ctx.base_rtt_s
-    base_owd = 0.5 * base_rtt
-    line_rate = _path_line_rate(fab, ps)
-    # ideal FCT: alone, on the pair's fastest path (line rate and latency)
-    pair_of = trace.src * ps.num_ranks + trace.dst
-    best_time = np.full(len(trace), np.inf)
-    for k, p in enumerate(pair_of.tolist()):
-        lo, hi = int(ps.pair_ptr[p]), int(ps.pair_ptr[p + 1])
-        best_time[k] = np.min(trace.size_bytes[k] / line_rate[lo:hi] + base_owd[lo:hi])
-
-    # ---- state
-    F = len(trace)
-    factor = np.ones(nl)
-    cap = cap0.copy()
-    bg = np.zeros(nl)
-    queue = np.zeros(nl)
-    path_alive = np.ones(ps.num_paths, dtype=bool)
-    link_load = np.zeros(nl)  # measured over the last epoch, B/s
-    subs = _Subflows()
-    sent = np.zeros(F)
-    resent = np.zeros(F)  # bytes sent again after a failure dropped them
-    last_send = np.full(F, -np.inf)
-    last_owd = np.zeros(F)
-    finish = np.full(F, np.nan)
-    fct = np.full(F, np.nan)
-    switches = np.zeros(F, dtype=np.int64)
-    failovers = np.zeros(F, dtype=np.int64)
-    ooo = np.zeros(F)
-    first_path = np.full(F, -1, dtype=np.int64)
-    stalled = np.zeros(F, dtype=bool)  # had to wait for an alive path
-    acc_in = np.zeros(nl)
-    acc_out = np.zeros(nl)
-    acc_captime = np.zeros(nl)
-    qmax = np.zeros(nl)
-    dropped = np.zeros(nl)
-
+    net = Network.build(fab, ps, ctx.base_rtt_s)
+    best_time = ideal_fct_s(ps, trace, net)
+    subs = Subflows()
+    flows = FlowStats.zeros(len(trace))
+    links = LinkStats.zeros(fab.num_links)
     pol: DynamicPolicy = make_policy(policy, ctx, **policy_options)
-    policy_name = pol.name or type(pol).__name__
+    placer = Placer(pol, ctx, net, subs, trace, flows)
+    run = _Run(trace, net, subs, flows, links, evq, placer, cc.Control(K, tau), dt, t_limit)
+    run.play()
 
-    def observe(t: float, epoch: int) -> Observation:
-        qs = np.zeros(nl)
-        up = cap > 0
-        qs[up] = queue[up] / cap[up]
-        return Observation(
-            time_s=t,
-            epoch=epoch,
-            paths=ps,
-            path_alive=path_alive,
-            base_rtt_s=base_rtt,
-            link_queue_s=qs,
-            link_capacity_Bps=cap.copy(),
-            link_load_Bps=link_load.copy(),
-            sub_flow=subs.flow.copy(),
-            sub_path=subs.path.copy(),
-            sub_remaining_bytes=subs.rem.copy(),
-            sub_rate_Bps=subs.rate.copy(),
-            sub_pending=subs.ready > t,
-        )
-
-    def owd(pids: np.ndarray) -> np.ndarray:
-        qs = np.zeros(nl)
-        up = cap > 0
-        qs[up] = queue[up] / cap[up]
-        return base_owd[pids] + path_sums(links2d, plen, pids, qs)
-
-    def apply(choices: list[PathChoice], t: float, kind: str, expect: np.ndarray | None) -> None:
-        """Validate a policy's choices and re-split the flows they name."""
-        if expect is not None:
-            got = sorted(c.flow for c in choices)
-            if got != sorted(expect.tolist()):
-                raise PlanError(
-                    f"policy {policy_name!r}: assign() must return one choice per flow "
-                    f"{sorted(expect.tolist())[:8]}..., got {got[:8]}..."
-                )
-        if not choices:
-            return
-        rows_keep = np.ones(len(subs), dtype=bool)
-        add: dict[str, list] = {name: [] for name, _ in _Subflows.FIELDS}
-        seen: set[int] = set()
-        for c in choices:
-            f = int(c.flow)
-            if f in seen:
-                raise PlanError(
-                    f"policy {policy_name!r} chose paths for flow {f} twice in one epoch"
-                )
-            seen.add(f)
-            p = np.asarray(c.paths, dtype=np.int64)
-            w = np.asarray(c.weights, dtype=np.float64)
-            cands = ps.pair_paths(int(trace.src[f]), int(trace.dst[f]))
-            lo, hi = cands.start, cands.stop
-            if (
-                p.size == 0
-                or p.shape != w.shape
-                or np.unique(p).size != p.size
-                or np.any((p < lo) | (p >= hi))
-            ):
-                raise PlanError(
-                    f"policy {policy_name!r}: flow {f} "
-                    f"({int(trace.src[f])} -> {int(trace.dst[f])}) "
-                    f"got paths {c.paths} / weights {c.weights}; need distinct candidate paths "
-                    f"in [{lo}, {hi}) with one weight each"
-                )
-            if not path_alive[p].all():
-                raise PlanError(f"policy {policy_name!r} put flow {f} on a dead path {c.paths}")
-            if np.any(w < 0) or not abs(w.sum() - 1.0) < 1e-6:
-                raise PlanError(
-                    f"policy {policy_name!r}: flow {f} weights {c.weights} must sum to 1"
-                )
-            delay = float(c.delay_s)
-            if not (delay >= 0 and math.isfinite(delay)):
-                raise PlanError(
-                    f"policy {policy_name!r}: flow {f} delay_s={c.delay_s!r} must be >= 0"
-                )
-            lo_i, hi_i = np.searchsorted(subs.flow, [f, f + 1])
-            if lo_i == hi_i:  # new flow
-                total = float(trace.size_bytes[f])
-                ready = max(float(trace.start_s[f]), t + delay)
-                rate = line_rate[p] * w
-                ooo_until = np.full(p.size, -np.inf)
-                first_path[f] = int(p.min())
-            else:
-                old_p = subs.path[lo_i:hi_i]
-                old_rem = subs.rem[lo_i:hi_i]
-                total = float(old_rem.sum())
-                if kind == "move" and p.size == 1 and old_p.size == 1 and p[0] == old_p[0]:
-                    continue  # the same single path: nothing to do
-                rows_keep[lo_i:hi_i] = False
-                ready = max(float(subs.ready[lo_i:hi_i].max()), t + delay)
-                was_sending = (old_rem > 0) & (subs.rate[lo_i:hi_i] > 0) & path_alive[old_p]
-                cur_rate = float(subs.rate[lo_i:hi_i].sum())
-                if cur_rate <= 0:
-                    cur_rate = float(line_rate[p].max())
-                rate = cur_rate * w
-                if was_sending.any():
-                    d_old = float(owd(old_p[was_sending]).max())
-                    ooo_until = t + d_old - owd(p)
-                else:
-                    ooo_until = np.full(p.size, -np.inf)
-                if kind == "move":
-                    switches[f] += 1
-                else:
-                    failovers[f] += 1
-            share = total * w
-            share[-1] = total - share[:-1].sum()
-            add["flow"].append(np.full(p.size, f))
-            add["path"].append(p)
-            add["rem"].append(np.maximum(share, 0.0))
-            add["ready"].append(np.full(p.size, ready))
-            add["rate"].append(rate)
-            add["fresh"].append(np.ones(p.size, dtype=bool))
-            add["ooo_until"].append(np.asarray(ooo_until, dtype=np.float64))
-        subs.keep(rows_keep)
-        if add["flow"]:
-            subs.add(**{k: np.concatenate(v) for k, v in add.items()})
-        subs.sort()
-
-    # ---- epochs
-    t = math.floor(float(trace.start_s[0]) / dt) * dt if F else 0.0
-    epoch = 0
-    next_arr = 0
-    next_ev = 0
-    done = 0
-    pending_stalled: list[int] = []
-    while done < F:
-        if t >= t_limit:
-            break
-        t_end = t + dt
-        # 1. events due by the start of this epoch
-        changed = False
-        while next_ev < len(ev_order) and ev_time[ev_order[next_ev]] <= t + 1e-15:
-            k = ev_order[next_ev]
-            if ev_kind[k] == 0:
-                factor[ev_links[k]] = ev_val[k]
-            else:
-                bg[ev_links[k]] = ev_val[k]
-            changed = changed or ev_kind[k] == 0
-            next_ev += 1
-        if changed:
-            cap = cap0 * factor
-            dead = cap <= 0
-            lost = dead & (queue > 0)
-            if lost.any() and len(subs):
-                # the senders crossing a failed link re-send what its queue
-                # held, shared by their rates (the fluid has no packet owners)
-                sub_links = links2d[subs.path]
-                for e in np.flatnonzero(lost).tolist():
-                    rows = np.flatnonzero((sub_links == e).any(axis=1))
-                    w = subs.rate[rows]
-                    if rows.size == 0 or w.sum() <= 0:
-                        continue
-                    back = queue[e] * w / w.sum()
-                    subs.rem[rows] += back
-                    np.add.at(resent, subs.flow[rows], back)
-            dropped[dead] += queue[dead]
-            queue[dead] = 0.0
-            lk = np.where(links2d >= 0, links2d, 0)
-            path_alive = ~np.any(dead[lk] & (links2d >= 0), axis=1)
-        # 2. flows arriving during this epoch
-        hi_arr = int(np.searchsorted(trace.start_s, t_end, side="left"))
-        new = np.arange(next_arr, hi_arr, dtype=np.int64)
-        next_arr = hi_arr
-        obs = observe(t, epoch)
-        # 3. flows on dead paths (and flows waiting for one) are placed again
-        if changed or pending_stalled:
-            on_dead = np.unique(subs.flow[~path_alive[subs.path]]) if len(subs) else []
-            cand = np.unique(
-                np.r_[
-                    np.asarray(on_dead, dtype=np.int64), np.asarray(pending_stalled, dtype=np.int64)
-                ]
-            )
-            can_go = np.array([ctx.flow_paths(f, path_alive).size > 0 for f in cand.tolist()])
-            placeable = cand[can_go] if cand.size else cand
-            pending_stalled = cand[~can_go].tolist() if cand.size else []
-            stalled[pending_stalled] = True
-            if placeable.size:
-                apply(pol.assign(placeable, obs), t, "failover", placeable)
-        # 4. new flows
-        if new.size:
-            ok = np.array([ctx.flow_paths(f, path_alive).size > 0 for f in new.tolist()])
-            waiting = new[~ok]
-            pending_stalled.extend(waiting.tolist())
-            stalled[waiting] = True
-            if ok.any():
-                apply(pol.assign(new[ok], obs), t, "new", new[ok])
-        # 5. the policy's moves
-        apply(pol.on_epoch(obs), t, "move", None)
-
-        # 6. rates
-        S = len(subs)
-        rate = np.zeros(S)
-        if S:
-            alive = path_alive[subs.path]
-            starts = np.maximum(t, subs.ready)
-            active = alive & (starts < t_end) & (subs.rem > 0)
-            fb = active & ~subs.fresh  # senders with feedback get their max-min share
-            if fb.any():
-                sp = subs.path[fb]
-                ln = plen[sp].astype(np.int64)
-                ptr = np.zeros(sp.size + 1, dtype=np.int64)
-                np.cumsum(ln, out=ptr[1:])
-                rows = links2d[sp]
-                flat = rows[rows >= 0].astype(np.int64)
-                eff = cap - bg + (K - queue) / tau
-                eff = np.maximum(eff, MIN_RATE_SHARE * cap)
-                eff[cap <= 0] = 1.0  # unused: no sender crosses a failed link
-                out = np.empty(sp.size)
-                maxmin_into(ptr, flat, eff, np.full(sp.size, np.inf), out)
-                rate[fb] = out
-            fr = active & subs.fresh
-            rate[fr] = subs.rate[fr]
-            # 7. send
-            span = np.where(active, t_end - starts, 0.0)
-            can = rate * span
-            fin = active & (can >= subs.rem) & (rate > 0)
-            snt = np.where(fin, subs.rem, np.minimum(can, subs.rem))
-            snt[~active] = 0.0
-            fin_time = np.where(
-                fin, starts + np.divide(subs.rem, rate, where=rate > 0, out=np.zeros(S)), np.nan
-            )
-            end_send = np.where(fin, fin_time, t_end)
-            # out-of-order exposure: bytes sent before ooo_until after a move ...
-            win = np.clip(np.minimum(end_send, subs.ooo_until) - starts, 0.0, None)
-            ooo_b = np.where(active, np.minimum(rate * win, snt), 0.0)
-            # ... and, for a flow sending on several paths, bytes on paths faster
-            # than its slowest one
-            idx = np.flatnonzero(snt > 0)
-            if idx.size > 1:
-                _, grp, cnt = np.unique(subs.flow[idx], return_inverse=True, return_counts=True)
-                many = cnt[grp] > 1
-                if many.any():
-                    idx, grp = idx[many], grp[many]
-                    d = owd(subs.path[idx])
-                    dmax = np.full(cnt.size, -np.inf)
-                    np.maximum.at(dmax, grp, d)
-                    faster = idx[d < dmax[grp] - OOO_TOLERANCE_S]
-                    ooo_b[faster] = snt[faster]
-            np.add.at(ooo, subs.flow, ooo_b)
-            np.add.at(sent, subs.flow, snt)
-            subs.rem = subs.rem - snt
-            subs.rem[fin] = 0.0
-            subs.rate = np.where(active, rate, subs.rate)
-            subs.fresh = subs.fresh & ~active
-            q0 = queue.copy()
-            in_b, out_b = propagate(links2d, plen, subs.path, snt, bg * dt, queue, cap, dt)
-            # last byte of each flow: keep the latest finishing subflow, and the
-            # one-way delay its last byte sees: each queue at its finish time,
-            # grown at the epoch's starting rates (at most what the link held
-            # plus all it received this epoch)
-            if fin.any():
-                fi = np.flatnonzero(fin)
-                fi = fi[np.argsort(fin_time[fi], kind="stable")]
-                rows = links2d[subs.path[fi]].astype(np.int64)
-                m = rows >= 0
-                r0 = np.where(m, rows, 0)
-                grow = link_in_bytes(links2d, plen, subs.path, np.where(active, rate, 0.0), nl)
-                grow += bg - cap
-                qf = q0[r0] + grow[r0] * (fin_time[fi] - t)[:, None]
-                qf = np.clip(qf, 0.0, (q0 + in_b)[r0])
-                qd = np.divide(qf, cap[r0], out=np.zeros(qf.shape), where=m & (cap[r0] > 0))
-                f_owd = base_owd[subs.path[fi]] + qd.sum(axis=1)
-                for j, i in enumerate(fi.tolist()):
-                    f = int(subs.flow[i])
-                    if fin_time[i] >= last_send[f]:
-                        last_send[f] = fin_time[i]
-                        last_owd[f] = f_owd[j]
-        else:
-            in_b = bg * dt
-            out_b = queue_step(queue, in_b, cap, dt)
-        # 8. link counters
-        acc_in += in_b
-        acc_out += out_b
-        acc_captime += cap * dt
-        np.maximum(qmax, queue, out=qmax)
-        link_load = in_b / dt
-        # 9. completions
-        if S:
-            gone = subs.rem <= 0
-            if gone.any():
-                fl_gone = np.unique(subs.flow[gone])
-                subs.keep(~gone)
-                still = np.isin(fl_gone, subs.flow)
-                doneflows = fl_gone[~still]
-                if doneflows.size:
-                    fin_s = last_send[doneflows] + last_owd[doneflows]
-                    finish[doneflows] = fin_s
-                    fct[doneflows] = fin_s - trace.start_s[doneflows]
-                    done += int(doneflows.size)
-        t = t_end
-        epoch += 1
-        if done >= F:
-            break
-        # 10. nothing running: jump to the next arrival or event (queues drain meanwhile)
-        if len(subs) == 0 and not pending_stalled:
-            nxt = [float(trace.start_s[next_arr])] if next_arr < F else []
-            if next_ev < len(ev_order):
-                nxt.append(ev_time[ev_order[next_ev]])
-            if not nxt:
-                break
-            t_next = max(math.floor(min(nxt) / dt) * dt, t)
-            if min(nxt) > t_limit:
-                t_next = max(math.floor(t_limit / dt) * dt, t)
-            gap = t_next - t
-            if gap > 0:
-                g_in = bg * gap
-                g_out = queue_step(queue, g_in, cap, gap)
-                acc_in += g_in
-                acc_out += g_out
-                acc_captime += cap * gap
-                link_load = bg.copy()
-                epoch += round(gap / dt)
-                t = t_next
-        elif len(subs) == 0 or not (path_alive[subs.path].any()):
-            # only stalled flows: progress needs an event
-            if next_arr >= F and next_ev >= len(ev_order):
-                break
-
-    util = np.divide(acc_out, acc_captime, out=np.zeros(nl), where=acc_captime > 0)
-    for a in (finish, fct, sent, resent, switches, failovers, ooo, first_path):
+    util = np.divide(links.served, links.captime, out=np.zeros(fab.num_links),
+                     where=links.captime > 0)
+    for a in (flows.finish, flows.fct, flows.sent, flows.resent, flows.switches,
+              flows.failovers, flows.ooo, flows.first_path):
         a.setflags(write=False)
-    net = np.flatnonzero(fab.link_kind == int(LinkKind.NETWORK))
     return DynamicResult(
-        policy=policy_name,
+        policy=placer.name,
         fabric_name=fab.name,
         start_s=trace.start_s,
         size_bytes=trace.size_bytes,
-        finish_s=finish,
-        fct_s=fct,
+        finish_s=flows.finish,
+        fct_s=flows.fct,
         ideal_fct_s=best_time,
-        sent_bytes=sent,
-        resent_bytes=resent,
-        switches=switches,
-        failovers=failovers,
-        ooo_bytes=ooo,
-        first_path=first_path,
-        link_bytes=acc_out,
+        sent_bytes=flows.sent,
+        resent_bytes=flows.resent,
+        switches=flows.switches,
+        failovers=flows.failovers,
+        ooo_bytes=flows.ooo,
+        first_path=flows.first_path,
+        link_bytes=links.served,
         link_utilisation=util,
-        link_queue_max_bytes=qmax,
-        dropped_bytes=dropped,
-        link_in_bytes=acc_in,
-        link_queue_bytes=queue,
-        network_links=net,
-        epochs=epoch,
-        end_s=t,
+        link_queue_max_bytes=links.qmax,
+        dropped_bytes=links.dropped,
+        link_in_bytes=links.fed,
+        link_queue_bytes=net.queue,
+        network_links=np.flatnonzero(fab.link_kind == int(LinkKind.NETWORK)),
+        epochs=run.epoch,
+        end_s=run.t,
         wall_s=time.perf_counter() - t_wall,
-        info={**pol.stats(), "stalled_flows": int(stalled.sum())},
+        info={**pol.stats(), "stalled_flows": int(flows.stalled.sum())},
     )
+
+
+class _Run:
+    """The epoch loop: events, placement, sending, accounting, in that order."""
+
+    def __init__(self, trace: FlowTrace, net: Network, subs: Subflows, flows: FlowStats,
+                 links: LinkStats, evq: EventQueue, placer: Placer, ctl: cc.Control,
+                 dt: float, t_limit: float) -> None:
+        self.trace, self.net, self.subs, self.flows, self.links = trace, net, subs, flows, links
+        self.evq, self.placer, self.ctl, self.dt, self.t_limit = evq, placer, ctl, dt, t_limit
+        self.num_flows = len(trace)
+        self.t = math.floor(float(trace.start_s[0]) / dt) * dt if self.num_flows else 0.0
+        self.epoch = 0
+        self.next_arr = 0  # first flow not yet arrived
+        self.done = 0  # flows completed
+
+    def play(self) -> None:
+        """Run epochs until every flow finished, time ran out or nothing can progress."""
+        while self.done < self.num_flows:
+            if self.t >= self.t_limit:
+                break
+            self.step()
+            if self.done >= self.num_flows or not self.skip_idle():
+                break
+
+    def step(self) -> None:
+        """One epoch."""
+        t, net, placer = self.t, self.net, self.placer
+        t_end = t + self.dt
+        changed = self.evq.apply_due(t, net)
+        if changed:
+            apply_capacity(net, self.subs, self.flows, self.links)
+        hi_arr = int(np.searchsorted(self.trace.start_s, t_end, side="left"))
+        new = np.arange(self.next_arr, hi_arr, dtype=np.int64)
+        self.next_arr = hi_arr
+        obs = observe(net, self.subs, t, self.epoch)
+        if changed or placer.pending:
+            placer.replace_stranded(obs, t)
+        if new.size:
+            placer.place_new(new, obs, t)
+        placer.apply(placer.pol.on_epoch(obs), t, "move", None)
+        in_b, out_b = self.transfer(t, t_end) if len(self.subs) else self.idle_epoch()
+        self.links.count(in_b, out_b, net.cap * self.dt)
+        np.maximum(self.links.qmax, net.queue, out=self.links.qmax)
+        net.link_load = in_b / self.dt
+        self.done += account.complete(self.subs, self.flows, self.trace)
+        self.t = t_end
+        self.epoch += 1
+
+    def transfer(self, t: float, t_end: float) -> tuple[np.ndarray, np.ndarray]:
+        """The subflows send; the queues take what they sent. Returns bytes fed and served."""
+        net, subs, flows = self.net, self.subs, self.flows
+        s = cc.send(self.ctl, net, subs, t, t_end)
+        np.add.at(flows.ooo, subs.flow, account.exposure(net, subs, s))
+        np.add.at(flows.sent, subs.flow, s.sent)
+        cc.advance(subs, s)
+        q0 = net.queue.copy()
+        in_b, out_b = propagate(net.links2d, net.plen, subs.path, s.sent, net.bg * self.dt,
+                                net.queue, net.cap, self.dt)
+        account.last_bytes(net, subs, s, flows, t, q0, in_b)
+        return in_b, out_b
+
+    def idle_epoch(self) -> tuple[np.ndarray, np.ndarray]:
+        in_b = self.net.bg * self.dt
+        return in_b, queue_step(self.net.queue, in_b, self.net.cap, self.dt)
+
+    def skip_idle(self) -> bool:
+        """With nothing running, jump to the next arrival or event; False if the run is over."""
+        net, subs, evq = self.net, self.subs, self.evq
+        if len(subs) == 0 and not self.placer.pending:
+            arrival = self.next_arr < self.num_flows
+            nxt = [float(self.trace.start_s[self.next_arr])] if arrival else []
+            if not evq.exhausted:
+                nxt.append(evq.next_time())
+            if not nxt:
+                return False
+            t_next = max(math.floor(min(nxt) / self.dt) * self.dt, self.t)
+            if min(nxt) > self.t_limit:
+                t_next = max(math.floor(self.t_limit / self.dt) * self.dt, self.t)
+            gap = t_next - self.t
+            if gap > 0:
+                account.idle(net, self.links, gap)
+                self.epoch += round(gap / self.dt)
+                self.t = t_next
+        elif len(subs) == 0 or not (net.path_alive[subs.path].any()):
+            # only stalled flows: progress needs an arrival or an event
+            return not (self.next_arr >= self.num_flows and evq.exhausted)
+        return True

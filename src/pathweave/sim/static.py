@@ -15,9 +15,10 @@ import numpy as np
 from numba import njit
 
 from pathweave.errors import PlanError
-from pathweave.fabric import Fabric, LinkKind, VertexKind
+from pathweave.fabric import Fabric, VertexKind
 from pathweave.fabric.presets import resolve
 from pathweave.plan import Plan
+from pathweave.plan.timemodel import effective_links, link_latency_s
 from pathweave.sim._engine import run_flows
 from pathweave.sim.model import SimModel, SimResult
 
@@ -126,41 +127,6 @@ class FlowSet:
             setattr(self, k, v)
 
 
-def _virtual_links(fabric: Fabric, model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(virt_a, virt_b, capacity)``: up to two virtual links per real link."""
-    nlinks = fabric.num_links
-    src, dst = fabric.link_src, fabric.link_dst
-    vk = fabric.vertex_kind
-    kind = fabric.link_kind
-    cap = fabric.capacity_Bps
-    virt_a = np.full(nlinks, -1, dtype=np.int64)
-    virt_b = np.full(nlinks, -1, dtype=np.int64)
-    caps: list[np.ndarray] = []
-    nxt = nlinks
-
-    def add(mask: np.ndarray, owner: np.ndarray, eff: float, slot: np.ndarray) -> None:
-        nonlocal nxt
-        if eff >= 1.0 or not mask.any():
-            return
-        owners, inv = np.unique(owner[mask], return_inverse=True)
-        total = np.bincount(inv, weights=cap[mask], minlength=owners.size)
-        slot[mask] = nxt + inv
-        caps.append(eff * total)
-        nxt += owners.size
-
-    inject = (kind == LinkKind.NVLINK) & (vk[src] == _GPU)
-    add(inject, src, model.nvlink_inject_efficiency, virt_a)
-    node = fabric.vertex_node
-    net = kind == LinkKind.NETWORK
-    tx = net & (vk[src] == _NIC)
-    rx = net & (vk[dst] == _NIC)
-    # A NETWORK link leaving a NIC is never an NVLink out of a GPU: slot a is free.
-    add(tx, node[src], model.nic_aggregate_efficiency, virt_a)
-    add(rx, node[dst], model.nic_aggregate_efficiency, virt_b)
-    vcap = np.concatenate(caps) if caps else np.zeros(0)
-    return virt_a, virt_b, vcap
-
-
 def _check_fabric(fabric: Fabric, plan: Plan) -> None:
     pf = plan.fabric
     if fabric is pf:
@@ -185,13 +151,12 @@ def build_flows(fabric: Fabric, plan: Plan, model: SimModel) -> FlowSet:
     sel = np.flatnonzero(plan.flow_bytes > 0)
     fpath = np.ascontiguousarray(plan.flow_path[sel], dtype=np.int64)
     fbytes = np.ascontiguousarray(plan.flow_bytes[sel], dtype=np.int64)
-    cap_eff = fabric.capacity_Bps.astype(np.float64).copy()
-    cap_eff[fabric.link_kind == LinkKind.NETWORK] *= model.network_efficiency
-    if model.hop_latency_s is None:
-        latency = np.ascontiguousarray(fabric.latency_s, dtype=np.float64)
-    else:
-        latency = np.full(fabric.num_links, float(model.hop_latency_s))
-    virt_a, virt_b, vcap = _virtual_links(fabric, model)
+    # The effective links are the time model's (pathweave.plan.timemodel):
+    # one definition for the planner's prediction and the simulator.
+    virt_a, virt_b, cap_all = effective_links(fabric, model)
+    cap_eff = np.ascontiguousarray(cap_all[: fabric.num_links])
+    vcap = cap_all[fabric.num_links :]
+    latency = link_latency_s(fabric, model)
     ptr, links, fcap, relays, fill_s = _flow_arrays(
         ps.links,
         ps.length,

@@ -13,10 +13,16 @@ destinations with the largest fractional share, ties to the lowest rank).
 Random generators take ``seed: int = 0`` and draw from
 ``numpy.random.default_rng(seed)``, so a given seed gives the same matrix on
 every machine and in every process.
+
+Arguments are checked by :mod:`pathweave._check`: an argument of the wrong
+type (``num_ranks=4.0``, ``periodic="yes"``) raises TypeError, a value out of
+range raises :class:`~pathweave.errors.WorkloadError`; both name the argument
+and the value.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -24,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pathweave import _check
 from pathweave.errors import WorkloadError
 
 __all__ = [
@@ -42,35 +49,9 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-def _int_arg(name: str, value: Any, *, minimum: int | None = None) -> int:
-    # bool is an Integral subclass but True/False as a rank count is a bug.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise WorkloadError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise WorkloadError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
-
-
-def _real_arg(
-    name: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise WorkloadError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise WorkloadError(f"{name} must be finite, got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        bound = f"> {low}" if low_open else f">= {low}"
-        raise WorkloadError(f"{name} must be {bound}, got {value!r}")
-    if high is not None and value > high:
-        raise WorkloadError(f"{name} must be <= {high}, got {value!r}")
-    return value
+# The generators' argument checks: pathweave._check with WorkloadError for bad values.
+_int_arg = functools.partial(_check.integer, error=WorkloadError)
+_real_arg = functools.partial(_check.real, error=WorkloadError)
 
 
 def _num_ranks_arg(num_ranks: Any) -> int:
@@ -98,7 +79,7 @@ def _rank_set_arg(name: str, value: Any, num_ranks: int) -> tuple[int, ...]:
     """Normalise one rank or a sequence of distinct ranks to a sorted tuple."""
     items = [value] if isinstance(value, numbers.Integral) else value
     if isinstance(items, (str, bytes)) or not isinstance(items, (Sequence, np.ndarray)):
-        raise WorkloadError(f"{name} must be a rank or a sequence of ranks, got {value!r}")
+        raise TypeError(f"{name} must be a rank or a sequence of ranks, got {value!r}")
     ranks: list[int] = []
     for item in items:
         rank = _int_arg(name, item)
@@ -224,8 +205,10 @@ def hotspot(
 
     Raises
     ------
+    TypeError
+        On an argument of the wrong type.
     WorkloadError
-        On a bad argument, or when ``ratio < 1`` but every peer of a non-hot
+        On a bad value, or when ``ratio < 1`` but every peer of a non-hot
         rank is hot, so the ``1 - ratio`` share has nowhere to go.
 
     Examples
@@ -668,7 +651,7 @@ def stencil(
         raise WorkloadError(f"dims must be 1 or 2, got {dims!r}")
     boundary_factor = _real_arg("boundary_factor", boundary_factor, low=0.0)
     if not isinstance(periodic, (bool, np.bool_)):
-        raise WorkloadError(f"periodic must be a bool, got {periodic!r}")
+        raise TypeError(f"periodic must be a bool, got {periodic!r}")
 
     if dims == 1:
         if shape is not None:

@@ -1,7 +1,8 @@
 """Workload spec strings: a compact, command-line friendly way to name a workload.
 
-Grammar (whitespace around tokens is ignored, names and keys are
-case-insensitive, ``-`` and ``_`` are interchangeable in names)::
+Grammar (:mod:`pathweave._spec`, shared with fabric specs; whitespace
+around tokens is ignored, names and keys are case-insensitive, ``-`` and
+``_`` are interchangeable in names, each key once)::
 
     spec   := name [ ":" items ]
     items  := item ( "," item )*
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from pathweave import _spec
 from pathweave.errors import WorkloadError
 
 from . import generators
@@ -71,8 +73,6 @@ _SIZE_UNITS = {
     "gb": 10**9,
     "tb": 10**12,
 }
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
 
 
 def parse_size(text: str, what: str = "size") -> float:
@@ -98,7 +98,7 @@ def parse_size(text: str, what: str = "size") -> float:
     (67108864.0, 1000.0, 2048.0)
     """
     if not isinstance(text, str):
-        raise WorkloadError(f"{what} {text!r} is not a size string such as 64M")
+        raise TypeError(f"{what} must be a size string such as 64M, got {text!r}")
     match = _SIZE_RE.match(text.strip())
     if match is None:
         raise WorkloadError(f"{what} {text!r} is not a size such as 4096, 64M, 1.5GiB or 100KB")
@@ -124,34 +124,16 @@ def _where(workload: str, key: str, text: str) -> str:
 
 
 def _as_float(workload: str, key: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise WorkloadError(f"{_where(workload, key, text)} is not a number") from None
-    if not math.isfinite(value):
-        raise WorkloadError(f"{_where(workload, key, text)} is not a finite number")
-    return value
+    return _spec.number(text, _where(workload, key, text), WorkloadError)
 
 
 def _as_int(workload: str, key: str, text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        pass
-    # Allow integral floats such as 1e4 or 16384.0, which people type.
-    value = _as_float(workload, key, text)
-    if value != math.floor(value):
-        raise WorkloadError(f"{_where(workload, key, text)} is not an integer")
-    return int(value)
+    # Integral floats such as 1e4 or 16384.0 are accepted: people type them.
+    return _spec.integer(text, _where(workload, key, text), WorkloadError)
 
 
 def _as_bool(workload: str, key: str, text: str) -> bool:
-    lowered = text.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise WorkloadError(f"{_where(workload, key, text)} is not a boolean (true/false)")
+    return _spec.boolean(text, _where(workload, key, text), WorkloadError)
 
 
 def _as_size(workload: str, key: str, text: str) -> float:
@@ -305,52 +287,37 @@ class WorkloadSpec:
 
         Raises
         ------
+        TypeError
+            ``spec`` is not a string.
         WorkloadError
             Naming the unknown workload or key, or the value that does not
             parse, and listing what is valid.
         """
-        if not isinstance(spec, str):
-            raise WorkloadError(f"a workload spec must be a string, got {spec!r}")
-        head, sep, rest = spec.strip().partition(":")
-        name = head.strip().lower().replace("-", "_")
+        head, rest = _spec.split(spec, "workload spec")
+        name = head.lower().replace("-", "_")
         if name not in _KINDS:
-            raise _unknown("workload", head.strip(), list(_KINDS))
+            raise _unknown("workload", head, list(_KINDS))
         kind = _KINDS[name]
+
+        def canonical(key: str) -> str:
+            key = key.lower()
+            return "bytes" if key in _BYTES_KEYS else kind.aliases.get(key, key)
+
+        items = _spec.items(
+            rest, where=f"workload spec {spec!r}", error=WorkloadError, canonical=canonical,
+            positional=kind.positional,
+            hint=f"; write key=value with keys {', '.join(cls._keys(name))}",
+        )
         params: dict[str, Any] = {}
         size: float | None = None
-        items = [item.strip() for item in rest.split(",")] if sep else []
-        if sep and items == [""]:
-            raise WorkloadError(f"workload spec {spec!r} has nothing after ':'")
-        for index, item in enumerate(items):
-            if item == "":
-                raise WorkloadError(f"workload spec {spec!r} has an empty item")
-            key, eq, text = item.partition("=")
-            key, text = key.strip().lower(), text.strip()
-            if not eq:
-                if kind.positional is None:
-                    raise WorkloadError(
-                        f"workload {name!r} takes no bare value, got {item!r}; write "
-                        f"key=value with keys {', '.join(cls._keys(name))}"
-                    )
-                if index != 0:
-                    raise WorkloadError(
-                        f"workload {name!r}: bare value {item!r} must come first; "
-                        f"write key=value with keys {', '.join(cls._keys(name))}"
-                    )
-                key, text = kind.positional, item
-            if text == "":
-                raise WorkloadError(f"workload {name!r}: key {key!r} has an empty value")
-            if key in _BYTES_KEYS:
-                if size is not None:
-                    raise WorkloadError(f"workload {name!r}: bytes given twice in {spec!r}")
-                size = _as_size(name, key, text)
-                continue
-            canonical = kind.aliases.get(key, key)
-            if canonical not in kind.keys:
-                raise _unknown(f"key for workload {name!r}:", key, cls._keys(name))
-            if canonical in params:
-                raise WorkloadError(f"workload {name!r}: {canonical} given twice in {spec!r}")
-            params[canonical] = kind.keys[canonical](name, key, text)
+        for key, written, text in items:
+            as_written = key if written is None else written.lower()
+            if key == "bytes":
+                size = _as_size(name, as_written, text)
+            elif key in kind.keys:
+                params[key] = kind.keys[key](name, as_written, text)
+            else:
+                raise _unknown(f"key for workload {name!r}:", as_written, cls._keys(name))
         missing = [k for k in kind.required if k not in params]
         if missing:
             raise WorkloadError(

@@ -39,7 +39,6 @@ Examples
 from __future__ import annotations
 
 import importlib
-import math
 import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pathweave import _check
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
 from pathweave.sim._queue import path_sums
@@ -273,19 +273,13 @@ class DynamicPolicy:
         self.opts: dict[str, Any] = {**self.options, **options}
 
     def check(self, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-        """``self.opts[key]`` as a float in ``[lo, hi]`` (``(lo, hi]``), else a PlanError."""
-        v = self.opts[key]
-        ok = (
-            not isinstance(v, bool)
-            and isinstance(v, (int, float, np.integer, np.floating))
-            and math.isfinite(float(v))
-            and (float(v) > lo if lo_open else float(v) >= lo)
-            and float(v) <= hi
-        )
-        if not ok:
-            interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
-            raise PlanError(f"{self.name} option {key}={v!r} must lie in {interval}")
-        return float(v)
+        """``self.opts[key]`` as a float in ``[lo, hi]`` (``(lo, hi]``).
+
+        Raises TypeError for a value that is not a number, PlanError for one
+        out of range (see :mod:`pathweave._check`).
+        """
+        return _check.real(f"{self.name} option {key}", self.opts[key], low=lo, high=hi,
+                           low_open=lo_open, error=PlanError)
 
     def assign(self, flows: np.ndarray, obs: Observation) -> list[PathChoice]:
         """Choose paths for ``flows`` (new, or stranded on a dead path)."""

@@ -71,6 +71,8 @@ class FlowBender(DynamicPolicy):
         for i in np.flatnonzero(cnt >= self.patience).tolist():
             flow, cur = int(f[i]), int(p[i])
             cands = self.ctx.flow_paths(flow, obs.path_alive)
+            if cands.size == 0:
+                continue  # stranded on a dead path: the run re-places it when one comes back
             new = int(cands[self.ctx.rng.integers(cands.size)])
             self.high_epochs[flow] = 0
             self.rehashes += 1

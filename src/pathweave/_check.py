@@ -1,0 +1,138 @@
+"""Argument checks shared by every layer: one rule for types, one for ranges.
+
+A value of the wrong type raises :class:`TypeError`; a value of the right
+type outside its range raises ``error``, the calling package's own error
+(:class:`~pathweave.errors.WorkloadError` in ``traffic``,
+:class:`~pathweave.errors.PlanError` for policy options, :class:`ValueError`
+where no package error applies). Every message names the argument and the
+offending value, in one form: ``NAME must be REQUIREMENT, got VALUE``.
+
+``bool`` is refused where a number is expected (it is an ``int`` subclass,
+but ``True`` as a rank count is a bug). numpy scalars are accepted.
+
+This module sits at the bottom of the layer picture (it imports nothing from
+pathweave), so any package may use it: ``runtime._validate.positive_int``
+and ``nonnegative_float``, ``moe.layer._positive`` and ``plan.mwu._check``
+are the same checks and can become calls to :func:`integer` and :func:`real`.
+
+Examples
+--------
+>>> from pathweave import _check
+>>> _check.integer("nodes", 4, minimum=1)
+4
+>>> _check.real("ratio", 1.5, low=0.0, high=1.0)
+Traceback (most recent call last):
+...
+ValueError: ratio must be in [0.0, 1.0], got 1.5
+>>> _check.integer("nodes", 4.0)
+Traceback (most recent call last):
+...
+TypeError: nodes must be an integer, got float 4.0
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+
+def _got(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def integer(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[Exception] = ValueError,
+) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]`` (either bound optional).
+
+    Parameters
+    ----------
+    name
+        What the value is, as the message names it (``"num_ranks"``,
+        ``"hopper option probes"``).
+    value
+        Any integral number but ``bool``.
+    minimum, maximum
+        Inclusive bounds; ``None`` leaves that side open.
+    error
+        Raised for a value out of range.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an integral number (``4.0`` included).
+    error
+        ``value`` lies outside the bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {_got(value)}")
+    v = int(value)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise error(f"{name} must be {_interval(minimum, maximum, False, False)}, got {value!r}")
+    return v
+
+
+def real(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    error: type[Exception] = ValueError,
+) -> float:
+    """``value`` as a finite ``float`` between ``low`` and ``high``.
+
+    Parameters
+    ----------
+    name
+        What the value is, as the message names it.
+    value
+        Any real number but ``bool``; NaN and infinities are out of range.
+    low, high
+        Bounds; ``None`` leaves that side open (but finite).
+    low_open, high_open
+        Exclude the bound itself (``> low``, ``< high``).
+    error
+        Raised for a value out of range.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number.
+    error
+        ``value`` is not finite or lies outside the bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {_got(value)}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise error(f"{name} must be finite, got {value!r}")
+    below = low is not None and (v <= low if low_open else v < low)
+    above = high is not None and (v >= high if high_open else v > high)
+    if below or above:
+        raise error(f"{name} must be {_interval(low, high, low_open, high_open)}, got {value!r}")
+    return v
+
+
+def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    """The requirement in words: ``positive``, ``>= 1``, ``in (0, 1]``, ``finite``."""
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    if lo is not None:
+        if lo == 0:
+            return "positive" if lo_open else "non-negative"
+        return f"{'>' if lo_open else '>='} {lo}"
+    if hi is not None:
+        return f"{'<' if hi_open else '<='} {hi}"
+    return "finite"
+
+
+__all__ = ["integer", "real"]

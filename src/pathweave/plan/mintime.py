@@ -1,0 +1,301 @@
+"""The default policy, ``mintime``: the candidate plan of least predicted time.
+
+pathweave's promise is "faster under skew, never slower". The congestion
+bound alone does not keep it: forwarding costs time the bound does not see
+(relay efficiency, per-forwarder set-up, pipeline fill, the NVLink-injection
+and NIC-aggregate limits), and a min-congestion plan that forwards a lot can
+be slower than plain rail striping with the same bound. ``mintime`` plans
+several candidates and returns the one the time model
+(:func:`pathweave.plan.timemodel.predict_time`) predicts fastest:
+
+* every registered *baseline* (``static``, ``multirail``, ``hscore``;
+  :func:`pathweave.plan.registry.baselines`), so by construction the result
+  is never predicted slower than any of them;
+* ``mwu`` (NIMBLE's Algorithm 1, min-congestion over the real links);
+* ``mwu_time``: the same kernel over the model's *effective* links (network
+  efficiency, the virtual NVLink-injection and NIC-aggregate links) with each
+  path's forwarding time (set-up per relay, pipeline fill) as its penalty
+  over the pair's cheapest path.
+
+Choosing. The model is a lower bound of the simulator's max-min fluid
+makespan. Over 39 benchmark cases (8 to 32 GPUs) the simulator ends a
+median 0.6 % (90th percentile 3 %) above the prediction for the baselines'
+plans, but 4 % (90th percentile 10 %, worst 13 %) above it for multi-path
+plans, which load many links near the maximum at once: max-min sharing
+cannot keep them all busy to the end (with every efficiency at 1 the
+simulator still ends up to 15 % above such a plan's congestion bound;
+``docs/simulator.md``). So a multi-path candidate
+replaces the best baseline only if its prediction is lower by more than
+``margin`` (default 12 %: above the optimism measured wherever a multi-path
+plan lost in simulation), and among baselines
+within ``tie`` (0.2 %) of each other the first registered wins (``static``
+before ``multirail`` before ``hscore``: the simplest; the model cannot tell
+such plans apart).
+
+``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
+and the CLI use it where no policy is given.
+
+Examples
+--------
+>>> import pathweave as pw
+>>> fab = pw.fabric.preset("h100-2x4")
+>>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+>>> plan = pw.plan.make(fab, D)
+>>> plan.policy, plan.info["chosen"]
+('mintime', 'multirail')
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pathweave.errors import PlanError
+from pathweave.fabric import Fabric, PathSet
+from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
+from pathweave.plan._plan import Plan
+from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
+from pathweave.plan.mwu import _check, route
+from pathweave.plan.registry import baselines, policy_info, register
+from pathweave.plan.static import static_pins
+from pathweave.plan.timemodel import default_model, path_costs, predict_time
+
+#: The policy used wherever none is given.
+DEFAULT_POLICY = "mintime"
+
+#: Multi-path candidates planned beside the baselines.
+MULTIPATH = ("mwu", "mwu_time")
+
+#: The multi-path candidates plan in chunks of at least the largest pair / PLAN_PIECES.
+PLAN_PIECES = 64
+
+MWU_TIME_DEFAULTS: dict[str, Any] = {
+    "fraction": MWU_DEFAULTS["fraction"],
+    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
+    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
+    "refine": MWU_DEFAULTS["refine"],
+    "model": None,
+}
+
+MINTIME_DEFAULTS: dict[str, Any] = {
+    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
+    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
+    "model": None,
+    "margin": 0.12,
+    "tie": 0.002,
+}
+
+
+def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-path forwarding penalty (s) over the pair's cheapest path, and 1/capacity."""
+    m = default_model() if model is None else model
+    pc = path_costs(paths, m)
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        fixed = pc.fixed_s(np.arange(paths.num_paths))
+        ptr = paths.pair_ptr
+        starts = ptr[:-1]
+        nonempty = ptr[1:] > starts
+        mins = np.zeros(starts.size)
+        mins[nonempty] = np.minimum.reduceat(fixed, starts[nonempty])
+        pen = fixed - np.repeat(mins, np.diff(ptr))
+        inv = 1.0 / pc.capacity_Bps
+        pen.setflags(write=False)
+        inv.setflags(write=False)
+        return pen, inv
+
+    return paths.derived(("mwu_time.tables", m), build)
+
+
+@register(
+    "mwu_time",
+    options=MWU_TIME_DEFAULTS,
+    summary="Algorithm 1 over the time model's effective links, forwarding time as penalty",
+)
+def mwu_time(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    *,
+    fraction: float = MWU_TIME_DEFAULTS["fraction"],
+    chunk_bytes: int = MWU_TIME_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MWU_TIME_DEFAULTS["min_split_bytes"],
+    refine: int = MWU_TIME_DEFAULTS["refine"],
+    model: Any = None,
+) -> Plan:
+    """Time-aware MWU: see the module docstring."""
+    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
+    _check("chunk_bytes", chunk_bytes, 1, 2**62)
+    _check("min_split_bytes", min_split_bytes, 0, 2**62)
+    _check("refine", refine, 0, 1000)
+    pc = path_costs(paths, model)
+    pen, inv = _time_tables(paths, model)
+    return route(
+        fabric, demand, paths, "mwu_time", pc.links, pc.length, pen, inv,
+        fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+        refine=refine,
+    )
+
+
+def candidates(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, *, chunk_bytes: int,
+    min_split_bytes: int, model: Any = None,
+) -> dict[str, Plan]:
+    """Every baseline's plan and every multi-path candidate's, by policy name."""
+    out = {name: policy_info(name).func(fabric, demand, paths) for name in baselines()}
+    largest = int(demand.max(initial=0))
+    # Planning granularity: at least 1/PLAN_PIECES of the largest pair. Finer
+    # chunks cost planning time (13x at 64 GPUs, 256 MiB per rank) and moved
+    # no prediction by more than 0.01 % over the benchmark workloads.
+    split = {"chunk_bytes": max(chunk_bytes, largest // PLAN_PIECES),
+             "min_split_bytes": min_split_bytes}
+    if largest >= min_split_bytes:
+        out["mwu"] = policy_info("mwu").func(fabric, demand, paths, **split)
+        out["mwu_time"] = mwu_time(fabric, demand, paths, model=model, **split)
+    return out
+
+
+def choose(
+    plans: dict[str, Plan], times_s: dict[str, float], *, margin: float, tie: float
+) -> str:
+    """The chosen candidate's name (rule in the module docstring)."""
+    base = [n for n in plans if n in baselines()]
+    best_base = min(times_s[n] for n in base)
+    near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]
+    pick = near[0]  # registration order: the simplest of the tied baselines
+    multi = [n for n in plans if n not in base]
+    if multi:
+        m = min(multi, key=lambda n: times_s[n])
+        if times_s[m] * (1.0 + margin) < times_s[pick]:
+            return m
+    return pick
+
+
+@register(
+    DEFAULT_POLICY,
+    options=MINTIME_DEFAULTS,
+    summary="default: plans every baseline, mwu and mwu_time; returns the least predicted time",
+)
+def mintime(
+    fabric: Fabric,
+    demand: np.ndarray,
+    paths: PathSet,
+    *,
+    chunk_bytes: int = MINTIME_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MINTIME_DEFAULTS["min_split_bytes"],
+    model: Any = None,
+    margin: float = MINTIME_DEFAULTS["margin"],
+    tie: float = MINTIME_DEFAULTS["tie"],
+) -> Plan:
+    """Plan every candidate and return the fastest in prediction (module docstring)."""
+    for name, v in (("margin", margin), ("tie", tie)):
+        if not (0.0 <= v < 1.0):
+            raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
+    plans = candidates(fabric, demand, paths, chunk_bytes=chunk_bytes,
+                       min_split_bytes=min_split_bytes, model=model)
+    times = {n: predict_time(p, model) for n, p in plans.items()}
+    name = choose(plans, times, margin=margin, tie=tie)
+    p = plans[name]
+    info = {**p.info, "chosen": name, "predicted_s": times[name],
+            "candidates_s": dict(times)}
+    return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
+
+
+# ------------------------------------------------------------ incremental replan
+def warm_start(
+    prev: Plan, demand: np.ndarray, *, model: Any = None, chunk_bytes: int,
+    min_split_bytes: int, refine: int = 2, fraction: float = MWU_DEFAULTS["fraction"],
+) -> Plan:
+    """``mwu_time`` started from ``prev``'s split instead of from scratch.
+
+    Each pair keeps ``prev``'s shares of its paths, applied to its new bytes
+    (new pairs and pairs below ``min_split_bytes`` go whole on their static
+    path); then ``refine`` rip-up-and-re-route passes over the hot links
+    (:func:`~pathweave.plan._mwu_kernel.refine_kernel`) move what the new
+    demand overloads.
+    """
+    ps = prev.paths
+    flat = demand.reshape(-1)
+    pairs = np.flatnonzero(flat)
+    pins = static_pins(ps)
+    dem = flat[pairs].astype(np.int64)
+    small = dem < min_split_bytes
+    lo = np.where(small, pins[pairs], ps.pair_ptr[pairs])
+    hi = np.where(small, pins[pairs] + 1, ps.pair_ptr[pairs + 1])
+    off = np.concatenate([[0], np.cumsum(hi - lo)])
+    kidx = np.full(flat.size, -1, dtype=np.int64)
+    kidx[pairs] = np.arange(pairs.size)
+    # The previous shares, applied to the new bytes (rounded down).
+    pf, fp, fb = prev._pair_of_flow, prev.flow_path, prev.flow_bytes
+    prev_tot = np.bincount(pf, weights=fb, minlength=flat.size)
+    k = kidx[pf]
+    ok = (k >= 0) & (fb > 0)
+    ok[ok] &= (fp[ok] >= lo[k[ok]]) & (fp[ok] < hi[k[ok]])
+    k, fpk = k[ok], fp[ok]
+    share = np.floor(dem[k] * (fb[ok] / prev_tot[pf[ok]])).astype(np.int64)
+    nslot = int(off[-1])
+    flow = np.bincount(off[k] + fpk - lo[k], weights=share, minlength=nslot)
+    # What rounding or new pairs leave goes to the static path.
+    got = np.bincount(k, weights=share, minlength=pairs.size)
+    flow += np.bincount(off[:-1] + pins[pairs] - lo, weights=dem - got, minlength=nslot)
+    flow = np.rint(flow).astype(np.int64)
+    pc = path_costs(ps, model)
+    pen, inv = _time_tables(ps, model)
+    slot_path = np.repeat(lo - off[:-1], hi - lo) + np.arange(nslot)
+    rows = pc.links[slot_path]
+    m = rows >= 0
+    load = np.bincount(rows[m], weights=np.broadcast_to(flow[:, None], rows.shape)[m],
+                       minlength=inv.size).astype(np.float64)
+    refine_kernel(lo, hi, dem, off, pc.links, pc.length, pen, inv, float(fraction),
+                  np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine), load,
+                  flow)
+    pid, nb = compact_flows(lo, hi, flow)
+    pid.setflags(write=False)
+    nb.setflags(write=False)
+    return Plan(prev.fabric, ps, demand, pid, nb, "mwu_time", 0.0, {"warm_start": True})
+
+
+def replan(
+    prev: Plan, demand: Any, *, model: Any = None, chunk_bytes: int | None = None,
+    min_split_bytes: int | None = None, margin: float | None = None, tie: float | None = None,
+) -> Plan:
+    """Plan ``demand`` from ``prev`` (a plan on the same paths): the incremental default policy.
+
+    When the demand changes a little (the next MoE step), the previous
+    split is a good start: :func:`warm_start` applies it to the new bytes and
+    re-routes only what got hot. The result competes with every baseline
+    exactly as in ``mintime`` (the same :func:`choose`), so a replan is never
+    predicted slower than a baseline either; ``info["chosen"]`` says which
+    won (``"warm"`` for the warm start).
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> D1 = pw.traffic.parse_workload("stencil:dims=2", 8, bytes_per_rank=256 << 20)
+    >>> p1 = pw.plan.make(fab, D1)
+    >>> p2 = pw.plan.replan(p1, D1 * 1.1 // 1)
+    >>> p2.policy, p2.info["chosen"]
+    ('mintime', 'warm')
+    """
+    from pathweave.plan.registry import as_demand
+
+    d = MINTIME_DEFAULTS
+    chunk = d["chunk_bytes"] if chunk_bytes is None else chunk_bytes
+    split = d["min_split_bytes"] if min_split_bytes is None else min_split_bytes
+    t0 = time.perf_counter()
+    dem = as_demand(demand, prev.paths.num_ranks)
+    fab, ps = prev.fabric, prev.paths
+    plans = {name: policy_info(name).func(fab, dem, ps) for name in baselines()}
+    if int(dem.max(initial=0)) >= split:
+        plans["warm"] = warm_start(prev, dem, model=model, chunk_bytes=chunk,
+                                   min_split_bytes=split)
+    times = {n: predict_time(p, model) for n, p in plans.items()}
+    name = choose(plans, times, margin=d["margin"] if margin is None else margin,
+                  tie=d["tie"] if tie is None else tie)
+    p = plans[name]
+    info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times)}
+    return Plan(fab, ps, dem, p.flow_path, p.flow_bytes, DEFAULT_POLICY,
+                time.perf_counter() - t0, info)
