@@ -154,7 +154,8 @@ class PolicyResult:
     scaled fabric; ``bound_s``: their congestion bound; ``verified``: every
     rank received exactly the expected bytes in every call;
     ``path_kind_bytes``: bytes per path role the data plane sent (per call);
-    ``plan_switches``: plans replaced during the calls (live adaptation).
+    ``plan_switches``: plans replaced during the calls (live adaptation);
+    ``learned``: its capacity estimates below nominal (link name -> ratio).
     """
 
     policy: str
@@ -165,6 +166,7 @@ class PolicyResult:
     verified: bool
     path_kind_bytes: dict[str, int] = field(default_factory=dict)
     plan_switches: int = 0
+    learned: dict[str, float] = field(default_factory=dict)
 
     @property
     def vs_predicted(self) -> float:
@@ -221,6 +223,7 @@ class EmulationResult:
                 "speedup_predicted": base.predicted_s / p.predicted_s,
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
                 "makespans_s": list(p.makespans_s), "plan_switches": p.plan_switches,
+                "learned": dict(p.learned),
             })
         return rows
 
@@ -583,7 +586,7 @@ def run_workloads(
             results.append(PolicyResult(
                 p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
                 {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
-                int(recs[0].get("switches", 0)),
+                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})),
             ))
         out.append(EmulationResult(
             fabric=fab.name, scale=float(emu.scale), workload=wl,
@@ -759,7 +762,14 @@ def _worker(spec_path: str, rank: int) -> None:
                 calls = spec["warmup"] + spec["repeat"]
                 kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
             switches = 0 if orch is None else orch.stats.plan_switches
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches}
+            learned = {}
+            ad = None if orch is None else getattr(orch._groups.get(None), "adapt", None)
+            if ad is not None:  # the estimates below nominal, for the report
+                q = ad.est.ratio_q()
+                learned = {fab.link_name(i): int(q[i]) / ad.est.levels
+                           for i in np.flatnonzero(q < ad.est.levels)}
+            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches,
+                         "learned": learned}
         res.append(case)
     dist.barrier()
     dist.destroy_process_group()
