@@ -22,8 +22,11 @@ from typing import Any
 
 from pathweave._files import atomic_write
 
-__all__ = ["DEFAULT_RATIOS", "EXTRA_WORKLOADS", "QUICK_RATIOS", "checks", "run",
-           "write_outputs"]
+__all__ = [
+    "BACKGROUND_LOADS", "DEFAULT_RATIOS", "EXTRA_WORKLOADS", "QUICK_RATIOS", "background_checks",
+    "background_policies", "checks", "run", "run_background", "write_background",
+    "write_outputs",
+]
 
 DEFAULT_RATIOS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 QUICK_RATIOS = (0.0, 0.5, 0.9)
@@ -172,3 +175,110 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     # only the CSV and the PNG.
     atomic_write(out_dir / "emulate_checks.txt", ("\n".join(lines) + "\n").encode())
     return [csv_path, png_path]
+
+
+# ------------------------------------------------------- co-tenant sweep
+#: Co-tenant loads of ``bench emulate --background LINK`` (fractions of the link).
+BACKGROUND_LOADS = (0.0, 0.2, 0.4, 0.6, 0.8)
+#: Issue 13's targets: at 60 % load the adaptive default policy within 0.9x the best blind
+#: baseline and 1.2x its residual-capacity bound; without load within 1.02x the blind one.
+TARGET_LOAD, TARGET_VS_BLIND, TARGET_VS_BOUND, TARGET_IDLE_COST = 0.6, 0.9, 1.2, 1.02
+
+
+def background_policies() -> tuple[str, ...]:
+    """static, multirail, the default policy blind and the default policy adapting."""
+    import pathweave.plan as plan
+    from pathweave.emulate.run import ADAPT_SUFFIX
+
+    default = getattr(plan, "DEFAULT_POLICY", "mwu")
+    return ("static", "multirail", default, default + ADAPT_SUFFIX)
+
+
+def run_background(
+    fabric: str = "h100-2x4",
+    link: str = "rail0",
+    *,
+    loads: Sequence[float] = BACKGROUND_LOADS,
+    workload: str = "hotspot:0.6",
+    scale: float = 1e-4,
+    bytes_per_rank: int = 4 << 20,
+    repeat: int = 3,
+    prefix: str = "pw",
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """One emulator; per load a run with a co-tenant at that fraction of ``link`` (none at 0).
+
+    One record per (load, policy) with ``load`` added; policies
+    :func:`background_policies`.
+    """
+    from pathweave.emulate import Emulator
+    from pathweave.emulate.run import run_workloads
+    from pathweave.fabric import resolve
+
+    ls = [float(x) for x in loads]
+    for x in ls:
+        if not 0.0 <= x < 1.0:
+            raise ValueError(f"co-tenant loads must lie in [0, 1), got {x}")
+    fab = resolve(fabric)
+    records = []
+    with Emulator(fab, scale, prefix=prefix) as emu:
+        for x in ls:
+            if progress:
+                progress(f"co-tenant load {x:g} on {link}")
+            res = run_workloads(
+                fab, [workload], scale=scale, bytes_per_rank=bytes_per_rank,
+                policies=background_policies(), repeat=repeat, emulator=emu,
+                background=f"{link}:{x:g}" if x > 0 else None, progress=progress, **options,
+            )[0]
+            for rec in res.records():
+                rec["load"] = x
+                records.append(rec)
+    return records
+
+
+def background_checks(records: Sequence[dict[str, Any]]) -> list[tuple[bool, str]]:
+    """Issue 13's PASS/MISS lines over :func:`run_background` records."""
+    *blind, default, adaptive = background_policies()
+    by = {(r["load"], r["policy"]): r for r in records}
+    out = []
+    for load in sorted({r["load"] for r in records}):
+        a = by.get((load, adaptive))
+        if a is None:
+            continue
+        best = min([*blind, default], key=lambda p, x=load: by[(x, p)]["measured_s"])
+        b = by[(load, best)]
+        if load == TARGET_LOAD:
+            r1 = a["measured_s"] / b["measured_s"]
+            out.append((r1 <= TARGET_VS_BLIND and a["verified"],
+                        f"load {load:g}: {adaptive} {a['measured_s']:.3f} s = {r1:.3f}x the best "
+                        f"blind ({best}, {b['measured_s']:.3f} s); target <= {TARGET_VS_BLIND}"))
+            r2 = a["measured_s"] / a["bound_s"]
+            out.append((r2 <= TARGET_VS_BOUND and a["verified"],
+                        f"load {load:g}: {adaptive} {a['measured_s']:.3f} s = {r2:.3f}x its "
+                        f"residual-capacity bound {a['bound_s']:.3f} s; target <= "
+                        f"{TARGET_VS_BOUND}"))
+        if load == 0.0:
+            d = by[(load, default)]
+            r3 = a["measured_s"] / d["measured_s"]
+            out.append((r3 <= TARGET_IDLE_COST and a.get("plan_switches", 0) == 0
+                        and a["verified"],
+                        f"load 0: {adaptive} {a['measured_s']:.3f} s = {r3:.3f}x blind {default} "
+                        f"({d['measured_s']:.3f} s), {a.get('plan_switches', 0)} plan switches; "
+                        f"target <= {TARGET_IDLE_COST}, none"))
+    return out
+
+
+def write_background(records: Sequence[dict[str, Any]], out_dir: Path) -> Path:
+    """``emulate-background.csv``: one row per (co-tenant load, policy)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    fields = ("load", "background", *(f for f in CSV_FIELDS if f != "ratio"), "plan_switches")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for rec in records:
+        w.writerow(rec)
+    path = out_dir / "emulate-background.csv"
+    atomic_write(path, buf.getvalue().encode())
+    return path

@@ -52,12 +52,20 @@ PrefixOpt = Annotated[str, typer.Option(
 
 
 def _policies(text: str) -> list[str]:
-    """Registered policies (``all`` allowed) plus ``torch``, in the order given."""
+    """Registered policies (``all`` allowed) plus ``torch``, in the order given.
+
+    ``NAME+adapt`` runs NAME with live adaptation (plain names run blind).
+    """
+    from pathweave.emulate.run import ADAPT_SUFFIX
+
     out: list[str] = []
     for item in (p.strip() for p in text.split(",")):
         if not item:
             continue
-        for name in ["torch"] if item == "torch" else parse_policies(item):
+        tail = ADAPT_SUFFIX if item.endswith(ADAPT_SUFFIX) else ""
+        item = item.removesuffix(tail)
+        for name in ["torch"] if item == "torch" and not tail else [
+                n + tail for n in parse_policies(item)]:
             if name not in out:
                 out.append(name)
     if not out:
@@ -167,7 +175,8 @@ def result_table(res: Any) -> Table:
     """Per policy: measured median, simulated, congestion bound, their ratios, speed-ups."""
     t = Table(
         title=f"{res.fabric} emulated at x{res.scale:g}, {res.workload}, "
-        f"{fmt_bytes(res.bytes_per_rank)} per rank, median of {res.repeat}",
+        f"{fmt_bytes(res.bytes_per_rank)} per rank, median of {res.repeat}"
+        + (f", co-tenant {res.background}" if res.background else ""),
         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
     )
     for c in ("policy", "measured", "simulated", "bound", "meas/sim", "meas/bound",
@@ -205,11 +214,17 @@ def run_cmd(
                                                   help="Also write the results as JSON.")]
     = None,
     prefix: PrefixOpt = "pw",
+    background: Annotated[str | None, typer.Option(
+        "--background", metavar="LINK:FRACTION",
+        help="A co-tenant: real TCP traffic at FRACTION of LINK's capacity (a vertex such as "
+        "rail0, or SRC->DST), both ways, for the whole run.")] = None,
 ) -> None:
     """Run the all-to-all per policy over the emulated fabric, beside the simulator's prediction.
 
     Prints, per policy, the measured makespan (median), the simulator's
     prediction for the scaled fabric, the congestion bound and the speed-ups.
+    With --background, predictions and bounds are on the residual capacities;
+    NAME+adapt policies learn them live (one warm-up call).
     """
     from pathweave.emulate import run_emulated
 
@@ -219,7 +234,7 @@ def run_cmd(
         bytes_per_rank=parse_bytes(bytes_per_rank),
         policies=_policies(policy), repeat=repeat,
         chunk_bytes=parse_bytes(chunk_bytes, "--chunk"), prefix=prefix,
-        progress=lambda s: out.print(f"[dim]{s}[/]"),
+        progress=lambda s: out.print(f"[dim]{s}[/]"), background=background,
     )
     out.print(result_table(res))
     if json_out is not None:
@@ -241,12 +256,23 @@ def bench_emulate(
                                         help="Where CSV/PNG go.")]
     = Path("bench-results"),
     prefix: PrefixOpt = "pw",
+    background: Annotated[str | None, typer.Option(
+        "--background", metavar="LINK",
+        help="Instead: sweep a co-tenant's load 0..0.8 on LINK (e.g. rail0) under "
+        "--workload, for static, multirail, the default policy blind and adapting; "
+        "PASS/MISS lines for issue 13's targets.")] = None,
+    workload: Annotated[str, typer.Option(
+        "--workload", help="Workload of the --background sweep.")] = "hotspot:0.6",
 ) -> None:
     """Sweep hotspot 0..0.9 over the emulated fabric: measured vs simulated (CSV + PNG)."""
     from pathweave.bench import emulate as bench
 
     out = console()
     size = parse_bytes(bytes_per_rank)
+    if background is not None:
+        _bench_background(bench, fabric, background, workload, scale, size, repeat, quick,
+                          out_dir, prefix)
+        return
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
         bytes_per_rank=size, policies=_policies(policy),
@@ -267,3 +293,32 @@ def bench_emulate(
     out.print(t)
     files = bench.write_outputs(records, out_dir)
     out.print("wrote " + ", ".join(str(f) for f in files))
+
+
+def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: float,
+                      size: int, repeat: int, quick: bool, out_dir: Path, prefix: str) -> None:
+    """``bench emulate --background LINK``: the co-tenant sweep, its table and its checks."""
+    out = console()
+    if ":" in link:
+        fail(f"--background {link!r}: name only the link (e.g. rail0); the sweep sets the load")
+    loads = (0.0, 0.6) if quick else bench.BACKGROUND_LOADS
+    records = bench.run_background(
+        fabric, link, loads=loads, workload=workload, scale=scale, bytes_per_rank=size,
+        repeat=1 if quick else repeat, prefix=prefix,
+        progress=lambda s: out.print(f"[dim]{s}[/]"),
+    )
+    t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, {workload}, "
+              f"{fmt_bytes(size)} per rank, co-tenant on {link}", title_justify="left",
+              box=box.SIMPLE_HEAD, padding=(0, 1))
+    for c in ("load", "policy", "measured", "simulated", "residual bound", "meas/bound",
+              "switches", "bytes"):
+        t.add_column(c, justify="left" if c in ("policy", "bytes") else "right", no_wrap=True)
+    for r in records:
+        t.add_row(f"{r['load']:g}", r["policy"], fmt_duration(r["measured_s"]),
+                  fmt_duration(r["predicted_s"]), fmt_duration(r["bound_s"]),
+                  f"{r['measured_vs_bound']:.3f}", str(r.get("plan_switches", 0)),
+                  "[green]verified[/]" if r["verified"] else "[red]WRONG[/]")
+    out.print(t)
+    for ok, line in bench.background_checks(records):
+        out.print(("[green]PASS[/] " if ok else "[red]MISS[/] ") + line)
+    out.print(f"wrote {bench.write_background(records, out_dir)}")

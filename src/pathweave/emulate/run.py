@@ -62,6 +62,8 @@ DEFAULT_SCALE = 1e-4
 #: per-stream executor, 256 KiB to 1 MiB measured the same on h100-2x4, hotspot 0.8
 #: (docs/emulator.md); smaller chunks cost more messages, larger ones a longer pipeline fill.
 DEFAULT_CHUNK_BYTES = 512 * 1024
+#: ``NAME+adapt``: policy NAME with live adaptation (the plain name runs blind).
+ADAPT_SUFFIX = "+adapt"
 #: Size threshold of splitting in the emulator.
 DEFAULT_MIN_SPLIT_BYTES = 64 * 1024
 _MASTER_PORT = 29517  # rank 0's namespace is private: no clash with anything outside
@@ -138,7 +140,9 @@ class PolicyResult:
     ``predicted_s``: the simulator's makespan of the same fragments on the
     scaled fabric; ``bound_s``: their congestion bound; ``verified``: every
     rank received exactly the expected bytes in every call;
-    ``path_kind_bytes``: bytes per path role the data plane sent (per call).
+    ``path_kind_bytes``: bytes per path role the data plane sent (per call);
+    ``plan_switches``: plans replaced during the calls (live adaptation);
+    ``learned``: its capacity estimates below nominal (link name -> ratio).
     """
 
     policy: str
@@ -148,6 +152,8 @@ class PolicyResult:
     bound_s: float
     verified: bool
     path_kind_bytes: dict[str, int] = field(default_factory=dict)
+    plan_switches: int = 0
+    learned: dict[str, float] = field(default_factory=dict)
 
     @property
     def vs_predicted(self) -> float:
@@ -175,6 +181,7 @@ class EmulationResult:
     min_split_bytes: int
     policies: tuple[PolicyResult, ...]
     wall_s: float
+    background: str = ""
 
     def policy(self, name: str) -> PolicyResult:
         for p in self.policies:
@@ -201,8 +208,9 @@ class EmulationResult:
                 "measured_vs_predicted": p.vs_predicted, "measured_vs_bound": p.vs_bound,
                 "speedup_measured": base.measured_s / p.measured_s,
                 "speedup_predicted": base.predicted_s / p.predicted_s,
-                "verified": p.verified, "repeat": self.repeat,
-                "makespans_s": list(p.makespans_s),
+                "verified": p.verified, "repeat": self.repeat, "background": self.background,
+                "makespans_s": list(p.makespans_s), "plan_switches": p.plan_switches,
+                "learned": dict(p.learned),
             })
         return rows
 
@@ -222,6 +230,7 @@ def predict(
     window: int = 4,
     min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
     model: Any = None,
+    plan_fabric: Fabric | None = None,
 ) -> tuple[float, float, Any]:
     """Simulated makespan and congestion bound of what the data plane sends for ``policy``.
 
@@ -234,7 +243,9 @@ def predict(
     arrived, and ``window`` (>= 2 slots per stream) only bounds how far a
     sender runs ahead, so it does not change the prediction. ``torch`` is
     predicted as ``static`` (its kernel routes are the static paths)
-    without pipelining.
+    without pipelining; ``NAME+adapt`` as ``NAME``. ``plan_fabric`` (same
+    topology, other capacities): the policy plans on it, the fragments are
+    simulated on ``fabric`` (a blind plan on a fabric with a co-tenant).
 
     Examples
     --------
@@ -263,10 +274,11 @@ def predict(
     d = np.asarray(demand, dtype=np.int64)
     n = fabric.num_ranks
     ps = candidate_paths(fabric)
-    name = "static" if policy == "torch" else policy
+    name = "static" if policy == "torch" else policy.removesuffix(ADAPT_SUFFIX)
     q = quantise(d)
     np.fill_diagonal(q, 0)
-    plan = make(fabric, q, name, paths=ps)
+    pf = fabric if plan_fabric is None else plan_fabric
+    plan = make(pf, q, name, paths=ps if pf is fabric else candidate_paths(pf))
     keep = plan.flow_bytes > 0
     fp = plan.flow_path[keep].astype(np.int64)
     pair = ps.src[fp].astype(np.int64) * n + ps.dst[fp]
@@ -365,6 +377,7 @@ def run_emulated(
     emulator: Emulator | None = None,
     model: Any = None,
     demand: np.ndarray | None = None,
+    background: str | Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     nice: int = 0,
 ) -> EmulationResult:
@@ -410,7 +423,7 @@ def run_emulated(
         repeat=repeat, warmup=warmup, chunk_bytes=chunk_bytes, window=window,
         min_split_bytes=min_split_bytes, timeout_s=timeout_s, prefix=prefix,
         emulator=emulator, model=model, demands=None if demand is None else [demand],
-        progress=progress, nice=nice,
+        progress=progress, nice=nice, background=background,
     )[0]
 
 
@@ -433,6 +446,7 @@ def run_workloads(
     demands: Sequence[np.ndarray] | None = None,
     progress: Callable[[str], None] | None = None,
     nice: int = 0,
+    background: str | Sequence[str] | None = None,
 ) -> list[EmulationResult]:
     """:func:`run_emulated` for several workloads with one emulator and one launch of the ranks.
 
@@ -440,7 +454,13 @@ def run_workloads(
     of ``workloads``, which then only label them). ``nice`` (-20..19) runs the
     ranks at that scheduling priority: a negative value (root) keeps other
     work on a shared machine from stalling the forwarding ranks.
+    ``background`` (``LINK:FRACTION``, see
+    :func:`~pathweave.emulate.background.parse_background`) runs a co-tenant
+    for the whole run; predictions and bounds are then on the residual
+    capacities, blind policies planning on the nominal ones and ``+adapt``
+    ones on the residual ones (what they should learn).
     """
+    from pathweave.emulate.background import Background, parse_background, residual_fabric
     from pathweave.fabric.io import save
     from pathweave.plan import policy_info
     from pathweave.traffic import parse_workload
@@ -452,7 +472,8 @@ def run_workloads(
         raise InputError("policies must name at least one policy")
     for p in pols:
         if p != "torch":
-            policy_info(p)
+            policy_info(p.removesuffix(ADAPT_SUFFIX))
+    tenants = parse_background(background, fab) if background else []
     from pathweave.runtime.orchestrator import MIN_CHUNK_BYTES
 
     # The ranks' Orchestrator refuses smaller chunks; say so before anything is built.
@@ -520,13 +541,19 @@ def run_workloads(
 
             say(f"running {n} ranks: {len(mats)} workload(s) x {', '.join(pols)}, "
                 f"{warmup} + {repeat} calls each")
-            _launch(emu, argv_of, env_of, work, timeout_s, range(n))
+            if tenants:
+                say("co-tenant: " + ", ".join(
+                    f"{t.spec} (ranks {t.a} <-> {t.b}, {t.rate_Bps * emu.scale / 1e6:.2f} MB/s "
+                    "each way)" for t in tenants))
+            with Background(emu, tenants, timeout_s):
+                _launch(emu, argv_of, env_of, work, timeout_s, range(n))
             per_rank = [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
     finally:
         if own:
             emu.__exit__(None, None, None)
             say("emulator down")
     say("predicting with the simulator")
+    rfab = residual_fabric(sfab, tenants, emu.scale)
     out = []
     for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
         results = []
@@ -538,11 +565,15 @@ def run_workloads(
             if bad:
                 raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
                                     "wrong bytes")
-            pred_s, bound_s, _ = predict(sfab, d, p, chunk_bytes=chunk_bytes, window=window,
-                                         min_split_bytes=min_split_bytes, model=model)
+            pred_s, bound_s, _ = predict(
+                rfab, d, p, chunk_bytes=chunk_bytes, window=window,
+                min_split_bytes=min_split_bytes, model=model,
+                plan_fabric=rfab if p.endswith(ADAPT_SUFFIX) else sfab,
+            )
             results.append(PolicyResult(
                 p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
                 {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
+                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})),
             ))
         out.append(EmulationResult(
             fabric=fab.name, scale=float(emu.scale), workload=wl,
@@ -550,6 +581,7 @@ def run_workloads(
             chunk_bytes=int(chunk_bytes), window=int(window),
             min_split_bytes=int(min_split_bytes), policies=tuple(results),
             wall_s=time.monotonic() - t_start,
+            background=",".join(t.spec for t in tenants),
         ))
     return out
 
@@ -694,7 +726,8 @@ def _worker(spec_path: str, rank: int) -> None:
                 # demand (no hysteresis carried over); the warm-up call plans
                 # and every timed call hits the plan cache, as in a training loop.
                 orch = Orchestrator(
-                    fab, policy=pol, enabled=True, chunk_bytes=spec["chunk_bytes"],
+                    fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
+                    adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
                     window=spec["window"], min_split_bytes=spec["min_split_bytes"],
                     timeout_s=spec["timeout_s"],
                 )
@@ -715,7 +748,15 @@ def _worker(spec_path: str, rank: int) -> None:
             if orch is not None:
                 calls = spec["warmup"] + spec["repeat"]
                 kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds}
+            switches = 0 if orch is None else orch.stats.plan_switches
+            learned = {}
+            ad = None if orch is None else getattr(orch._groups.get(None), "adapt", None)
+            if ad is not None:  # the estimates below nominal, for the report
+                q = ad.est.ratio_q()
+                learned = {fab.link_name(i): int(q[i]) / ad.est.levels
+                           for i in np.flatnonzero(q < ad.est.levels)}
+            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches,
+                         "learned": learned}
         res.append(case)
     dist.barrier()
     dist.destroy_process_group()

@@ -106,6 +106,8 @@ class Handle:
         self._deadline = deadline
         self._finish = finish
         self._done = False
+        #: Receive completion times by key (``Transport.run(timing=...)``).
+        self.timings: dict[Any, float] = {}
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self._done:
@@ -232,8 +234,14 @@ class Transport:
         deadline: float,
         wait: bool,
         finish: Callable[[], None] | None = None,
+        timing: Callable[[tuple[int, ...]], Any] | None = None,
     ) -> Handle:
         """Execute ``sched``; returns a handle (already waited for if ``wait``).
+
+        ``timing`` (gloo, ``wait``): a key of each receive op into a user
+        buffer; the handle's ``timings`` then map each key to when the last
+        of its receives completed, in seconds after this call started
+        (:mod:`pathweave.runtime.telemetry`; no extra messages).
 
         A schedule with forwarding always runs to completion here: forwarding
         needs this process to act between rounds, and a later blocking call
@@ -260,8 +268,17 @@ class Transport:
         )
         tag_base = self.next_tag_base()
         if not self.grouped_rounds:
+            t0 = time.monotonic()
             final = self._run_streams(sched, send_bufs, recv_bufs, staging, tag_base, deadline)
             handle = Handle(final, rank=self.rank, deadline=deadline, finish=finish)
+            if wait and timing is not None:
+                user = [op for op in sched.dataflow().recvs if op[2] != STAGING]
+                groups: dict[Any, list[Any]] = {}
+                for op, w in zip(user, final, strict=False):
+                    groups.setdefault(timing(op), []).append(w)
+                handle.timings = self._time_groups(groups, t0, deadline)
+                # A gloo work waited for once must not be waited for again.
+                handle._works = final[len(user):]
             if wait:
                 handle.wait()
             return handle
@@ -286,6 +303,31 @@ class Transport:
         if wait or sched.forwards:
             handle.wait()
         return handle
+
+    def _time_groups(self, groups: dict[Any, list[Any]], t0: float,
+                     deadline: float) -> dict[Any, float]:
+        """When each group's works were all done (seconds after ``t0``), one thread per group.
+
+        gloo's ``is_completed`` only turns true in ``wait``, so each group
+        waits in a thread of its own (``wait`` releases the GIL); the first
+        failure is raised once all groups are done.
+        """
+
+        def done(works: list[Any]) -> float:
+            _wait_all(works, deadline, self.rank, "waiting for the exchange")
+            return time.monotonic() - t0
+
+        pool = self._stream_pool()
+        futs = {k: pool.submit(done, ws) for k, ws in groups.items()}
+        out, first_error = {}, None
+        for k, f in futs.items():
+            try:
+                out[k] = f.result()
+            except CommError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return out
 
     def _run_streams(
         self,

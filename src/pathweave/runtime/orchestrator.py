@@ -19,7 +19,13 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 4. **execute** on ``torch.distributed`` (:mod:`pathweave.runtime.executor`)
    on normalised buffers (a dense input, a scratch output copied back on
    success), or torch's own collective on the same buffers;
-5. **account** in :class:`OrchestratorStats`.
+5. **account** in :class:`OrchestratorStats`;
+6. **adapt** (``adapt=True``, or ``PATHWEAVE_ADAPT=1``; off by default): the
+   completion times of this rank's receives ride along the next
+   ``all_to_all_single``'s metadata row, every rank turns all ranks' times
+   into the same per-link capacity estimates
+   (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
+   1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
 
 Steps 2 to 5 are one pipeline (``Orchestrator._pipeline``) for every op.
 An op is an adapter: it exchanges and validates its own metadata, then
@@ -256,6 +262,11 @@ class _GroupState:
         # fingerprints already checked by an exchange (split_matrix calls skip theirs)
         self.checked_configs = _LRU(cache_size)
         self._scratch: Any = None
+        # --- live adaptation (pathweave.runtime.telemetry): plans are made on
+        # plan_fabric / plan_paths, the nominal fabric until estimates move.
+        self.adapt: Any = None
+        self.plan_fabric = fabric
+        self.plan_paths = paths
 
     def scratch(self, like: Any, *, reuse: bool) -> Any:
         """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
@@ -302,6 +313,8 @@ class _Call:
     segments: Callable[[Any], Segments]
     buffers: Callable[[bool], tuple[list[Any], list[Any], Callable[[Any], list[Any]],
                                     Callable[[], None] | None]]
+    #: ``timing(layout)``: a key per receive op for live adaptation (None: not timed).
+    timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -350,6 +363,10 @@ class Orchestrator:
         Predicted speed-up over ``static`` that ``"auto"`` requires.
     cache_size
         Plans and schedules kept (least recently used are dropped).
+    adapt
+        Learn link capacities from this orchestrator's own transfers and plan
+        on them (``docs/runtime.md``, "Live adaptation"); default: off unless
+        ``PATHWEAVE_ADAPT=1``.
     **policy_options
         Options passed to a registered policy (checked by
         :func:`pathweave.plan.make`).
@@ -383,6 +400,7 @@ class Orchestrator:
         *,
         min_gain: float = 1.2,
         cache_size: int = 64,
+        adapt: bool | None = None,
         **policy_options: Any,
     ):
         self.fabric = None if fabric is None else resolve(fabric)
@@ -419,6 +437,11 @@ class Orchestrator:
         self.timeout_s = V.nonnegative_float("timeout_s", timeout_s, positive=True)
         self.min_gain = V.nonnegative_float("min_gain", min_gain, positive=True)
         self.cache_size = V.positive_int("cache_size", cache_size)
+        if adapt not in (None, True, False):
+            raise ValueError(f"adapt must be True, False or None, got {adapt!r}")
+        from pathweave.runtime.telemetry import adapt_default
+
+        self.adapt = adapt_default() if adapt is None else bool(adapt)
         self._groups: dict[Any, _GroupState] = {}
         self.stats = OrchestratorStats()
 
@@ -458,6 +481,10 @@ class Orchestrator:
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
         max_hops = self.policy_options.get("max_hops", COMMON_OPTIONS["max_hops"])
         st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops), self.cache_size)
+        if self.adapt:
+            from pathweave.runtime.telemetry import Adaptation
+
+            st.adapt = Adaptation(fab, st.paths)
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
         self._groups[group] = st
@@ -468,7 +495,7 @@ class Orchestrator:
         from pathweave.plan import make
 
         self.stats.plans_made += 1
-        static = make(st.fabric, demand, "static", paths=st.paths)
+        static = make(st.plan_fabric, demand, "static", paths=st.plan_paths)
         if callable(self.policy):
             plan = self.policy(st.fabric, demand)
             if not isinstance(plan, Plan):
@@ -477,7 +504,7 @@ class Orchestrator:
                 raise PlanError("policy callable returned a plan for another fabric or path set")
             plan.validate()
         else:
-            plan = make(st.fabric, demand, self.policy, paths=st.paths,
+            plan = make(st.plan_fabric, demand, self.policy, paths=st.plan_paths,
                         **self._split_options(), **self.policy_options)
         from pathweave.plan import predict_time
 
@@ -518,7 +545,7 @@ class Orchestrator:
         )
         from pathweave.plan.timemodel import time_terms
 
-        return max(time_terms(st.paths, fpath, np.asarray(fbytes, dtype=np.int64)))
+        return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64)))
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
@@ -531,7 +558,7 @@ class Orchestrator:
             # size threshold); no planning, and the current plan stays for
             # the next large call.
             return self._fallback(st, 0.0), True
-        key = q.tobytes()
+        key = q.tobytes() + (b"" if st.adapt is None else st.adapt.cap_key)
         if key == st.last_qkey and st.current is not None:
             return st.current, True
         cand = st.plans.get(key)
@@ -604,11 +631,14 @@ class Orchestrator:
             # the row size (dtype and row shape only enter through it), the config.
             mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
                     + words.tobytes())
+            if st.adapt is not None:
+                st.adapt.forget()  # no exchange: no telemetry travels
 
             def decode() -> V.A2ALayout:
                 return given
         else:
-            meta = tr.exchange(row, deadline)
+            meta = tr.exchange(np.r_[row, self._adapt_words(st)], deadline)
+            meta = self._adapt_exchanged(st, meta, row.size)
             mkey = b"A" + meta.tobytes()
 
             def decode() -> V.A2ALayout:
@@ -673,6 +703,8 @@ class Orchestrator:
                 pair_bytes[s, d] += nb
             return _P2PLayout(matches, pair_bytes)
 
+        if st.adapt is not None:
+            st.adapt.forget()  # no telemetry travels with point-to-point batches
         call = self._p2p_call(st, list(ops), b"P" + words.tobytes() + meta.tobytes(), decode)
         handle = self._pipeline(st, call, t0, deadline, wait=False)
         return [handle] * len(ops)
@@ -712,8 +744,15 @@ class Orchestrator:
 
             return [src], [dst], post_torch, finish
 
+        def timing(layout: V.A2ALayout) -> Callable[[tuple[int, ...]], tuple[int, int]]:
+            # A receive at offset off of the output holds bytes of the source whose
+            # segment it lies in: key (source, the peer it came from).
+            starts = np.concatenate([[0], np.cumsum(layout.pair_bytes[:, tr.rank])])
+            return lambda op: (int(np.searchsorted(starts, op[3], side="right") - 1), int(op[0]))
+
         return _Call("all_to_all_single", mkey, decode,
-                     lambda layout: Segments.all_to_all(layout.pair_bytes), buffers)
+                     lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
+                     timing if reuse else None)
 
     def _p2p_call(
         self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
@@ -795,8 +834,14 @@ class Orchestrator:
                 handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
                                 host_wait=not tr.nccl)
             else:
-                handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline, wait=False,
-                                finish=finish)
+                timing = None
+                if st.adapt is not None and wait and call.timing is not None:
+                    timing = call.timing(layout)
+                handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
+                                wait=timing is not None, finish=finish, timing=timing)
+                if timing is not None:
+                    st.adapt.observe(entry[3], entry[1], [
+                        (s, last, sec) for (s, last), sec in handle.timings.items()])
             if wait:
                 handle.wait()
         except CommError:
@@ -826,6 +871,7 @@ class Orchestrator:
             "hysteresis": self.hysteresis,
             "min_gain": self.min_gain,
             "cache_size": self.cache_size,
+            "adapt": self.adapt,
         }
         if extra:
             clash = sorted(set(extra) & set(fields))
@@ -861,7 +907,7 @@ class Orchestrator:
     # ---------------------------------------------------------- internals
     def _schedule(
         self, st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray
-    ) -> tuple[RankSchedule, np.ndarray, dict[str, int]]:
+    ) -> tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray]:
         fpair, fpath, fbytes = split_fragments(
             dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
             min_split_bytes=self.min_split_bytes, default_path=st.default_path,
@@ -873,7 +919,30 @@ class Orchestrator:
         link_bytes = _link_bytes(st, fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
         kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
-        return sched, link_bytes, kinds
+        return sched, link_bytes, kinds, fpath
+
+    # --------------------------------------------------- live adaptation
+    @staticmethod
+    def _adapt_words(st: _GroupState) -> np.ndarray:
+        """This rank's telemetry words (zeros without adaptation: every row has one width)."""
+        n = st.transport.size
+        return np.zeros(n * n, dtype=np.int64) if st.adapt is None else st.adapt.words()
+
+    @staticmethod
+    def _adapt_exchanged(st: _GroupState, meta: np.ndarray, width: int) -> np.ndarray:
+        """Split the telemetry words off the exchanged rows; re-plan if the estimates moved.
+
+        Every rank holds the same rows and the same history, so every rank
+        reaches the same estimates and the same plan.
+        """
+        if st.adapt is not None:
+            st.adapt.absorb(meta[:, width:])
+            if st.adapt.replan():
+                st.plan_fabric = st.adapt.fabric
+                st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds,
+                                                st.paths.max_hops)
+                st.last_call = (None, None, None)
+        return np.ascontiguousarray(meta[:, :width])
 
     def _account(
         self, op: str, total: int, entry: Any, t0: float, t1: float, t2: float, cached: bool

@@ -1,0 +1,258 @@
+"""A co-tenant in the emulator: real competing traffic over one emulated link.
+
+``--background rail0:0.6`` picks the rank pair whose kernel route is the
+shortest one over ``rail0`` (ranks 0 and 4 on ``h100-2x4``) and, inside
+those ranks' namespaces, runs a paced UDP sender to the other rank's
+identity address in each direction taking 60 % of the link's emulated wire
+rate. The processes are the emulator's own (recorded, killed by its
+cleanup), talk only to emulator addresses, and stop by themselves after
+``duration_s``.
+
+UDP, because a paced sender must not back off for pathweave's traffic (a
+TCP co-tenant measured here yielded most of its rate to gloo's many
+connections once the link was full): it is the
+simulator's :class:`~pathweave.sim.dynamic.BackgroundEvent` (a fixed rate
+taken off the links it crosses), so predictions and bounds use
+:func:`residual_fabric`, the fabric with that rate taken off every link of
+both routes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pathweave.emulate.topology import framing_factor
+from pathweave.errors import InputError
+from pathweave.fabric import Fabric
+
+__all__ = ["Background", "CoTenant", "parse_background", "residual_fabric"]
+
+_PORT = 29701
+#: Datagram size: IP fragments of it fill full frames; few sends per second.
+_BLOCK = 16 * 1024
+#: Least capacity a link keeps in the residual fabric (as the simulator's background).
+_FLOOR = 0.01
+
+
+@dataclass(frozen=True)
+class CoTenant:
+    """One co-tenant: ``fraction`` of ``link``'s capacity between ranks ``a`` and ``b``.
+
+    ``links``: the directed fabric links both routes cross; ``rate_Bps``
+    (unscaled fabric units) is what it sends each way.
+    """
+
+    spec: str
+    fraction: float
+    a: int
+    b: int
+    links: tuple[int, ...]
+    rate_Bps: float
+
+
+def _named_links(fabric: Fabric, name: str) -> np.ndarray:
+    if "->" in name:
+        src, dst = (x.strip() for x in name.split("->", 1))
+        try:
+            return np.array([fabric.link_id(src, dst)])
+        except Exception as exc:
+            raise InputError(f"--background: no link {name!r} in {fabric.name}") from exc
+    try:
+        v = fabric.vertex_id(name)
+    except Exception as exc:
+        raise InputError(f"--background: no vertex {name!r} in {fabric.name} (try a rail "
+                         "like rail0, or a link 'SRC->DST')") from exc
+    return np.flatnonzero((fabric.link_src == v) | (fabric.link_dst == v))
+
+
+def parse_background(spec: str | Sequence[str], fabric: Fabric) -> list[CoTenant]:
+    """``LINK:FRACTION[,LINK:FRACTION...]`` -> co-tenants on ``fabric``.
+
+    ``LINK`` is a vertex (``rail0``: every link touching it) or ``SRC->DST``;
+    ``FRACTION`` in ``(0, 1)`` of that link's capacity.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> [(c.a, c.b, c.fraction, c.rate_Bps / 1e9) for c in parse_background("rail0:0.6", fab)]
+    [(0, 4, 0.6, 30.0)]
+    >>> parse_background("rail9:0.5", fab)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.InputError: --background: no vertex 'rail9' in h100-2x4 ...
+    """
+    from pathweave.fabric import candidate_paths
+
+    items = [spec] if isinstance(spec, str) else list(spec)
+    items = [p.strip() for s in items for p in str(s).split(",") if p.strip()]
+    ps = candidate_paths(fabric)
+    n = fabric.num_ranks
+    out = []
+    for item in items:
+        name, sep, frac = item.rpartition(":")
+        try:
+            f = float(frac)
+        except ValueError:
+            f = float("nan")
+        if not sep or not name or not 0.0 < f < 1.0:
+            raise InputError(f"--background {item!r}: expected LINK:FRACTION with FRACTION in "
+                             "(0, 1), e.g. rail0:0.6")
+        named = _named_links(fabric, name)
+        best = None
+        for a in range(n):
+            for b in range(a + 1, n):
+                there, back = (ps.links[ps.pair_ptr[s * n + d]] for s, d in ((a, b), (b, a)))
+                there, back = there[there >= 0], back[back >= 0]
+                if np.isin(named, np.concatenate([there, back])).any():
+                    cand = (there.size + back.size, a, b, there, back)
+                    best = cand if best is None or cand[0] < best[0] else best
+        if best is None:
+            raise InputError(f"--background {item!r}: no rank pair's route crosses {name!r}")
+        _, a, b, there, back = best
+        rate = f * float(fabric.capacity_Bps[named].min())
+        out.append(CoTenant(item, f, a, b, tuple(sorted({*there.tolist(), *back.tolist()})),
+                            rate))
+    return out
+
+
+def residual_fabric(fabric: Fabric, tenants: Sequence[CoTenant], scale: float = 1.0) -> Fabric:
+    """``fabric`` (already scaled by ``scale``) less every co-tenant's rate on its links."""
+    taken = np.zeros(fabric.num_links)
+    for t in tenants:
+        taken[list(t.links)] += t.rate_Bps * scale
+    if not taken.any():
+        return fabric
+    cap = fabric.capacity_Bps
+    left = np.maximum(cap - taken, _FLOOR * cap)
+    factors = {int(i): float(left[i] / cap[i]) for i in np.flatnonzero(taken)}
+    return fabric.with_links(factors, name=f"{fabric.name}-residual")
+
+
+class Background:
+    """The co-tenants' processes in an emulator (a context manager).
+
+    Parameters
+    ----------
+    emu
+        A running :class:`~pathweave.emulate.Emulator`.
+    tenants
+        From :func:`parse_background` on the emulator's (unscaled) fabric.
+    duration_s
+        Every process exits by itself after this long.
+    """
+
+    def __init__(self, emu: Any, tenants: Sequence[CoTenant], duration_s: float):
+        self.emu = emu
+        self.tenants = list(tenants)
+        self.duration_s = float(duration_s)
+        self._procs: list[subprocess.Popen] = []
+
+    def _start(self, rank: int, argv: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(
+            self.emu.exec_argv(rank, [sys.executable, "-m", "pathweave.emulate._worker", *argv]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.emu.record_process(p.pid)
+        self._procs.append(p)
+        return p
+
+    def __enter__(self) -> Background:
+        lay = self.emu.layout
+        scale = float(self.emu.scale)
+        try:
+            for k, t in enumerate(self.tenants):
+                # The same share of the wire as TCP payload at rate_Bps would take:
+                # datagram fragments carry mtu - 20 bytes, TCP segments mtu - 52.
+                mtu = int(lay.mtu)
+                rate = t.rate_Bps * scale * framing_factor(mtu) * (mtu - 20) / (mtu + 14)
+                for src, dst in ((t.a, t.b), (t.b, t.a)):
+                    port = str(_PORT + 2 * k + (src > dst))
+                    addr = lay.rank_address[dst]
+                    r = self._start(dst, ["background-recv", addr, port, str(self.duration_s)])
+                    line = r.stdout.readline() if r.stdout else b""
+                    if b"listening" not in line:
+                        raise InputError(f"co-tenant receiver did not start: {line!r}")
+                    self._start(src, ["background-send", addr, port, repr(rate),
+                                      str(self.duration_s)])
+            time.sleep(0.5)  # let the senders reach their rate before anything is timed
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            if p.stdout:
+                p.stdout.close()
+        self._procs = []
+
+
+# ------------------------------------------------------------ processes
+def _recv(addr: str, port: int, duration_s: float) -> None:
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((addr, port))
+    sock.settimeout(1.0)
+    print("listening", flush=True)
+    end = time.monotonic() + duration_s
+    while time.monotonic() < end:
+        try:
+            sock.recv(1 << 16)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    sock.close()
+
+
+def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
+    """Datagrams at ``rate_Bps`` of payload, whatever else the link carries (no back-off)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    end = time.monotonic() + duration_s
+    block = bytes(_BLOCK)
+    t0, sent = time.monotonic(), 0
+    while (now := time.monotonic()) < end:
+        due = t0 + sent / rate_Bps
+        if due > now:
+            time.sleep(min(due - now, end - now))
+            continue
+        try:
+            sock.sendto(block, (addr, port))
+        except OSError:  # a full queue drops, as on a wire
+            time.sleep(0.001)
+        sent += _BLOCK
+    sock.close()
+
+
+def _main(argv: Sequence[str]) -> None:
+    cmd, *args = argv
+    if cmd == "background-recv":
+        _recv(args[0], int(args[1]), float(args[2]))
+    elif cmd == "background-send":
+        _send(args[0], int(args[1]), float(args[2]), float(args[3]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")

@@ -1,0 +1,377 @@
+"""Live link telemetry from the data plane's own transfers, and when to re-plan on it.
+
+Three pieces, all deterministic functions of int64 words every rank holds,
+so every rank reaches the same estimates and the same plans:
+
+* :func:`encode_times` / :func:`decode_times`: what one rank observed in one
+  call, the completion time (microseconds after its transfer started) of
+  the last chunk it received of every ``(source, last forwarder)`` stream,
+  as ``N * N`` int64 words that ride along the next call's metadata row;
+* :func:`link_ratios`: the per-link *effective capacity ratio* those times
+  imply (greedy tomography: the most slowed link explains every stream that
+  crosses it; ratios are relative to the fastest stream, so a machine
+  that is uniformly slower than the fabric model sees no change);
+* :class:`LinkEstimator`: a median over the last ``window`` observations per
+  link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
+  after ``ttl`` calls without an observation (the link is then tried again:
+  Hopper's probe of an alternative);
+* :class:`SwitchPolicy`: Hopper's rule for when to probe: plan again on the
+  estimates only when a link's time moved ``probe_threshold`` x from what the
+  current plan assumed; the new plan is taken only on a clear predicted win;
+* :class:`Adaptation`: all of it for one process group of an orchestrator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pathweave.fabric import Fabric
+
+__all__ = [
+    "ADAPT_ENV",
+    "Adaptation",
+    "LinkEstimator",
+    "SwitchPolicy",
+    "adapt_default",
+    "decode_times",
+    "encode_times",
+    "link_ratios",
+    "ratios_from_times",
+    "stream_links",
+]
+
+#: Time words are microseconds; 0 means "no observation".
+_US = 1e6
+
+
+def encode_times(times_s: np.ndarray) -> np.ndarray:
+    """Completion times (seconds, NaN = none) as int64 microsecond words (0 = none, else >= 1).
+
+    Examples
+    --------
+    >>> encode_times(np.array([np.nan, 0.0, 0.25])).tolist()
+    [0, 1, 250000]
+    """
+    t = np.asarray(times_s, dtype=np.float64).reshape(-1)
+    w = np.zeros(t.size, dtype=np.int64)
+    ok = np.isfinite(t)
+    w[ok] = np.maximum(1, np.round(t[ok] * _US)).astype(np.int64)
+    return w
+
+
+def decode_times(words: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`encode_times` (NaN where a word is <= 0)."""
+    w = np.asarray(words, dtype=np.int64)
+    out = w.astype(np.float64) / _US
+    out[w <= 0] = np.nan
+    return out
+
+
+def stream_links(paths: object, flow_path: np.ndarray, num_ranks: int) -> dict[int, np.ndarray]:
+    """Fabric links of every ``(source, last forwarder, destination)`` stream of some paths.
+
+    Returns ``{key: links}`` with ``key = (src * N + last) * N + dst``; a
+    stream that several paths end in holds the union of their links.
+    """
+    from pathweave.runtime.schedule import path_routes
+
+    routes = path_routes(paths)
+    out: dict[int, set[int]] = {}
+    n = int(num_ranks)
+    for p in np.unique(np.asarray(flow_path, dtype=np.int64)).tolist():
+        r = [int(x) for x in routes[p] if x >= 0]
+        key = (r[0] * n + r[-2]) * n + r[-1]
+        ls = paths.links[p]
+        out.setdefault(key, set()).update(int(x) for x in ls[ls >= 0])
+    return {k: np.array(sorted(v), dtype=np.int64) for k, v in out.items()}
+
+
+def link_ratios(
+    streams: dict[int, np.ndarray],
+    times_s: dict[int, float],
+    link_bytes: np.ndarray,
+    nominal_Bps: np.ndarray,
+    *,
+    slow: float = 2.0 / 3.0,
+    reference_quantile: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Effective-capacity ratios per link implied by stream completion times.
+
+    Returns ``(ratio, floor)``: ``ratio`` where a link explains slowed
+    streams, ``floor`` (a lower bound) where a link is crossed only by
+    unslowed ones; NaN where nothing is known.
+
+    ``streams`` maps a stream key to the links it crosses, ``times_s`` the
+    key to when its last byte arrived, ``link_bytes`` is what each link
+    carried in the call. A stream's *expected* time is the congestion time
+    of its busiest link at nominal capacity; its *slowdown* is measured over
+    expected, relative to the ``reference_quantile`` of all streams (so a
+    machine uniformly slower than the fabric model sees no change). A stream
+    slowed beyond ``1 / slow`` is explained by one link: the link that the
+    most slowed streams cross (ties: the busiest), which gets the ratio that
+    makes its time match the slowest of them; its streams are then removed
+    and the next link is sought. A link crossed by an unslowed stream carried
+    its bytes within that stream's time: a lower bound of its ratio (it may
+    have had slack), ``min(1, busy / time)``.
+
+    Examples
+    --------
+    Three links of 10 B/s, each carrying 10 B (1 s busy). Stream 0 crosses
+    link 0 and ends at 1 s; streams 1 and 2 cross links 0 and 2, and 1 and 2,
+    and end at 4 s: link 2, common to both slow streams, is at a quarter
+    and explains them; link 0 is at least at full speed; nothing is known of
+    link 1 (its one stream is explained).
+
+    >>> streams = {0: np.array([0]), 1: np.array([0, 2]), 2: np.array([1, 2])}
+    >>> r, lo = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0),
+    ...                     np.full(3, 10.0))
+    >>> r.tolist(), lo.tolist()
+    ([nan, nan, 0.25], [1.0, nan, nan])
+    """
+    nom = np.asarray(nominal_Bps, dtype=np.float64)
+    busy_s = np.asarray(link_bytes, dtype=np.float64) / nom
+    out = np.full(nom.size, np.nan)
+    floor = np.full(nom.size, np.nan)
+    keys = [k for k in streams if np.isfinite(times_s.get(k, np.nan)) and times_s[k] > 0
+            and busy_s[streams[k]].max(initial=0) > 0]
+    if not keys:
+        return out, floor
+    # crosses[i, l]: stream i crosses link l
+    crosses = np.zeros((len(keys), nom.size), dtype=bool)
+    for i, k in enumerate(keys):
+        crosses[i, streams[k]] = True
+    expect = np.where(crosses, busy_s, 0.0).max(axis=1)
+    took = np.array([times_s[k] for k in keys])
+    scale = float(np.quantile(took / expect, reference_quantile))
+    took = took / scale                           # in nominal-fabric seconds
+    slowed = took * slow > expect
+    left = np.ones(len(keys), dtype=bool)
+    while (slowed & left).any():
+        m = crosses[slowed & left]
+        count = m.sum(axis=0)
+        latest = np.where(m, took[slowed & left][:, None], 0.0).max(axis=0)
+        best = np.flatnonzero(count == count.max())
+        link = int(best[np.argmax(busy_s[best])])
+        out[link] = min(1.0, busy_s[link] / latest[link])
+        left &= ~crosses[:, link]
+    # An unslowed stream bounds its links from below only: a link it crosses
+    # carried its bytes within the stream's time (at least).
+    m = crosses[left]
+    if m.size:
+        lb = np.where(m, np.minimum(1.0, busy_s[None, :] / took[left][:, None]), np.nan)
+        seen = m.any(axis=0) & np.isnan(out)
+        floor[seen] = np.nanmax(lb[:, seen], axis=0)
+    return out, floor
+
+
+class LinkEstimator:
+    """Median-of-window effective-capacity ratio per link, quantised, with expiry.
+
+    Parameters
+    ----------
+    num_links
+        Links of the fabric.
+    window
+        Observations kept per link; the estimate is their median.
+    levels
+        Quantisation: estimates are multiples of ``1 / levels`` in
+        ``[1 / levels, 1]``.
+    ttl
+        Calls without an observation after which a link is assumed back at
+        nominal (and so tried again by the next plan).
+
+    Examples
+    --------
+    >>> est = LinkEstimator(2, window=3)
+    >>> for r in (0.4, 0.4, 5e-3):               # one outlier does not move a median
+    ...     est.update(np.array([1.0, r]))
+    >>> est.ratio_q().tolist()
+    [64, 26]
+    """
+
+    def __init__(self, num_links: int, *, window: int = 5, levels: int = 64, ttl: int = 64):
+        if window < 1 or levels < 2 or ttl < 1:
+            raise ValueError(f"window, levels, ttl must be >= 1, 2, 1; got {window}, {levels}, "
+                             f"{ttl}")
+        self.levels = int(levels)
+        self.ttl = int(ttl)
+        self._hist = np.full((int(window), num_links), np.nan)  # a ring per link
+        self._next = np.zeros(num_links, dtype=np.int64)
+        self._age = np.zeros(num_links, dtype=np.int64)
+
+    def _median(self) -> np.ndarray:
+        """Median of each link's window (NaN for an empty one)."""
+        empty = np.isnan(self._hist).all(axis=0)
+        out = np.full(self._hist.shape[1], np.nan)
+        if (~empty).any():
+            out[~empty] = np.nanmedian(self._hist[:, ~empty], axis=0)
+        return out
+
+    def update(self, ratios: np.ndarray, floors: np.ndarray | None = None) -> None:
+        """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
+
+        A lower bound above a link's estimate (the link proved faster) is
+        taken as an observation; one below it says nothing.
+        """
+        r = np.array(ratios, dtype=np.float64)
+        if floors is not None:
+            lo = np.asarray(floors, dtype=np.float64)
+            med = self._median()
+            up = np.isnan(r) & np.isfinite(lo) & np.isfinite(med) & (lo > med)
+            r[up] = lo[up]
+        seen = np.flatnonzero(np.isfinite(r))
+        self._hist[self._next[seen] % self._hist.shape[0], seen] = np.clip(r[seen], 0.0, 1.0)
+        self._next[seen] += 1
+        self._age[seen] = 0
+        unseen = np.isnan(r)
+        self._age[unseen] += 1
+        stale = unseen & (self._age > self.ttl)
+        self._hist[:, stale] = np.nan
+
+    def ratio_q(self) -> np.ndarray:
+        """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal)."""
+        med = self._median()
+        q = np.full(med.size, self.levels, dtype=np.int64)
+        ok = np.isfinite(med)
+        q[ok] = np.clip(np.round(med[ok] * self.levels), 1, self.levels).astype(np.int64)
+        return q
+
+    def capacity_Bps(self, nominal_Bps: np.ndarray) -> np.ndarray:
+        """Estimated effective capacity per link."""
+        return np.asarray(nominal_Bps, dtype=np.float64) * self.ratio_q() / self.levels
+
+
+@dataclass
+class SwitchPolicy:
+    """Hopper's probe rule for plans: re-plan only on a ``probe_threshold``-fold move.
+
+    A link whose estimate says its time is ``probe_threshold`` x what the
+    current plan assumed (slower, or faster again) makes the orchestrator
+    plan again on the estimates; the new plan replaces the current one only
+    on a clear predicted win (the orchestrator's ``hysteresis``). Hopper's
+    delayed switch, which keeps a flow's packets in order, has nothing to do
+    in a collective: a plan changes between calls, never within one.
+    """
+
+    probe_threshold: float = 1.5
+
+    def should_probe(self, ratio_q: np.ndarray, planned_q: np.ndarray) -> bool:
+        """Whether some link's estimate moved ``probe_threshold``-fold since the plan was made.
+
+        ``planned_q``: the estimates the current plan was made with (all
+        ``levels`` for a plan on nominal capacities). Smaller moves are noise
+        and keep the plan.
+        """
+        q = np.asarray(ratio_q, dtype=np.float64)
+        p = np.asarray(planned_q, dtype=np.float64)
+        f = np.maximum(q / p, p / q)
+        return bool((f >= self.probe_threshold).any())
+
+
+def ratios_from_times(
+    paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
+    words: Sequence[np.ndarray], num_ranks: int, streams: dict[int, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
+    n = int(num_ranks)
+    if streams is None:
+        streams = stream_links(paths, flow_path, n)
+    times: dict[int, float] = {}
+    for d, w in enumerate(words):
+        t = decode_times(np.asarray(w)[: n * n]).reshape(n, n)
+        for s, last in zip(*np.nonzero(np.isfinite(t)), strict=True):
+            times[(int(s) * n + int(last)) * n + d] = float(t[s, last])
+    return link_ratios(streams, times, link_bytes, nominal_Bps)
+
+
+#: ``PATHWEAVE_ADAPT=1`` turns live adaptation on for orchestrators that do not say.
+ADAPT_ENV = "PATHWEAVE_ADAPT"
+
+
+def adapt_default() -> bool:
+    """Live adaptation only where ``PATHWEAVE_ADAPT`` is ``1``/``true``/``yes``/``on``.
+
+    Off by default: on one machine's loopback (tests, CPU runs) receive
+    times measure the CPU scheduler, not links, and learning them would
+    change plans call after call; NCCL calls are not timed yet.
+    """
+    import os
+
+    return os.environ.get(ADAPT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Adaptation:
+    """Live adaptation of one process group: observations, estimates, the fabric to plan on.
+
+    Per call: :meth:`words` is this rank's observation of the previous call
+    (``N * N`` int64 words appended to the metadata row); :meth:`absorb` takes
+    every rank's words after the exchange and updates the estimates the same
+    way on every rank; :meth:`replan` says whether to plan again, and
+    :attr:`fabric` / :attr:`paths` are what to plan on; after a multi-path
+    call :meth:`observe` turns this rank's receive completion times into
+    the next call's words.
+    """
+
+    def __init__(self, fabric: Fabric, paths: object, **estimator: int):
+        self.nominal = fabric
+        self.fabric = fabric
+        self.paths = paths
+        self.n = fabric.num_ranks
+        self.est = LinkEstimator(fabric.num_links, **estimator)
+        self.policy = SwitchPolicy()
+        self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self._streams: tuple[bytes | None, dict[int, np.ndarray]] = (None, {})
+
+    @property
+    def cap_key(self) -> bytes:
+        """Part of the plan-cache key: the estimates the plans are made on."""
+        return self.planned_q.tobytes()
+
+    def words(self) -> np.ndarray:
+        return self._mine
+
+    def forget(self) -> None:
+        """A call without telemetry (no exchange, or point to point): drop what is pending."""
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._last = None
+
+    def absorb(self, words: np.ndarray) -> None:
+        """Every rank's words of the previous call (``int64[N, N * N]``)."""
+        last, self._last = self._last, None
+        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        if last is None or not (np.asarray(words) > 0).any():
+            return
+        fpath, link_bytes = last
+        key = fpath.tobytes()
+        if self._streams[0] != key:  # a plan's streams serve every call of it
+            self._streams = (key, stream_links(self.paths, fpath, self.n))
+        self.est.update(*ratios_from_times(self.paths, fpath, link_bytes,
+                                           self.nominal.capacity_Bps, list(words), self.n,
+                                           self._streams[1]))
+
+    def replan(self) -> bool:
+        """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
+        q = self.est.ratio_q()
+        if not self.policy.should_probe(q, self.planned_q):
+            return False
+        self.planned_q = q
+        f = q.astype(np.float64) / self.est.levels
+        moved = {int(i): float(f[i]) for i in np.flatnonzero(q < self.est.levels)}
+        self.fabric = (self.nominal.with_links(moved, name=f"{self.nominal.name}-live")
+                       if moved else self.nominal)
+        return True
+
+    def observe(self, fpath: np.ndarray, link_bytes: np.ndarray,
+                recv_times: Sequence[tuple[int, int, float]]) -> None:
+        """This rank's multi-path call: ``(source, last forwarder, seconds)`` per final receive."""
+        t = np.full((self.n, self.n), np.nan)
+        for src, last, sec in recv_times:
+            if not sec <= t[src, last]:  # NaN or later
+                t[src, last] = sec
+        self._mine = encode_times(t)
+        self._last = (np.asarray(fpath), np.asarray(link_bytes))

@@ -1,0 +1,185 @@
+"""Link telemetry: tomography of synthetic stream timings, the estimator, Hopper's rules."""
+
+import numpy as np
+import pytest
+
+import pathweave as pw
+from pathweave.fabric import candidate_paths
+from pathweave.plan import make
+from pathweave.runtime.telemetry import (
+    LinkEstimator,
+    SwitchPolicy,
+    decode_times,
+    encode_times,
+    link_ratios,
+    stream_links,
+)
+from pathweave.traffic import parse_workload
+
+FAB = pw.fabric.preset("h100-2x4")
+PS = candidate_paths(FAB)
+N = FAB.num_ranks
+
+
+def _case(policy: str, true_ratio: np.ndarray, noise: float = 0.0, seed: int = 0):
+    """A real plan, and fluid stream times on capacities ``true_ratio * nominal``."""
+    d = np.asarray(parse_workload("hotspot:0.6", N, bytes_per_rank=4 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    plan = make(FAB, d, policy, paths=PS)
+    keep = plan.flow_bytes > 0
+    fp = plan.flow_path[keep]
+    rows = PS.links[fp]
+    w = np.broadcast_to(plan.flow_bytes[keep][:, None].astype(float), rows.shape)
+    lb = np.bincount(rows[rows >= 0], weights=w[rows >= 0], minlength=FAB.num_links)
+    link_s = lb / (FAB.capacity_Bps * true_ratio)
+    streams = stream_links(PS, fp, N)
+    rng = np.random.default_rng(seed)
+    # A stream ends when the slowest link it crosses has carried all its bytes.
+    times = {k: float(link_s[ls].max()) * (1 + noise * rng.random()) for k, ls in streams.items()}
+    return streams, times, lb
+
+
+def _rail0_links() -> np.ndarray:
+    v = FAB.vertex_id("rail0")
+    return np.flatnonzero((FAB.link_src == v) | (FAB.link_dst == v))
+
+
+@pytest.mark.parametrize("policy", ["static", "mwu", "optimal"])
+def test_slow_rail_is_found_and_nothing_else(policy):
+    true = np.ones(FAB.num_links)
+    rail0 = _rail0_links()
+    true[rail0] = 0.4
+    streams, times, lb = _case(policy, true, noise=0.02)
+    r, lo = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    seen_slow = np.flatnonzero(np.isfinite(r))
+    assert set(seen_slow.tolist()) <= set(rail0.tolist()) and seen_slow.size
+    assert np.allclose(r[seen_slow], 0.4, atol=0.03)
+    # Every other observed link is only bounded from below, never below its truth,
+    # and the links that are some stream's bottleneck are found at full speed.
+    seen = np.isfinite(lo)
+    assert (lo[seen] <= true[seen] + 1e-9).all() and (lo[seen] > 0.97).any()
+
+
+def test_uniformly_slow_machine_sees_no_change():
+    # The whole machine 20x slower than the fabric model: relative ratios stay 1.
+    streams, times, lb = _case("mwu", np.full(FAB.num_links, 0.05), noise=0.05, seed=3)
+    r, lo = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    assert np.isnan(r).all() and np.isfinite(lo).any() and np.nanmax(lo) == 1.0
+
+
+def test_time_words_round_trip_and_mark_missing():
+    t = np.array([np.nan, 1e-7, 0.5, 12.25])
+    back = decode_times(encode_times(t))
+    assert np.isnan(back[0]) and back[1] == 1e-6 and back[2:].tolist() == [0.5, 12.25]
+
+
+def test_estimator_takes_a_floor_only_above_its_estimate():
+    est = LinkEstimator(1, window=3)
+    est.update(np.array([0.4]))
+    est.update(np.array([np.nan]), np.array([0.3]))   # a link with slack: says nothing
+    assert est.ratio_q().tolist() == [26]
+    for _ in range(2):                                 # proved faster: the estimate follows
+        est.update(np.array([np.nan]), np.array([0.9]))
+    assert est.ratio_q().tolist() == [58]
+
+
+def test_estimator_median_quantised_and_expires():
+    est = LinkEstimator(3, window=5, levels=64, ttl=2)
+    for r in (0.4, 0.41, 0.39, 0.01, 0.4):   # one outlier among five
+        est.update(np.array([r, 1.0, np.nan]))
+    q = est.ratio_q()
+    assert q.tolist() == [round(0.4 * 64), 64, 64]
+    assert est.capacity_Bps(np.array([64.0, 64.0, 64.0])).tolist() == [26.0, 64.0, 64.0]
+    for _ in range(3):                         # unobserved past ttl: back to nominal
+        est.update(np.array([np.nan, 1.0, np.nan]))
+    assert est.ratio_q().tolist() == [64, 64, 64]
+
+
+def test_steady_estimates_never_probe_and_noise_keeps_the_plan():
+    pol = SwitchPolicy()
+    planned = np.full(8, 64)
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # +-15 % noise on a steady fabric
+        q = np.clip(np.round(64 * (1 - 0.15 * rng.random(8))), 1, 64).astype(np.int64)
+        assert not pol.should_probe(q, planned)
+    slow = planned.copy()
+    slow[2] = 26
+    assert pol.should_probe(slow, planned)
+    assert not pol.should_probe(slow, slow)            # the plan made on it stays
+    assert pol.should_probe(planned, slow)             # the link recovered: try it again
+
+
+# ------------------------------------------------- the runtime, 8 gloo ranks
+def _synthetic_observe(true_ratio):
+    """An ``Adaptation.observe`` that replaces measured times by fluid times on ``true_ratio``.
+
+    Loopback gloo has no fabric to measure; the fluid times make every rank
+    see one known slow link, deterministically (on the fabric scaled by 1e-4,
+    as in the emulator, so that times are far above a microsecond).
+    """
+    from pathweave.runtime.telemetry import Adaptation
+
+    real = Adaptation.observe
+
+    def observe(self, fpath, link_bytes, recv_times):
+        link_s = np.asarray(link_bytes) / (self.nominal.capacity_Bps * 1e-4 * true_ratio)
+        streams = stream_links(self.paths, fpath, self.n)
+        me = int(__import__("torch.distributed").distributed.get_rank())
+        fake = [(s, last, float(link_s[streams[(s * self.n + last) * self.n + me]].max()))
+                for s, last, _ in recv_times]
+        real(self, fpath, link_bytes, fake)
+
+    return observe
+
+
+def _adapt_job(rank, ws, slow_rail, calls):
+    import torch
+
+    from pathweave.runtime.telemetry import Adaptation
+
+    true = np.ones(FAB.num_links)
+    if slow_rail:
+        true[_rail0_links()] = 0.4
+    if slow_rail is not None:
+        Adaptation.observe = _synthetic_observe(true)
+    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    row, col = d[rank].tolist(), d[:, rank].tolist()
+    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
+    orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
+                           min_split_bytes=0, timeout_s=30, adapt=True)
+    ref = torch.empty(sum(col), dtype=torch.uint8)
+    torch.distributed.all_to_all_single(ref, inp, col, row)
+    out, plans, ok = torch.empty_like(ref), [], True
+    for _ in range(calls):
+        out.zero_()
+        orch.all_to_all_single(out, inp, col, row)
+        ok = ok and bool(torch.equal(out, ref))
+        st = orch._groups[None]
+        dec = st.current
+        plans.append((dec.flow_path.tolist(), dec.flow_weight.tolist()))
+    rail_bytes = float(orch.stats.bytes_per_link[_rail0_links()].sum())
+    return {"ok": ok, "plans": plans, "q": st.adapt.est.ratio_q().tolist(),
+            "switches": orch.stats.plan_switches, "rail0_bytes_last": rail_bytes}
+
+
+@pytest.mark.parametrize("slow_rail", [True, False, None],
+                         ids=["slow-rail0", "steady-fluid", "real-loopback-timings"])
+def test_runtime_estimates_and_plans_are_the_same_on_every_rank(slow_rail):
+    from pathweave.runtime.launch import run_local
+
+    calls = 6
+    res = run_local(_adapt_job, 8, (slow_rail, calls), timeout_s=240)
+    assert all(r["ok"] for r in res)                       # bytes equal torch's own
+    for r in res[1:]:                                      # every rank: same numbers, same plans
+        assert r["q"] == res[0]["q"] and r["plans"] == res[0]["plans"]
+    plans = res[0]["plans"]
+    if slow_rail:
+        q = np.array(res[0]["q"])
+        assert (q[_rail0_links()] < 64).any() and (np.delete(q, _rail0_links()) == 64).all()
+        # One call to learn, then one switch, and the plan stays (no oscillation).
+        assert plans[0] == plans[0] and plans[1] != plans[0]
+        assert all(p == plans[1] for p in plans[2:]) and res[0]["switches"] == 1
+    elif slow_rail is False:
+        # A steady fabric: the plan of the first call stays (hysteresis).
+        assert all(p == plans[0] for p in plans) and res[0]["switches"] == 0
