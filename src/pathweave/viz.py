@@ -68,7 +68,7 @@ def _figure(width_in: float, height_in: float) -> Figure:
     return Figure(figsize=(width_in, height_in), layout="constrained")
 
 
-def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Render ``fig`` in the format of the suffix (``.png`` if none) and write it.
 
     Rendered into memory first, then written by the one writer
@@ -227,7 +227,7 @@ def draw_fabric(
     ax.set_xlim(-0.4, total_w + 0.4)
     ax.set_ylim(-0.9, 5.5 if spines else 4.1)
     ax.set_axis_off()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------- plans
@@ -290,7 +290,7 @@ def plot_policy_comparison(
         _link_panel(ax2, link_plans)
     if title:
         fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _link_panel(ax: Axes, plans: Sequence[Plan]) -> None:
@@ -375,7 +375,7 @@ def plot_bench_ratios(
     if skipped:
         title += f"\nnot shown (no LP optimum): {', '.join(skipped)}"
     fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _wrap_spec(spec: str) -> str:
@@ -450,4 +450,4 @@ def plot_link_utilisation(
                      shrink=0.8)
     if title:
         fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -119,10 +119,10 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     Also writes ``emulate_checks.txt``, the :func:`checks` lines, which the
     figure shows at its foot. Returns the CSV and PNG paths.
     """
-    import matplotlib
+    from matplotlib import rcParams
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from pathweave.viz import save_figure
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,9 +134,11 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     csv_path = out_dir / "emulate.csv"
     atomic_write(csv_path, buf.getvalue().encode())
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    # A Figure of its own, not pyplot's: no global backend switch, nothing left open.
+    fig = Figure(figsize=(11, 4.2))
+    ax, ax2 = fig.subplots(1, 2)
     pols = list(dict.fromkeys(r["policy"] for r in records))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     swept = [r for r in records if r["ratio"] is not None]
     for i, p in enumerate(pols):
         rows = sorted((r for r in swept if r["policy"] == p), key=lambda r: r["ratio"])
@@ -166,11 +168,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
     lines = checks(records)
     fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, va="bottom")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=120)
-    plt.close(fig)
-    png_path = out_dir / "emulate.png"
-    atomic_write(png_path, png.getvalue())
+    png_path = save_figure(fig, out_dir / "emulate.png")
     # The target lines go beside the CSV (and under the plot): the CLI lists
     # only the CSV and the PNG.
     atomic_write(out_dir / "emulate_checks.txt", ("\n".join(lines) + "\n").encode())

@@ -22,7 +22,6 @@ ValueError: unknown figure 'fig9'; known figures: fig6, fig7, fig8, table1, hopp
 from __future__ import annotations
 
 import importlib
-import io
 import os
 import time
 import traceback
@@ -30,9 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
 
-from pathweave._files import atomic_write
 from pathweave.bench.paper._common import (
     Comparison,
     FigureResult,
@@ -40,9 +37,7 @@ from pathweave.bench.paper._common import (
     no_progress,
     write_csv,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from matplotlib.figure import Figure
+from pathweave.viz import save_figure
 
 #: Figure name -> module, in the paper's order (``hopper`` is our addition).
 FIGURES: dict[str, str] = {
@@ -152,15 +147,6 @@ def run_all(
             outcome.failures.append(FigureFailure(name, exc, traceback.format_exc()))
         outcome.wall_s[name] = time.perf_counter() - t0
     return outcome
-
-
-def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Render a matplotlib figure to ``path`` atomically (format from the suffix)."""
-    out = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=out.suffix.lstrip(".") or "png", dpi=130)
-    atomic_write(out, buf.getvalue())
-    return out
 
 
 __all__ = [
