@@ -6,7 +6,11 @@ benchmark's summary reads the same whichever benchmark produced it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+#: ``progress(done, total, what)``: how every benchmark reports headway.
+Progress = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
@@ -35,4 +39,4 @@ class Check:
     text: str
 
 
-__all__ = ["Check"]
+__all__ = ["Check", "Progress"]

@@ -93,7 +93,7 @@ import numpy as np
 
 from pathweave import fabric as pwfabric
 from pathweave import traffic
-from pathweave.bench._report import Check
+from pathweave.bench._report import Check, Progress
 from pathweave.errors import FabricError
 from pathweave.traffic.pattern import pattern_bytes
 
@@ -519,7 +519,6 @@ def _record(case: Case, per_rank: Sequence[dict], world_size: int) -> dict[str, 
     }
 
 
-ProgressFn = Callable[[int, int, str], None]
 
 
 def run(
@@ -532,7 +531,7 @@ def run(
     multipath_fabric: str | pwfabric.Fabric = MULTIPATH_FABRIC,
     all_to_all: Callable[..., Any] | None = None,
     timeout_s: float = 1800.0,
-    on_progress: ProgressFn | None = None,
+    on_progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """Run the benchmark on ``world_size`` local gloo ranks; one record per case.
 
@@ -608,7 +607,7 @@ def run(
 
 
 @contextlib.contextmanager
-def _progress_relay(on_progress: ProgressFn | None, total: int):
+def _progress_relay(on_progress: Progress | None, total: int):
     """A queue that rank 0 reports to, read by a thread that calls ``on_progress``."""
     if on_progress is None:
         yield None

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pathweave._files import atomic_write
-
-#: ``progress(done, total, what)``: called as a figure makes headway.
-Progress = Callable[[int, int, str], None]
+from pathweave.bench._report import Progress as Progress  # re-exported to the figures
 
 
 @dataclass(frozen=True)
