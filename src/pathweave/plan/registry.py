@@ -27,6 +27,12 @@ class Policy:
     ``baseline``: the policy stands for what other libraries do (NCCL, UCX,
     h-score); the default policy plans every baseline as a candidate and is
     never predicted slower than any of them.
+
+    ``stripes``: for a policy whose plan splits every pair's bytes evenly
+    over a fixed list of paths whatever the load, ``stripes(paths)`` returns
+    that list as a CSR ``(ptr, pid)`` over all flat pairs; the default
+    policy then scores it without building the plan
+    (:func:`pathweave.plan.timemodel.stripe_time`).
     """
 
     name: str
@@ -34,20 +40,22 @@ class Policy:
     options: dict[str, Any]
     summary: str
     baseline: bool = False
+    stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 _REGISTRY: dict[str, Policy] = {}
 
 
 def register(
-    name: str, *, options: dict[str, Any], summary: str, baseline: bool = False
+    name: str, *, options: dict[str, Any], summary: str, baseline: bool = False,
+    stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``."""
 
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline)
+        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, stripes)
         return func
 
     return deco
