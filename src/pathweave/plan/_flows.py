@@ -105,6 +105,11 @@ def _stripe_flows(flat, ptr, pid):  # pragma: no cover - numba
         if d <= 0:
             continue
         k = ptr[q + 1] - ptr[q]
+        if k == 1:  # most pairs: no integer division
+            fp[i] = pid[ptr[q]]
+            fb[i] = d
+            i += 1
+            continue
         base = d // k
         rem = d % k
         for j in range(k):

@@ -280,14 +280,20 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
         d = flat[q]
         if d <= 0:
             continue
+        used = True
         k = ptr[q + 1] - ptr[q]
+        if k == 1:  # most pairs: no integer division (it costs as much as the rest)
+            t = _fragment(pid[ptr[q]], float(d), load, links, length, rate_cap, start,
+                          latency, stage, chunk)
+            if t > flows:
+                flows = t
+            continue
         base = d // k
         rem = d % k
         for j in range(k):
             b = float(base + (1 if j < rem else 0))
             if b <= 0:
                 continue
-            used = True
             t = _fragment(pid[ptr[q] + j], b, load, links, length, rate_cap, start, latency,
                           stage, chunk)
             if t > flows:
