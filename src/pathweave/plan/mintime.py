@@ -75,6 +75,10 @@ DEFAULT_POLICY = "mintime"
 #: Multi-path candidates planned beside the baselines, in the order they are tried.
 MULTIPATH = ("mwu_time", "mwu")
 
+#: A candidate within this relative distance of the lower bound has reached it
+#: (the bound and the scores sum the same loads in different orders).
+BOUND_RTOL = 1e-12
+
 #: The multi-path candidates plan in chunks of at least the largest pair / PLAN_PIECES.
 PLAN_PIECES = 64
 
@@ -194,7 +198,7 @@ def search(
 
     if prune and first is not None and (first in multi or first in baselines()):
         score(first)
-        if times[first] <= lb:
+        if times[first] <= lb * (1.0 + BOUND_RTOL):
             if first not in plans:
                 plans[first] = policy_info(first).func(fabric, demand, paths)
             return first, plans[first], times, lb
@@ -207,7 +211,7 @@ def search(
     if multi and lb * (1.0 + margin) < times[pick]:
         for name in multi:
             score(name)
-            if times[name] <= lb:
+            if times[name] <= lb * (1.0 + BOUND_RTOL):
                 break
         pick = choose(times, margin=margin, tie=tie)
     if pick not in plans:
