@@ -86,8 +86,8 @@ def _plan_step(ctx: DemoContext) -> None:
         ctx.console.print(
             f"static sends each pair over one fixed path, and the load piles up on "
             f"[bold]{fab.link_name(static.bottleneck_link)}[/] ({fmt_ms(static.congestion_s)} ms); "
-            f"the default policy [bold]{pwplan.DEFAULT_POLICY}[/] plans every baseline, mwu "
-            f"and mwu_time and keeps the least predicted time: "
+            f"the default policy [bold]{pwplan.DEFAULT_POLICY}[/] weighs every baseline, "
+            f"mwu_time and mwu and keeps the least predicted time: "
             f"[bold]{best.info['chosen']}[/], which splits {best.split_pairs()} pairs over "
             f"{best.paths_used} paths ({fmt_ms(best.congestion_s)} ms)."
         )

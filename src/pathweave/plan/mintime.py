@@ -32,6 +32,14 @@ within ``tie`` (0.2 %) of each other the first registered wins (``static``
 before ``multirail`` before ``hscore``: the simplest; the model cannot tell
 such plans apart).
 
+Searching. Candidates that provably cannot be chosen are not planned
+(:func:`search`): a cut lower bound of every plan's predicted time
+(:func:`~pathweave.plan.timemodel.lower_bound_s`) rules out later
+baselines once one reaches it and the multi-path candidates when no plan
+could beat the chosen baseline by ``margin``; ``static`` and ``multirail``
+are scored from their stripes without building their plans. The result is
+the plan the full search (``prune=False``) returns.
+
 ``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
 and the CLI use it where no policy is given.
 
