@@ -318,3 +318,8 @@ def test_demo_simulate_step_prints_makespans_and_writes_the_heatmap(tmp_path, as
     mwu = ctx.simulations["mwu"].makespan_s
     assert f"{mwu * 1e3:.3f}" in text
     assert math.isfinite(mwu)
+    # The demo's workload is one where the default policy beats every baseline, and says so.
+    default = ctx.simulations[pw.plan.DEFAULT_POLICY].makespan_s
+    base = min(ctx.simulations[b].makespan_s for b in pw.plan.baselines())
+    assert default < base
+    assert f"{base / default:.2f}x faster" in text

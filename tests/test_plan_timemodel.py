@@ -256,3 +256,108 @@ def test_warm_start_keeps_the_previous_split_of_an_unchanged_demand():
     assert np.array_equal(twice.flow_path, prev.flow_path)
     assert np.array_equal(twice.flow_bytes, prev.flow_bytes * 2)
     assert twice.validate() is twice
+
+
+# ------------------------------------------------------ pruned search, cut bound
+def _random_demand(rng, n, kind=0):
+    """A random exchange: 0, skewed lognormal sizes (multi-path plans win), some pairs
+    empty, some below the split size; 1, a hotspot of random ratio and size (a
+    baseline reaches the bound); 2, an all-to-all of small random pairs."""
+    if kind == 1:
+        ratio = float(rng.uniform(0.0, 0.95))
+        return pw.traffic.hotspot(n, bytes_per_rank=int(rng.integers(1 << 20, 1 << 28)),
+                                  ratio=ratio).astype(np.int64)
+    if kind == 2:
+        D = rng.integers(0, 1 << 19, size=(n, n))
+        np.fill_diagonal(D, 0)
+        return D
+    D = np.rint(rng.lognormal(mean=np.log(8 << 20), sigma=1.5, size=(n, n))).astype(np.int64)
+    D[rng.random((n, n)) < 0.3] = 0
+    hot = rng.integers(n)
+    D[:, hot] *= int(rng.integers(1, 8))
+    np.fill_diagonal(D, 0)
+    return D
+
+
+PRUNE_FABS = [H100, DGX2, pw.fabric.preset("dgx-h100", nodes=2)]
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_pruned_default_policy_returns_the_full_searchs_plan(seed):
+    rng = np.random.default_rng(seed)
+    fab = PRUNE_FABS[seed // 3 % len(PRUNE_FABS)]
+    D = _random_demand(rng, fab.num_ranks, kind=seed % 3)
+    full = pw.plan.make(fab, D, prune=False)
+    fast = pw.plan.make(fab, D)
+    assert fast.info["chosen"] == full.info["chosen"]
+    assert np.array_equal(fast.flow_path, full.flow_path)
+    assert np.array_equal(fast.flow_bytes, full.flow_bytes)
+    # The full search scored every candidate; the pruned one a subset, at the same times.
+    assert set(full.info["candidates_s"]) >= set(pw.plan.baselines())
+    for name, t in fast.info["candidates_s"].items():
+        assert t == full.info["candidates_s"][name]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cut_bound_is_below_every_policy_and_the_time_yardstick(seed):
+    from pathweave.plan.timemodel import lower_bound_s
+
+    rng = np.random.default_rng(100 + seed)
+    fab = PRUNE_FABS[seed % len(PRUNE_FABS)]
+    D = _random_demand(rng, fab.num_ranks, kind=seed % 2)
+    ps = pw.fabric.candidate_paths(fab)
+    d = pw.plan.registry.as_demand(D, fab.num_ranks)
+    lb = lower_bound_s(ps, d)
+    # The yardstick is the least predicted time any plan over the paths reaches (an LP).
+    assert lb <= time_optimum(fab, D).info["predicted_s"] * (1 + 1e-9)
+    for name in pw.plan.policies():
+        assert lb <= predict_time(pw.plan.make(fab, D, name)) * (1 + 1e-12), name
+
+
+def test_cut_bound_by_hand_is_the_hot_receivers_nic_and_nvlink_intake():
+    # Everyone sends 100 MB to GPU 0 of h100-2x4. Across nodes, the 400 MB of
+    # node 1 enter node 0 through its NICs' aggregate; inside, GPU 0 takes in
+    # 700 MB through its NVLinks and its own NIC.
+    from pathweave.plan.timemodel import effective_links, lower_bound_s
+
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[1:, 0] = 100 * MB
+    m = SimModel()
+    _, virt_b, cap = effective_links(H100, m)
+    lo, hi = H100.link_src, H100.link_dst
+    nic_rx = [e for e in range(H100.num_links) if virt_b[e] >= 0
+              and H100.vertex_node[hi[e]] == 0 and H100.vertex_node[lo[e]] != 0]
+    node_in = min(sum(cap[e] for e in nic_rx), cap[virt_b[nic_rx[0]]])
+    # Into GPU 0: three NVLinks (each below its sender's injection limit) and its NIC.
+    gpu_in = sum(cap[e] for e in range(H100.num_links) if hi[e] == H100.rank_vertex[0])
+    want = m.setup_s + max(700 * MB / gpu_in, 400 * MB / node_in)
+    ps = pw.fabric.candidate_paths(H100)
+    assert lower_bound_s(ps, D) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
+def test_striped_baselines_are_scored_exactly_without_building_the_plan(name):
+    from pathweave.plan.timemodel import stripe_time
+
+    D = _random_demand(np.random.default_rng(7), 8)
+    plan = pw.plan.make(DGX2, D, name)
+    stripes = pw.plan.policy_info(name).stripes(plan.paths)
+    assert stripe_time(plan.paths, plan.demand, stripes) == predict_time(plan)
+    # Link-major sums: the same loads, added in another order.
+    keyed = stripe_time(plan.paths, plan.demand, stripes, key=name)
+    assert keyed == pytest.approx(predict_time(plan), rel=1e-12)
+
+
+def test_replan_keeps_the_previous_winner_while_it_reaches_the_bound():
+    # A hot expert: multirail fills the hot GPU's intake (the bound), so the
+    # next step is answered by multirail alone, without the other candidates.
+    spec = "moe:tokens=65536,hidden=4096,experts=8,topk=2,hot=0.9"
+    step1 = pw.traffic.parse_workload(spec, 8, seed=0)
+    step2 = pw.traffic.parse_workload(spec, 8, seed=1)
+    first = pw.plan.make(DGX2, step1)
+    again = pw.plan.replan(first, step2)
+    assert again.info["chosen"] == first.info["chosen"]
+    assert list(again.info["candidates_s"]) == [first.info["chosen"]]
+    assert again.info["predicted_s"] == pytest.approx(again.info["bound_s"], rel=1e-12)
+    full = pw.plan.make(DGX2, step2, prune=False)
+    assert again.info["predicted_s"] <= full.info["predicted_s"]

@@ -1,8 +1,8 @@
 """The demo's ``execute`` step: the skewed all-to-all run for real, checked against torch.
 
 One local process per GPU of the demo's fabric (gloo over loopback) runs
-:func:`pathweave.distributed.all_to_all_single` with the ``mwu`` plan and
-multi-path forced on, so relay ranks really forward chunks; every rank's
+:func:`pathweave.distributed.all_to_all_single` with the default policy's
+plan and multi-path forced on, so relay ranks really forward chunks; every rank's
 output is compared bitwise with ``torch.distributed.all_to_all_single``'s.
 Loopback has no NVLink or rails, so the time shown is a correctness run's,
 not a speed-up.
@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING
 import typer
 
 from pathweave import fabric as pwfabric
+from pathweave import plan as pwplan
 from pathweave import traffic
 from pathweave.cli._common import fmt_bytes, fmt_ms
 
 if TYPE_CHECKING:
     from pathweave.cli.demo import DemoContext
 
-#: Payload per rank of the real run: small enough to keep the demo quick.
-EXECUTE_BYTES_PER_RANK = 16 << 20
+#: Payload per rank of the real run: small enough to keep the demo quick (the
+#: stencil's two ends send four times as much: 112 MiB move per call).
+EXECUTE_BYTES_PER_RANK = 8 << 20
 #: Path roles folded into the three kinds the demo reports.
 _KIND_OF_ROLE = {"matched": "rail", "rd": "rail", "dr": "rail", "drd": "rail"}
 
@@ -59,11 +61,11 @@ def execute_step(ctx: DemoContext) -> None:
         f"{fab.num_ranks} local processes (gloo over loopback) stand in for the GPUs of "
         f"[bold]{fab.name}[/] and run [bold]{ctx.workload}[/] at "
         f"{fmt_bytes(EXECUTE_BYTES_PER_RANK)} per rank through "
-        "pathweave.distributed.all_to_all_single: mwu plan, multi-path forced on, so chunks "
-        "are forwarded by relay ranks as they would be by GPUs."
+        "pathweave.distributed.all_to_all_single: the default policy's plan, multi-path "
+        "forced on, so chunks are forwarded by relay ranks as they would be by GPUs."
     )
     with out.status("running on local ranks"):
-        result = dataplane.execute(fab, demand, policy="mintime", enabled=True)
+        result = dataplane.execute(fab, demand, policy=pwplan.DEFAULT_POLICY, enabled=True)
     if not result["verified"]:
         out.print(f"[bold red]MISMATCH[/] with torch.distributed.all_to_all_single: "
                   f"{result['mismatch']}")

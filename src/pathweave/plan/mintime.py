@@ -32,6 +32,14 @@ within ``tie`` (0.2 %) of each other the first registered wins (``static``
 before ``multirail`` before ``hscore``: the simplest; the model cannot tell
 such plans apart).
 
+Searching. Candidates that provably cannot be chosen are not planned
+(:func:`search`): a cut lower bound of every plan's predicted time
+(:func:`~pathweave.plan.timemodel.lower_bound_s`) rules out later
+baselines once one reaches it and the multi-path candidates when no plan
+could beat the chosen baseline by ``margin``; ``static`` and ``multirail``
+are scored from their stripes without building their plans. The result is
+the plan the full search (``prune=False``) returns.
+
 ``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
 and the CLI use it where no policy is given.
 
@@ -48,6 +56,7 @@ Examples
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,13 +69,23 @@ from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
 from pathweave.plan.mwu import _check, route
 from pathweave.plan.registry import baselines, policy_info, register
 from pathweave.plan.static import static_pins
-from pathweave.plan.timemodel import default_model, path_costs, predict_time
+from pathweave.plan.timemodel import (
+    default_model,
+    lower_bound_s,
+    path_costs,
+    predict_time,
+    stripe_time,
+)
 
 #: The policy used wherever none is given.
 DEFAULT_POLICY = "mintime"
 
-#: Multi-path candidates planned beside the baselines.
-MULTIPATH = ("mwu", "mwu_time")
+#: Multi-path candidates planned beside the baselines, in the order they are tried.
+MULTIPATH = ("mwu_time", "mwu")
+
+#: A candidate within this relative distance of the lower bound has reached it
+#: (the bound and the scores sum the same loads in different orders).
+BOUND_RTOL = 1e-12
 
 #: The multi-path candidates plan in chunks of at least the largest pair / PLAN_PIECES.
 PLAN_PIECES = 64
@@ -85,6 +104,7 @@ MINTIME_DEFAULTS: dict[str, Any] = {
     "model": None,
     "margin": 0.12,
     "tie": 0.002,
+    "prune": True,
 }
 
 
@@ -139,33 +159,101 @@ def mwu_time(
     )
 
 
-def candidates(
+def search(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, multi: dict[str, Callable[[], Plan]],
+    *, model: Any = None, margin: float, tie: float, prune: bool = True,
+    first: str | None = None,
+) -> tuple[str, Plan, dict[str, float], float]:
+    """Plan the candidates in order, skipping those that provably cannot be chosen.
+
+    Baselines come first, in registration order, then the thunks of
+    ``multi`` (each returns a multi-path candidate's plan). With ``prune``,
+    :func:`~pathweave.plan.timemodel.lower_bound_s` (``lb``, a lower bound of
+    every plan's predicted time) skips what :func:`choose` could not pick:
+
+    * a later baseline when ``lb`` is at least the best baseline so far (it
+      cannot lower the best, and an earlier one wins ties);
+    * every multi-path candidate when ``lb * (1 + margin)`` is at least the
+      chosen baseline's time (none could clear the margin);
+    * the remaining multi-path candidates once one reaches ``lb`` (none can
+      be faster, and the first wins ties).
+
+    So the pruned search returns the plan the full one would (up to
+    rounding of the predicted times at exact ties).
+
+    ``first`` (a baseline or a key of ``multi``; the previous step's winner
+    in :func:`replan`) is scored before anything else and returned at once
+    if it reaches the bound: nothing can be faster, though a simpler
+    baseline might tie.
+
+    Returns
+    -------
+    name, plans, times_s, bound_s
+        The chosen candidate, the plans and predicted times of the planned
+        candidates, and the bound (0.0 without ``prune``).
+    """
+    lb = lower_bound_s(paths, demand, model) if prune else 0.0
+    plans: dict[str, Plan] = {}
+    times: dict[str, float] = {}
+
+    def score(name: str) -> None:
+        pol = policy_info(name) if name not in multi else None
+        if pol is not None and pol.stripes is not None:  # scored without building the plan
+            times[name] = stripe_time(paths, demand, pol.stripes(paths), model, key=name)
+            return
+        plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
+        times[name] = predict_time(plans[name], model)
+
+    if prune and first is not None and (first in multi or first in baselines()):
+        score(first)
+        if times[first] <= lb * (1.0 + BOUND_RTOL):
+            if first not in plans:
+                plans[first] = policy_info(first).func(fabric, demand, paths)
+            return first, plans[first], times, lb
+        times.pop(first)
+    for name in baselines():
+        if times and lb >= min(times.values()):
+            continue
+        score(name)
+    pick = choose(times, margin=margin, tie=tie)
+    if multi and lb * (1.0 + margin) < times[pick]:
+        for name in multi:
+            score(name)
+            if times[name] <= lb * (1.0 + BOUND_RTOL):
+                break
+        pick = choose(times, margin=margin, tie=tie)
+    if pick not in plans:
+        plans[pick] = policy_info(pick).func(fabric, demand, paths)
+    return pick, plans[pick], times, lb
+
+
+def _multipath(
     fabric: Fabric, demand: np.ndarray, paths: PathSet, *, chunk_bytes: int,
     min_split_bytes: int, model: Any = None,
-) -> dict[str, Plan]:
-    """Every baseline's plan and every multi-path candidate's, by policy name."""
-    out = {name: policy_info(name).func(fabric, demand, paths) for name in baselines()}
+) -> dict[str, Callable[[], Plan]]:
+    """Thunks planning ``mwu_time`` and ``mwu`` (none when no pair is large enough to split)."""
     largest = int(demand.max(initial=0))
+    if largest < min_split_bytes:
+        return {}
     # Planning granularity: at least 1/PLAN_PIECES of the largest pair. Finer
     # chunks cost planning time (13x at 64 GPUs, 256 MiB per rank) and moved
     # no prediction by more than 0.01 % over the benchmark workloads.
     split = {"chunk_bytes": max(chunk_bytes, largest // PLAN_PIECES),
              "min_split_bytes": min_split_bytes}
-    if largest >= min_split_bytes:
-        out["mwu"] = policy_info("mwu").func(fabric, demand, paths, **split)
-        out["mwu_time"] = mwu_time(fabric, demand, paths, model=model, **split)
-    return out
+    mwu = policy_info("mwu").func
+    return {
+        "mwu_time": lambda: mwu_time(fabric, demand, paths, model=model, **split),
+        "mwu": lambda: mwu(fabric, demand, paths, **split),
+    }
 
 
-def choose(
-    plans: dict[str, Plan], times_s: dict[str, float], *, margin: float, tie: float
-) -> str:
-    """The chosen candidate's name (rule in the module docstring)."""
-    base = [n for n in plans if n in baselines()]
+def choose(times_s: dict[str, float], *, margin: float, tie: float) -> str:
+    """The chosen candidate's name among ``times_s``'s (rule in the module docstring)."""
+    base = [n for n in times_s if n in baselines()]
     best_base = min(times_s[n] for n in base)
     near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]
     pick = near[0]  # registration order: the simplest of the tied baselines
-    multi = [n for n in plans if n not in base]
+    multi = [n for n in times_s if n not in base]
     if multi:
         m = min(multi, key=lambda n: times_s[n])
         if times_s[m] * (1.0 + margin) < times_s[pick]:
@@ -173,10 +261,16 @@ def choose(
     return pick
 
 
+def _check_rule(margin: float, tie: float) -> None:
+    for name, v in (("margin", margin), ("tie", tie)):
+        if not (0.0 <= v < 1.0):
+            raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
+
+
 @register(
     DEFAULT_POLICY,
     options=MINTIME_DEFAULTS,
-    summary="default: plans every baseline, mwu and mwu_time; returns the least predicted time",
+    summary="default: the least predicted time of every baseline, mwu_time and mwu",
 )
 def mintime(
     fabric: Fabric,
@@ -188,18 +282,16 @@ def mintime(
     model: Any = None,
     margin: float = MINTIME_DEFAULTS["margin"],
     tie: float = MINTIME_DEFAULTS["tie"],
+    prune: bool = MINTIME_DEFAULTS["prune"],
 ) -> Plan:
-    """Plan every candidate and return the fastest in prediction (module docstring)."""
-    for name, v in (("margin", margin), ("tie", tie)):
-        if not (0.0 <= v < 1.0):
-            raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
-    plans = candidates(fabric, demand, paths, chunk_bytes=chunk_bytes,
+    """Plan the candidates and return the fastest in prediction (module docstring)."""
+    _check_rule(margin, tie)
+    multi = _multipath(fabric, demand, paths, chunk_bytes=chunk_bytes,
                        min_split_bytes=min_split_bytes, model=model)
-    times = {n: predict_time(p, model) for n, p in plans.items()}
-    name = choose(plans, times, margin=margin, tie=tie)
-    p = plans[name]
+    name, p, times, lb = search(fabric, demand, paths, multi, model=model, margin=margin,
+                                tie=tie, prune=bool(prune))
     info = {**p.info, "chosen": name, "predicted_s": times[name],
-            "candidates_s": dict(times)}
+            "candidates_s": dict(times), "bound_s": lb}
     return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
 
 
@@ -265,8 +357,11 @@ def replan(
 
     When the demand changes a little (the next MoE step), the previous
     split is a good start: :func:`warm_start` applies it to the new bytes and
-    re-routes only what got hot. The result competes with every baseline
-    exactly as in ``mintime`` (the same :func:`choose`), so a replan is never
+    re-routes only what got hot. The previous step's winner (the warm start
+    if a multi-path plan won) is scored first and kept at once if it reaches
+    the cut bound (:func:`~pathweave.plan.timemodel.lower_bound_s`): nothing
+    can be faster. Otherwise the result competes with every baseline exactly
+    as in ``mintime`` (the same pruned :func:`search`), so a replan is never
     predicted slower than a baseline either; ``info["chosen"]`` says which
     won (``"warm"`` for the warm start).
 
@@ -287,15 +382,19 @@ def replan(
     split = d["min_split_bytes"] if min_split_bytes is None else min_split_bytes
     t0 = time.perf_counter()
     dem = as_demand(demand, prev.paths.num_ranks)
+    margin = d["margin"] if margin is None else margin
+    tie = d["tie"] if tie is None else tie
+    _check_rule(margin, tie)
     fab, ps = prev.fabric, prev.paths
-    plans = {name: policy_info(name).func(fab, dem, ps) for name in baselines()}
+    multi: dict[str, Callable[[], Plan]] = {}
     if int(dem.max(initial=0)) >= split:
-        plans["warm"] = warm_start(prev, dem, model=model, chunk_bytes=chunk,
-                                   min_split_bytes=split)
-    times = {n: predict_time(p, model) for n, p in plans.items()}
-    name = choose(plans, times, margin=d["margin"] if margin is None else margin,
-                  tie=d["tie"] if tie is None else tie)
-    p = plans[name]
-    info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times)}
+        multi["warm"] = lambda: warm_start(prev, dem, model=model, chunk_bytes=chunk,
+                                           min_split_bytes=split)
+    prev_pick = prev.info.get("chosen")
+    first = "warm" if prev_pick in ("warm", *MULTIPATH) else prev_pick
+    name, p, times, lb = search(fab, dem, ps, multi, model=model, margin=margin, tie=tie,
+                                first=first)
+    info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times),
+            "bound_s": lb}
     return Plan(fab, ps, dem, p.flow_path, p.flow_bytes, DEFAULT_POLICY,
                 time.perf_counter() - t0, info)

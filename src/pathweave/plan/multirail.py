@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pathweave.fabric import Fabric, PathKind, PathSet
-from pathweave.plan._flows import matching_paths, nonzero_pairs, split_evenly
+from pathweave.plan._flows import matching_paths, stripe_plan
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 from pathweave.plan.static import static_paths
@@ -27,22 +27,12 @@ from pathweave.plan.static import static_paths
     "multirail",
     options={},
     baseline=True,
+    stripes=lambda paths: _stripes(paths),
     summary="UCX/MPI-like: direct inside a node, striped over the source GPU's rails across",
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
-    pairs, nbytes = nonzero_pairs(demand)
-    ptr, pid_all = _stripes(paths)
-    lo, hi = ptr[pairs], ptr[pairs + 1]
-    counts = hi - lo
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    fp = pid_all[np.repeat(lo, counts) + (np.arange(int(counts.sum())) - starts)]
-    fb = split_evenly(nbytes, counts)
     # Stripes are in pair order and path order within a pair: the Plan layout.
-    keep = fb > 0
-    fp, fb = fp[keep], fb[keep]
-    fp.setflags(write=False)
-    fb.setflags(write=False)
-    return Plan(fabric, paths, demand, fp, fb, "multirail")
+    return stripe_plan(fabric, demand, paths, _stripes(paths), "multirail")
 
 
 def _stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +55,7 @@ def _stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
         per_pair = np.zeros(n * n, dtype=np.int64)
         per_pair[pairs] = np.bincount(which, minlength=pairs.size)
         ptr = np.concatenate([[0], np.cumsum(per_pair)])
-        out = (ptr, pid[order])
+        out = (ptr, np.ascontiguousarray(pid[order]))
         for a in out:
             a.setflags(write=False)
         return out

@@ -27,6 +27,15 @@ class Policy:
     ``baseline``: the policy stands for what other libraries do (NCCL, UCX,
     h-score); the default policy plans every baseline as a candidate and is
     never predicted slower than any of them.
+
+    ``stripes``: for a policy whose plan splits every pair's bytes evenly
+    over a fixed list of paths whatever the load, ``stripes(paths)`` returns
+    that list as a CSR ``(ptr, pid)`` over all flat pairs; the default
+    policy then scores it without building the plan
+    (:func:`pathweave.plan.timemodel.stripe_time`).
+
+    ``check``: ``check(**options)`` raises for a bad option value without
+    planning (:func:`check_options`); None: values are checked when planning.
     """
 
     name: str
@@ -34,8 +43,8 @@ class Policy:
     options: dict[str, Any]
     summary: str
     baseline: bool = False
-    #: ``check(**options)`` raises for a bad value (None: values are checked when planning).
     check: Callable[..., None] | None = None
+    stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 _REGISTRY: dict[str, Policy] = {}
@@ -48,6 +57,7 @@ def register(
     summary: str,
     baseline: bool = False,
     check: Callable[..., None] | None = None,
+    stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``.
 
@@ -58,7 +68,7 @@ def register(
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check)
+        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check, stripes)
         return func
 
     return deco

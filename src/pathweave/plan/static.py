@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pathweave.fabric import Fabric, PathKind, PathSet
-from pathweave.plan._flows import first_matching, nonzero_pairs
+from pathweave.plan._flows import first_matching, stripe_plan
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
 
@@ -49,17 +49,27 @@ def static_pins(paths: PathSet) -> np.ndarray:
     return paths.derived("static.pins", build)
 
 
+def static_stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
+    """The static plan as stripes: one path per pair (see ``_flows.stripe_plan``)."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        pins = static_pins(paths)
+        ptr = np.concatenate([[0], np.cumsum(pins >= 0)]).astype(np.int64)
+        pid = np.ascontiguousarray(pins[pins >= 0])
+        for a in (ptr, pid):
+            a.setflags(write=False)
+        return ptr, pid
+
+    return paths.derived("static.stripes", build)
+
+
 @register(
     "static",
     options={},
     baseline=True,
+    stripes=static_stripes,
     summary="NCCL-like: direct NVLink inside a node, PXN (destination's rail) across nodes",
 )
 def static(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
-    pairs, nbytes = nonzero_pairs(demand)
     # One path per pair, in pair order: path ids ascend, the Plan layout as is.
-    pid = static_pins(paths)[pairs]
-    pid.setflags(write=False)
-    nbytes.setflags(write=False)
-    return Plan(fabric, demand=demand, paths=paths, flow_path=pid, flow_bytes=nbytes,
-                policy="static")
+    return stripe_plan(fabric, demand, paths, static_stripes(paths), "static")

@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
     from pathweave.sim.model import SimModel
 
-__all__ = ["PathCosts", "default_model", "effective_links", "path_costs", "predict_time",
-           "time_terms"]
+__all__ = ["PathCosts", "default_model", "effective_links", "lower_bound_s", "path_costs",
+           "predict_time", "stripe_time", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -196,7 +196,7 @@ def _build(paths: PathSet, model: SimModel) -> PathCosts:
     order = np.argsort(ext < 0, axis=1, kind="stable")  # valid ids first, in order
     ext = np.take_along_axis(ext, order, axis=1)
     length = (ext >= 0).sum(axis=1).astype(np.int64)
-    ext = ext[:, : max(int(length.max(initial=0)), 1)]
+    ext = np.ascontiguousarray(ext[:, : max(int(length.max(initial=0)), 1)])
     latency = np.where(valid, lat[safe], 0.0).sum(axis=1)
     # Store-and-forward stages: every hop after the first whose source is a
     # GPU or a NIC; a GPU among them is a forwarding GPU.
@@ -227,6 +227,24 @@ def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
     return paths.derived(("timemodel", m), lambda: _build(paths, m))
 
 
+@njit(cache=True, inline="always")
+def _fragment(p, b, load, links, length, rate_cap, start, latency, stage, chunk):
+    # Load one fragment of b bytes on path p; return its lone-fragment time.
+    for h in range(length[p]):
+        load[links[p, h]] += b
+    return start[p] + b / rate_cap[p] + latency[p] + min(b, chunk) * stage[p]
+
+
+@njit(cache=True)
+def _worst(load, capacity):
+    worst = 0.0
+    for e in range(load.shape[0]):
+        t = load[e] / capacity[e]
+        if t > worst:
+            worst = t
+    return worst
+
+
 @njit(cache=True)
 def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, latency, stage,
            setup, chunk):
@@ -241,20 +259,147 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
         if b <= 0:
             continue
         used = True
-        p = flow_path[i]
-        for h in range(length[p]):
-            load[links[p, h]] += b
-        t = start[p] + b / rate_cap[p] + latency[p] + min(b, chunk) * stage[p]
+        t = _fragment(flow_path[i], b, load, links, length, rate_cap, start, latency, stage,
+                      chunk)
         if t > flows:
             flows = t
     if not used:
         return 0.0, 0.0
+    return setup + _worst(load, capacity), flows
+
+
+@njit(cache=True)
+def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, latency, stage,
+                  setup, chunk):
+    # _terms of stripe_plan(flat, ptr, pid) without building it: the same
+    # fragments in the same order, so the same sums to the last bit.
+    load = np.zeros(capacity.shape[0])
+    flows = 0.0
+    used = False
+    for q in range(flat.shape[0]):
+        d = flat[q]
+        if d <= 0:
+            continue
+        used = True
+        k = ptr[q + 1] - ptr[q]
+        if k == 1:  # most pairs: no integer division (it costs as much as the rest)
+            t = _fragment(pid[ptr[q]], float(d), load, links, length, rate_cap, start,
+                          latency, stage, chunk)
+            if t > flows:
+                flows = t
+            continue
+        base = d // k
+        rem = d % k
+        for j in range(k):
+            b = float(base + (1 if j < rem else 0))
+            if b <= 0:
+                continue
+            t = _fragment(pid[ptr[q] + j], b, load, links, length, rate_cap, start, latency,
+                          stage, chunk)
+            if t > flows:
+                flows = t
+    if not used:
+        return 0.0, 0.0
+    return setup + _worst(load, capacity), flows
+
+
+@njit(cache=True)
+def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, lptr, lfrag,
+                          setup, chunk):
+    # _stripe_terms over gathered tables, link-major: first every fragment's
+    # bytes and the flows term, then each link's load as a sum over the
+    # fragments crossing it. NOTE: summing per link (a gather) instead of
+    # adding each fragment to its links (a scatter whose adds wait on each
+    # other) halves a 256-GPU scoring pass.
+    frag = np.zeros(rate_cap.shape[0])
+    flows = 0.0
+    used = False
+    for q in range(flat.shape[0]):
+        d = flat[q]
+        if d <= 0:
+            continue
+        used = True
+        lo = ptr[q]
+        k = ptr[q + 1] - lo
+        base = d if k == 1 else d // k
+        rem = 0 if k == 1 else d % k
+        for j in range(k):
+            b = float(base + (1 if j < rem else 0))
+            if b <= 0:
+                continue
+            i = lo + j
+            frag[i] = b
+            t = start[i] + b / rate_cap[i] + latency[i] + min(b, chunk) * stage[i]
+            if t > flows:
+                flows = t
+    if not used:
+        return 0.0, 0.0
     worst = 0.0
-    for e in range(load.shape[0]):
-        t = load[e] / capacity[e]
-        if t > worst:
-            worst = t
+    for e in range(capacity.shape[0]):
+        # Four partial sums: one running sum would wait on every add.
+        a0 = a1 = a2 = a3 = 0.0
+        lo, hi = lptr[e], lptr[e + 1]
+        x = lo
+        while x + 4 <= hi:
+            a0 += frag[lfrag[x]]
+            a1 += frag[lfrag[x + 1]]
+            a2 += frag[lfrag[x + 2]]
+            a3 += frag[lfrag[x + 3]]
+            x += 4
+        while x < hi:
+            a0 += frag[lfrag[x]]
+            x += 1
+        load = (a0 + a1) + (a2 + a3)
+        if load / capacity[e] > worst:
+            worst = load / capacity[e]
     return setup + worst, flows
+
+
+def stripe_time(
+    paths: PathSet, demand: np.ndarray, stripes: tuple[np.ndarray, np.ndarray],
+    model: SimModel | None = None, *, key: str | None = None,
+) -> float:
+    """:func:`predict_time` of ``stripe_plan(demand, stripes)`` without building the plan.
+
+    ``stripes = (ptr, pid)`` as for :func:`pathweave.plan._flows.stripe_plan`
+    (a baseline's :attr:`~pathweave.plan.Policy.stripes`); the result is the
+    built plan's prediction (bit for bit without ``key``; with it, up to the
+    order of the per-link sums). With ``key`` (the stripes' owner, e.g. the
+    policy name) the path tables of the stripe paths are gathered once into
+    stripe order, with each effective link's list of stripes, and kept with
+    ``paths``: the scoring pass then reads memory in order.
+    """
+    m = default_model() if model is None else model
+    ptr, pid = stripes
+    flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
+    if key is None:
+        pc = path_costs(paths, m)
+        return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
+                                 pc.rate_cap_Bps, pc.start_s, pc.latency_s,
+                                 pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
+    g, lptr, lfrag = paths.derived(("timemodel.stripes", key, m),
+                                   lambda: _gather(path_costs(paths, m), pid))
+    return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
+                                     g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag,
+                                     g.setup_s, float(g.chunk_bytes)))
+
+
+def _gather(pc: PathCosts, pid: np.ndarray) -> tuple[PathCosts, np.ndarray, np.ndarray]:
+    """``pc`` restricted to paths ``pid`` in that order, and a CSR of each link's stripes."""
+    arrays = [np.ascontiguousarray(a[pid]) for a in (pc.links, pc.length)]
+    arrays.append(pc.capacity_Bps)
+    arrays += [np.ascontiguousarray(a[pid]) for a in (pc.rate_cap_Bps, pc.relays, pc.start_s,
+                                                      pc.latency_s, pc.stage_s_per_byte)]
+    rows = arrays[0]
+    stripe, hop = np.nonzero(rows >= 0)
+    link = rows[stripe, hop]
+    order = np.argsort(link, kind="stable")
+    small = np.int32 if pid.size < 2**31 else np.int64
+    lfrag = stripe[order].astype(small)
+    lptr = np.concatenate([[0], np.cumsum(np.bincount(link, minlength=pc.capacity_Bps.size))])
+    for a in [*arrays, lptr, lfrag]:
+        a.setflags(write=False)
+    return PathCosts(*arrays, setup_s=pc.setup_s, chunk_bytes=pc.chunk_bytes), lptr, lfrag
 
 
 def time_terms(
@@ -283,3 +428,120 @@ def predict_time(plan: Plan, model: SimModel | None = None) -> float:
         ``SimModel()``. ``SimModel.ideal()`` gives ``plan.congestion_s``.
     """
     return max(time_terms(plan.paths, plan.flow_path, plan.flow_bytes, model))
+
+
+# ------------------------------------------------------------------ cut bound
+def _cut_capacity(
+    fabric: Fabric, cap: np.ndarray, virt_a: np.ndarray, virt_b: np.ndarray,
+    owner: np.ndarray, ncuts: int, outward: bool,
+) -> np.ndarray:
+    """Effective capacity out of (``outward``) or into each cut ``owner == k``.
+
+    The crossing links are grouped by a virtual link they load (their own
+    capacity where none): a group delivers at most the smaller of its real
+    links' sum and its virtual link.
+    """
+    a, b = owner[fabric.link_src], owner[fabric.link_dst]
+    cut = a if outward else b
+    links = np.flatnonzero((cut >= 0) & (a != b))
+    va, vb = virt_a[links], virt_b[links]
+    group = np.where(va >= 0, va, vb)
+    real = cap[links]
+    out = np.bincount(cut[links][group < 0], weights=real[group < 0],
+                      minlength=ncuts).astype(np.float64)
+    g = group >= 0
+    if g.any():
+        key = cut[links][g] * cap.size + group[g]
+        keys, inv = np.unique(key, return_inverse=True)
+        total = np.bincount(inv, weights=real[g], minlength=keys.size)
+        out += np.bincount(keys // cap.size, weights=np.minimum(total, cap[keys % cap.size]),
+                           minlength=ncuts)
+    return out
+
+
+def _cut_tables(paths: PathSet, model: SimModel) -> tuple[np.ndarray, ...]:
+    """``(rank_node, gpu_out, gpu_in, node_out, node_in)``: cut capacities in B/s."""
+
+    def build() -> tuple[np.ndarray, ...]:
+        fab = paths.fabric
+        virt_a, virt_b, cap = effective_links(fab, model)
+        gpu = np.full(fab.num_vertices, -1, dtype=np.int64)
+        gpu[fab.rank_vertex] = np.arange(fab.num_ranks)
+        node = np.asarray(fab.vertex_node, dtype=np.int64)
+        nnodes = int(node.max(initial=-1)) + 1
+        out = [node[fab.rank_vertex]]
+        for owner, k in ((gpu, fab.num_ranks), (node, nnodes)):
+            for outward in (True, False):
+                out.append(_cut_capacity(fab, cap, virt_a, virt_b, owner, k, outward))
+        for arr in out:
+            arr.setflags(write=False)
+        return tuple(out)
+
+    return paths.derived(("timemodel.cuts", model), build)
+
+
+@njit(cache=True)
+def _cut_bound(demand, rank_node, gpu_out, gpu_in, node_out, node_in):
+    # One pass over the demand: bytes out of and into every GPU and node.
+    n = demand.shape[0]
+    rows = np.zeros(n)
+    cols = np.zeros(n)
+    nout = np.zeros(node_out.shape[0])
+    nin = np.zeros(node_in.shape[0])
+    used = False
+    for s in range(n):
+        a = rank_node[s]
+        for t in range(n):
+            b = float(demand[s, t])
+            if b <= 0:
+                continue
+            used = True
+            rows[s] += b
+            cols[t] += b
+            c = rank_node[t]
+            if a != c:
+                if a >= 0:
+                    nout[a] += b
+                if c >= 0:
+                    nin[c] += b
+    worst = 0.0
+    for load, cap in ((rows, gpu_out), (cols, gpu_in), (nout, node_out), (nin, node_in)):
+        for k in range(load.shape[0]):
+            if cap[k] > 0 and load[k] / cap[k] > worst:
+                worst = load[k] / cap[k]
+    return worst, used
+
+
+def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = None) -> float:
+    """A lower bound of :func:`predict_time` of *every* plan of ``demand`` over ``paths``.
+
+    Every byte a GPU (a node) sends to another GPU (node) leaves it over the
+    links crossing out of it, and every byte it receives comes in over the
+    links crossing in, whatever paths carry it; so the links term is at
+    least ``setup_s`` plus the largest such cut's bytes over its effective
+    capacity (crossing links that share a virtual link count at most its
+    capacity). The default policy uses it to skip candidates that cannot win.
+
+    Parameters
+    ----------
+    paths
+        The candidate paths (the bound holds for any plan over them).
+    demand
+        ``int64[N, N]`` bytes.
+    model
+        The :class:`~pathweave.sim.SimModel`; default ``SimModel()``.
+
+    Examples
+    --------
+    >>> import numpy as np, pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+    >>> plan = pw.plan.make(fab, D)
+    >>> ps = plan.paths
+    >>> lower_bound_s(ps, plan.demand) <= predict_time(plan)
+    True
+    """
+    m = default_model() if model is None else model
+    node, gout, gin, nout, nin = _cut_tables(paths, m)
+    worst, used = _cut_bound(demand, node, gout, gin, nout, nin)
+    return float(m.setup_s) + float(worst) if used else 0.0
