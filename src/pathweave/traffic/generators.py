@@ -61,7 +61,8 @@ def _num_ranks_arg(num_ranks: Any) -> int:
 #: Largest byte count a demand matrix may hold in all: plans and the data plane
 #: count bytes in int64.
 MAX_TOTAL_BYTES = 2**63 - 1
-#: Most token x expert routing keys :func:`moe` draws (about 15 s of CPU here).
+#: Most routing keys :func:`moe` draws: token x expert for a Zipf draw, token x slot
+#: otherwise (about 15 s of CPU here at the limit).
 MAX_MOE_ROUTING_KEYS = 2**30
 
 
@@ -489,9 +490,12 @@ def moe(
             f"moe: tokens={tokens} x top_k={top_k} x {copy_bytes:g} bytes per copy exceeds the "
             f"int64 byte range ({MAX_TOTAL_BYTES:.3g} bytes in all)"
         )
-    if tokens * max(num_experts, top_k) > MAX_MOE_ROUTING_KEYS:
+    # A Zipf draw ranks one key per (token, expert); the hot and uniform
+    # draws take one per (token, slot), rejections aside.
+    per_token, what = (num_experts, "num_experts") if skew is not None else (top_k, "top_k")
+    if tokens * per_token > MAX_MOE_ROUTING_KEYS:
         raise WorkloadError(
-            f"moe: tokens={tokens} x num_experts={num_experts} routing draws exceed the limit "
+            f"moe: tokens={tokens} x {what}={per_token} routing draws exceed the limit "
             f"{MAX_MOE_ROUTING_KEYS} (minutes of CPU); the demand scales with tokens, so use "
             "fewer tokens and a larger hidden size for the same bytes"
         )
