@@ -1,15 +1,30 @@
 """Entry point of the processes the emulator starts inside namespaces.
 
-``python -m pathweave.emulate._worker worker SPEC RANK`` runs one rank;
-``probe-recv``/``probe-send`` move plain TCP bytes (see
-:func:`pathweave.emulate.run.probe_transfer`); ``background-recv``/``background-send``
-are a co-tenant (:mod:`pathweave.emulate.background`). A module of its own, so that
-``-m`` does not re-run a module the package already imported.
+``python -m pathweave.emulate._worker worker SPEC RANK`` runs one rank
+(:mod:`pathweave.emulate._rankworker`); ``probe-recv``/``probe-send`` move plain TCP
+bytes (:mod:`pathweave.emulate._probe`, see :func:`pathweave.emulate.run.probe_transfer`);
+``background-recv``/``background-send`` are a co-tenant (:mod:`pathweave.emulate.background`).
+A module of its own, so that ``-m`` does not re-run a module the package already imported.
 """
 
 import sys
+from collections.abc import Sequence
 
-from pathweave.emulate.run import _main
+from pathweave.emulate._probe import _probe_recv, _probe_send
+from pathweave.emulate._rankworker import _worker
+
+
+def _main(argv: Sequence[str]) -> None:
+    cmd, *args = argv
+    if cmd == "worker":
+        _worker(args[0], int(args[1]))
+    elif cmd == "probe-recv":
+        _probe_recv(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]), args[5])
+    elif cmd == "probe-send":
+        _probe_send(args[0], int(args[1]), int(args[2]), int(args[3]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+
 
 if __name__ == "__main__":
     if sys.argv[1].startswith("background-"):

@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,16 @@ from typing import Any
 import numpy as np
 
 from pathweave.emulate._ip import EmulatorError
+from pathweave.emulate._predict import (
+    ADAPT_SUFFIX,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MIN_SPLIT_BYTES,
+    emulator_model,
+    forward_delay_s,
+    predict,
+)
+from pathweave.emulate._probe import probe_transfer
+from pathweave.emulate._rankworker import expected_bytes
 from pathweave.emulate.emulator import Emulator
 from pathweave.errors import InputError
 from pathweave.fabric import Fabric, resolve
@@ -58,77 +67,7 @@ __all__ = [
 
 #: Default capacity scale: 120 GB/s NVLink -> 12 MB/s, 50 GB/s rail -> 5 MB/s.
 DEFAULT_SCALE = 1e-4
-#: Pipeline chunk of forwarded transfers in the emulator: 0.1 s on a 5 MB/s rail. With the
-#: per-stream executor, 256 KiB to 1 MiB measured the same on h100-2x4, hotspot 0.8
-#: (docs/emulator.md); smaller chunks cost more messages, larger ones a longer pipeline fill.
-DEFAULT_CHUNK_BYTES = 512 * 1024
-#: ``NAME+adapt``: policy NAME with live adaptation (the plain name runs blind).
-ADAPT_SUFFIX = "+adapt"
-#: Size threshold of splitting in the emulator.
-DEFAULT_MIN_SPLIT_BYTES = 64 * 1024
 _MASTER_PORT = 29517  # rank 0's namespace is private: no clash with anything outside
-
-
-def emulator_model(fabric: Fabric | None = None, pipeline_bytes: int = 0) -> Any:
-    """The :class:`~pathweave.sim.SimModel` of the emulator for the scaled ``fabric``.
-
-    The emulated links deliver exactly their scaled capacity in payload (the
-    framing is added to the tbf rate), forwarding ranks lose no throughput
-    and links have no modelled latency: the fluid model. Its one addition is
-    the pipeline fill: a forwarding rank passes bytes on in units of
-    ``pipeline_bytes`` (one chunk of the data plane: a forwarding rank sends
-    a chunk on once all of it has arrived), so each forwarding rank on a
-    path delays the flow's start by one unit over a node-local hop
-    (``relay_setup_s``; see :func:`forward_delay_s`). A start
-    delay, not an end delay: while one flow fills its pipeline, others keep
-    a shared bottleneck busy, as on the wire. NICs are kernel forwarding
-    here, not store-and-forward stages, so the model's ``chunk_bytes`` is 0.
-
-    Examples
-    --------
-    >>> import pathweave as pw
-    >>> from pathweave.emulate import scale_fabric
-    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
-    >>> m = emulator_model(fab, 1_200_000)      # 1.2 MB over a 12 MB/s NVLink
-    >>> round(m.relay_setup_s, 6), m.chunk_bytes, m.relay_efficiency
-    (0.1, 0, 1.0)
-    """
-    from pathweave.sim import SimModel
-
-    delay = 0.0 if fabric is None else forward_delay_s(fabric, pipeline_bytes)
-    return SimModel.ideal(relay_setup_s=delay)
-
-
-def forward_delay_s(fabric: Fabric, pipeline_bytes: int) -> float:
-    """Time one pipeline unit takes over the slowest node-local hop out of a GPU.
-
-    The segments a forwarding rank joins are node-local hops (NVLink,
-    NVSwitch, PCIe), or rails, which are then the bottleneck that the fill
-    does not add to; 0 for a fabric without node-local GPU links.
-
-    Examples
-    --------
-    >>> import pathweave as pw
-    >>> forward_delay_s(pw.fabric.preset("h100-2x4"), 120_000_000)
-    0.001
-    """
-    from pathweave.fabric import LinkKind, VertexKind
-
-    if pipeline_bytes <= 0:
-        return 0.0
-    gpu = fabric.vertex_kind == VertexKind.GPU
-    nic = fabric.vertex_kind == VertexKind.NIC
-    local = (gpu[fabric.link_src] & ~nic[fabric.link_dst]
-             & (fabric.link_kind != LinkKind.NETWORK))
-    if not local.any():
-        return 0.0
-    return float(pipeline_bytes) / float(fabric.capacity_Bps[local].min())
-
-
-def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
-    """What rank ``dst`` must hold after the all-to-all: each source's pattern in rank order."""
-    parts = [pattern_bytes(s, dst, int(nb)) for s, nb in enumerate(column)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
 
 
 # ------------------------------------------------------------------ results
@@ -219,89 +158,6 @@ class EmulationResult:
         d["records"] = self.records()
         return d
 
-
-# --------------------------------------------------------------- prediction
-def predict(
-    fabric: Fabric,
-    demand: np.ndarray,
-    policy: str,
-    *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    window: int = 4,
-    min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-    model: Any = None,
-    plan_fabric: Fabric | None = None,
-) -> tuple[float, float, Any]:
-    """Simulated makespan and congestion bound of what the data plane sends for ``policy``.
-
-    Returns ``(predicted_s, bound_s, plan)`` where ``plan`` holds the
-    fragments (the policy's plan of the quantised demand applied to the exact
-    bytes, pairs below ``min_split_bytes`` whole on their heaviest path).
-    ``model`` defaults to :func:`emulator_model` with one chunk,
-    ``chunk_bytes``, as the pipeline unit: on gloo the data plane advances
-    each forwarded stream on its own, forwarding a chunk as soon as it has
-    arrived, and ``window`` (>= 2 slots per stream) only bounds how far a
-    sender runs ahead, so it does not change the prediction. ``torch`` is
-    predicted as ``static`` (its kernel routes are the static paths)
-    without pipelining; ``NAME+adapt`` as ``NAME``. ``plan_fabric`` (same
-    topology, other capacities): the policy plans on it, the fragments are
-    simulated on ``fabric`` (a blind plan on a fabric with a co-tenant).
-
-    Examples
-    --------
-    >>> import numpy as np, pathweave as pw
-    >>> from pathweave.emulate import scale_fabric
-    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
-    >>> D = np.zeros((8, 8), dtype=np.int64); D[0, 1] = 12_000_000
-    >>> sim_s, bound_s, _ = predict(fab, D, "static")
-    >>> round(bound_s, 6), round(sim_s, 6)        # 12 MB over a 12 MB/s link
-    (1.0, 1.0)
-
-    Across nodes ``static`` forwards through GPU 1 to its 5 MB/s rail; the
-    rail starts once the first 256 KiB chunk crossed the 12 MB/s NVLink:
-
-    >>> D[:] = 0; D[0, 5] = 5_000_000
-    >>> sim_s, bound_s, _ = predict(fab, D, "static", chunk_bytes=262144)
-    >>> round(bound_s, 6), round(sim_s - bound_s, 6), round(262144 / 12e6, 6)
-    (1.0, 0.021845, 0.021845)
-    """
-    from pathweave.fabric import candidate_paths
-    from pathweave.plan import Plan, make
-    from pathweave.runtime.orchestrator import quantise
-    from pathweave.runtime.schedule import split_fragments
-    from pathweave.sim import simulate
-
-    d = np.asarray(demand, dtype=np.int64)
-    n = fabric.num_ranks
-    ps = candidate_paths(fabric)
-    name = "static" if policy == "torch" else policy.removesuffix(ADAPT_SUFFIX)
-    q = quantise(d)
-    np.fill_diagonal(q, 0)
-    pf = fabric if plan_fabric is None else plan_fabric
-    plan = make(pf, q, name, paths=ps if pf is fabric else candidate_paths(pf))
-    keep = plan.flow_bytes > 0
-    fp = plan.flow_path[keep].astype(np.int64)
-    pair = ps.src[fp].astype(np.int64) * n + ps.dst[fp]
-    first = ps.pair_ptr[:-1].astype(np.int64).copy()
-    first[:: n + 1] = 0
-    _, fpath, fbytes = split_fragments(
-        pair, fp, plan.flow_bytes[keep].astype(np.float64), d,
-        min_split_bytes=int(min_split_bytes), default_path=first,
-    )
-    dd = d.copy()
-    np.fill_diagonal(dd, 0)
-    eff = Plan(fabric=fabric, paths=ps, demand=dd, flow_path=fpath.astype(np.int64),
-               flow_bytes=fbytes.astype(np.int64), policy=policy)
-    eff.validate()
-    if model is None:
-        # On gloo each forwarded stream advances on its own (Transport._run_streams):
-        # a forwarding rank sends chunk c on as soon as all of it has arrived, so
-        # the pipeline unit is one chunk. (The schedule's rounds, window // 2
-        # chunks each, pace only the NCCL executor, which the emulator does not run.)
-        unit = 0 if policy == "torch" else int(chunk_bytes)
-        model = emulator_model(fabric, unit)
-    res = simulate(fabric, eff, model)
-    return float(res.makespan_s), float(eff.congestion_s), eff
 
 
 # -------------------------------------------------------------------- runs
@@ -584,193 +440,3 @@ def run_workloads(
             background=",".join(t.spec for t in tenants),
         ))
     return out
-
-
-# ------------------------------------------------------------------- probes
-def probe_transfer(emu: Emulator, src: int, dst: int, nbytes: int = 3 << 20,
-                   *, skip_bytes: int = 256 * 1024, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Send ``nbytes`` over plain TCP from rank ``src`` to rank ``dst`` along the kernel routes.
-
-    Returns ``{"rate_Bps", "bytes", "ok"}``: the payload rate after the first
-    ``skip_bytes`` (the token bucket's initial burst) and whether the bytes
-    received equal :func:`pattern_bytes` ``(src, dst, nbytes)``.
-    """
-    lay = emu.layout
-    with tempfile.TemporaryDirectory(prefix="pathweave-probe-") as tmp:
-        out = Path(tmp) / "recv.json"
-        addr = lay.rank_address[dst]
-        recv = subprocess.Popen(
-            emu.exec_argv(dst, [sys.executable, "-m", "pathweave.emulate._worker", "probe-recv",
-                                addr, str(src), str(dst), str(nbytes), str(skip_bytes),
-                                str(out)]),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            # The receiver prints one line once it listens.
-            line = recv.stdout.readline() if recv.stdout else b""
-            if b"listening" not in line:
-                raise EmulatorError(f"probe receiver did not start: {line!r}")
-            emu.run_in(src, [sys.executable, "-m", "pathweave.emulate._worker", "probe-send", addr,
-                             str(src), str(dst), str(nbytes)], timeout_s=timeout_s)
-            recv.wait(timeout=timeout_s)
-            if recv.returncode != 0:
-                rest = recv.stdout.read().decode(errors="replace") if recv.stdout else ""
-                raise EmulatorError(f"probe receiver failed: {rest}")
-            return json.loads(out.read_text())
-        finally:
-            if recv.poll() is None:
-                os.killpg(recv.pid, signal.SIGKILL)
-                recv.wait()
-
-
-_PROBE_PORT = 29611
-#: Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); Python's socket module does not export it.
-_SO_TIMESTAMPNS = 35
-
-
-def _probe_recv(addr: str, src: int, dst: int, nbytes: int, skip: int, out: str) -> None:
-    import socket
-    import struct
-
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # A receive buffer that holds the whole transfer and kernel arrival times
-    # (SO_TIMESTAMPNS): the rate measured is the link's, even when this
-    # process is scheduled late on a busy machine.
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, max(nbytes, 1 << 20))
-    srv.bind((addr, _PROBE_PORT))
-    srv.listen(1)
-    print("listening", flush=True)
-    conn, _ = srv.accept()
-    conn.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    buf = bytearray(nbytes)
-    view = memoryview(buf)
-    got, t_skip, at_skip, t_end = 0, None, 0, None
-    anc_size = socket.CMSG_SPACE(16)
-    while got < nbytes:
-        k, anc, _, _ = conn.recvmsg_into([view[got:]], anc_size)
-        if k == 0:
-            break
-        got += k
-        stamp = None
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-                sec, nsec = struct.unpack("qq", data[:16])
-                stamp = sec + nsec * 1e-9
-        if stamp is None:
-            stamp = time.time()
-        if t_skip is None and got >= skip:
-            t_skip, at_skip = stamp, got
-        t_end = stamp
-    conn.close()
-    srv.close()
-    ok = got == nbytes and bytes(buf) == pattern_bytes(src, dst, nbytes).tobytes()
-    rate = 0.0
-    if t_skip is not None and t_end is not None and t_end > t_skip:
-        rate = (got - at_skip) / (t_end - t_skip)
-    Path(out).write_text(json.dumps({"rate_Bps": rate, "bytes": got, "ok": ok}))
-
-
-def _probe_send(addr: str, src: int, dst: int, nbytes: int) -> None:
-    import socket
-
-    data = pattern_bytes(src, dst, nbytes).tobytes()
-    for _ in range(100):
-        try:
-            conn = socket.create_connection((addr, _PROBE_PORT), timeout=30)
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        raise EmulatorError(f"cannot connect to {addr}:{_PROBE_PORT}")
-    conn.sendall(data)
-    conn.shutdown(socket.SHUT_WR)
-    conn.recv(1)  # wait for the receiver to close: all bytes are in
-    conn.close()
-
-
-# ------------------------------------------------------------------ worker
-def _worker(spec_path: str, rank: int) -> None:
-    """One rank: init gloo over the identity interface, run every policy, write times."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from pathweave.fabric.io import load
-    from pathweave.runtime.orchestrator import Orchestrator
-
-    torch.set_num_threads(1)
-    spec = json.loads(Path(spec_path).read_text())
-    fab = load(spec["fabric_file"])
-    n = fab.num_ranks
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=n, timeout=timedelta(seconds=spec["timeout_s"]),
-    )
-    clock = time.monotonic
-    res: list[dict[str, Any]] = []
-    for dm in spec["demands"]:
-        d = np.asarray(dm, dtype=np.int64)
-        row, col = d[rank], d[:, rank]
-        inp = torch.from_numpy(np.concatenate(
-            [pattern_bytes(rank, j, int(b)) for j, b in enumerate(row)]
-        ))
-        expected = torch.from_numpy(expected_bytes(rank, col.tolist()))
-        out = torch.zeros_like(expected)
-        in_splits, out_splits = [int(x) for x in row], [int(x) for x in col]
-        case: dict[str, Any] = {}
-        for pol in spec["policies"]:
-            orch = None
-            if pol != "torch":
-                # A fresh orchestrator per workload, so each plans its own
-                # demand (no hysteresis carried over); the warm-up call plans
-                # and every timed call hits the plan cache, as in a training loop.
-                orch = Orchestrator(
-                    fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
-                    adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
-                    window=spec["window"], min_split_bytes=spec["min_split_bytes"],
-                    timeout_s=spec["timeout_s"],
-                )
-            times, ok = [], True
-            for i in range(spec["warmup"] + spec["repeat"]):
-                out.zero_()
-                dist.barrier()
-                t0 = clock()
-                if orch is None:
-                    dist.all_to_all_single(out, inp, out_splits, in_splits)
-                else:
-                    orch.all_to_all_single(out, inp, out_splits, in_splits)
-                t1 = clock()
-                ok = ok and bool(torch.equal(out, expected))
-                if i >= spec["warmup"]:
-                    times.append((t0, t1))
-            kinds = {}
-            if orch is not None:
-                calls = spec["warmup"] + spec["repeat"]
-                kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-            switches = 0 if orch is None else orch.stats.plan_switches
-            learned = {}
-            ad = None if orch is None else getattr(orch._groups.get(None), "adapt", None)
-            if ad is not None:  # the estimates below nominal, for the report
-                q = ad.est.ratio_q()
-                learned = {fab.link_name(i): int(q[i]) / ad.est.levels
-                           for i in np.flatnonzero(q < ad.est.levels)}
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches,
-                         "learned": learned}
-        res.append(case)
-    dist.barrier()
-    dist.destroy_process_group()
-    Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(res))
-
-
-def _main(argv: Sequence[str]) -> None:
-    cmd, *args = argv
-    if cmd == "worker":
-        _worker(args[0], int(args[1]))
-    elif cmd == "probe-recv":
-        _probe_recv(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]), args[5])
-    elif cmd == "probe-send":
-        _probe_send(args[0], int(args[1]), int(args[2]), int(args[3]))
-    else:
-        raise SystemExit(f"unknown command {cmd!r}")
-
