@@ -66,7 +66,7 @@ from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
 from pathweave.plan._plan import Plan
 from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
-from pathweave.plan.mwu import _check, route
+from pathweave.plan.mwu import _check_options, route
 from pathweave.plan.registry import baselines, policy_info, register
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
@@ -146,10 +146,8 @@ def mwu_time(
     model: Any = None,
 ) -> Plan:
     """Time-aware MWU: see the module docstring."""
-    _check("fraction", fraction, 0.0, 1.0, lo_open=True)
-    _check("chunk_bytes", chunk_bytes, 1, 2**62)
-    _check("min_split_bytes", min_split_bytes, 0, 2**62)
-    _check("refine", refine, 0, 1000)
+    _check_options(fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
+                   refine=refine)
     pc = path_costs(paths, model)
     pen, inv = _time_tables(paths, model)
     return route(

@@ -98,9 +98,11 @@ def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False)
 
 
 def _check_options(
-    *, fraction: float, chunk_bytes: int, min_split_bytes: int, hop_penalty_s: float, refine: int
+    *, fraction: float, chunk_bytes: int, min_split_bytes: int, refine: int,
+    hop_penalty_s: float = 0.0,
 ) -> None:
-    """Every ``mwu`` option in range; PlanError naming the first that is not."""
+    """Every Algorithm-1 option in range (``mwu``'s, and ``mwu_time``'s, which has no
+    hop penalty); PlanError naming the first that is not."""
     _check("fraction", fraction, 0.0, 1.0, lo_open=True)
     _check("chunk_bytes", chunk_bytes, 1, 2**62)
     _check("min_split_bytes", min_split_bytes, 0, 2**62)
