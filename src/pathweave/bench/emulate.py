@@ -50,7 +50,7 @@ def run(
     policies: Sequence[str] = ("static", "mwu"),
     repeat: int = 3,
     prefix: str = "pw",
-    progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
     workloads: Sequence[str] = (),
     **options: Any,
 ) -> list[dict[str, Any]]:
@@ -68,7 +68,7 @@ def run(
     specs = [f"hotspot:{r:g}" for r in rs] + list(workloads)
     results = run_workloads(
         fabric, specs, scale=scale, bytes_per_rank=bytes_per_rank, policies=policies,
-        repeat=repeat, prefix=prefix, progress=progress, **options,
+        repeat=repeat, prefix=prefix, log=log, **options,
     )
     records = []
     keys = [*rs, *([None] * len(workloads))]
@@ -202,7 +202,7 @@ def run_background(
     bytes_per_rank: int = 4 << 20,
     repeat: int = 3,
     prefix: str = "pw",
-    progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """One emulator; per load a run with a co-tenant at that fraction of ``link`` (none at 0).
@@ -222,12 +222,12 @@ def run_background(
     records = []
     with Emulator(fab, scale, prefix=prefix) as emu:
         for x in ls:
-            if progress:
-                progress(f"co-tenant load {x:g} on {link}")
+            if log:
+                log(f"co-tenant load {x:g} on {link}")
             res = run_workloads(
                 fab, [workload], scale=scale, bytes_per_rank=bytes_per_rank,
                 policies=background_policies(), repeat=repeat, emulator=emu,
-                background=f"{link}:{x:g}" if x > 0 else None, progress=progress, **options,
+                background=f"{link}:{x:g}" if x > 0 else None, log=log, **options,
             )[0]
             for rec in res.records():
                 rec["load"] = x

@@ -234,7 +234,7 @@ def run_cmd(
         bytes_per_rank=parse_bytes(bytes_per_rank),
         policies=_policies(policy), repeat=repeat,
         chunk_bytes=parse_bytes(chunk_bytes, "--chunk"), prefix=prefix,
-        progress=lambda s: out.print(f"[dim]{s}[/]"), background=background,
+        log=lambda s: out.print(f"[dim]{s}[/]"), background=background,
     )
     out.print(result_table(res))
     if json_out is not None:
@@ -277,7 +277,7 @@ def bench_emulate(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
         bytes_per_rank=size, policies=_policies(policy),
         repeat=1 if quick else repeat, prefix=prefix,
-        progress=lambda s: out.print(f"[dim]{s}[/]"),
+        log=lambda s: out.print(f"[dim]{s}[/]"),
     )
     t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, "
               f"{fmt_bytes(size)} per rank", title_justify="left",
@@ -305,7 +305,7 @@ def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: 
     records = bench.run_background(
         fabric, link, loads=loads, workload=workload, scale=scale, bytes_per_rank=size,
         repeat=1 if quick else repeat, prefix=prefix,
-        progress=lambda s: out.print(f"[dim]{s}[/]"),
+        log=lambda s: out.print(f"[dim]{s}[/]"),
     )
     t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, {workload}, "
               f"{fmt_bytes(size)} per rank, co-tenant on {link}", title_justify="left",

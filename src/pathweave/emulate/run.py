@@ -234,7 +234,7 @@ def run_emulated(
     model: Any = None,
     demand: np.ndarray | None = None,
     background: str | Sequence[str] | None = None,
-    progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
     nice: int = 0,
 ) -> EmulationResult:
     """Emulate ``fabric`` at ``scale`` and run the all-to-all of ``workload`` per policy.
@@ -262,8 +262,9 @@ def run_emulated(
     model
         :class:`~pathweave.sim.SimModel` for the predictions; default
         :func:`emulator_model`.
-    progress
-        Called with one line per stage.
+    log
+        Called with one line per stage (a log sink; the benchmarks' progress
+        callbacks, ``(done, total, what)``, count work, this names stages).
     nice
         Scheduling priority of the ranks (see :func:`run_workloads`).
 
@@ -279,7 +280,7 @@ def run_emulated(
         repeat=repeat, warmup=warmup, chunk_bytes=chunk_bytes, window=window,
         min_split_bytes=min_split_bytes, timeout_s=timeout_s, prefix=prefix,
         emulator=emulator, model=model, demands=None if demand is None else [demand],
-        progress=progress, nice=nice, background=background,
+        log=log, nice=nice, background=background,
     )[0]
 
 
@@ -300,7 +301,7 @@ def run_workloads(
     emulator: Emulator | None = None,
     model: Any = None,
     demands: Sequence[np.ndarray] | None = None,
-    progress: Callable[[str], None] | None = None,
+    log: Callable[[str], None] | None = None,
     nice: int = 0,
     background: str | Sequence[str] | None = None,
 ) -> list[EmulationResult]:
@@ -354,7 +355,7 @@ def run_workloads(
         mats.append(d)
     if not mats:
         raise InputError("workloads must name at least one workload")
-    say = progress or (lambda s: None)
+    say = log or (lambda s: None)
     own = emulator is None
     emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
     if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
