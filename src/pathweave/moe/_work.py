@@ -6,13 +6,16 @@ object and the step that finishes the call once its bytes have arrived.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
 __all__ = ["CombineWork", "DispatchWork", "MoEHandle"]
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -101,39 +104,29 @@ class MoEHandle:
         return out.reshape(owner.num_local_experts, owner.expert_capacity, 2)
 
 
-class DispatchWork:
+class _Work(Generic[T]):
+    """A call in flight: the data plane's work (None: nothing left to wait for) and the
+    step that finishes the call once its bytes have arrived, run once."""
+
+    def __init__(self, work: Any, finish: Callable[[], T]):
+        self._work = work
+        self._finish = finish
+        self._result: T | None = None
+
+    def is_completed(self) -> bool:
+        return self._result is not None or self._work is None or self._work.is_completed()
+
+    def wait(self) -> T:
+        if self._result is None:
+            if self._work is not None:
+                self._work.wait()
+            self._result = self._finish()
+        return self._result
+
+
+class DispatchWork(_Work[tuple[torch.Tensor, torch.Tensor, MoEHandle]]):
     """A dispatch in flight; :meth:`wait` returns ``(expert_x, expert_num_tokens, handle)``."""
 
-    def __init__(self, work: Any, finish: Any):
-        self._work = work
-        self._finish = finish
-        self._result: tuple[torch.Tensor, torch.Tensor, MoEHandle] | None = None
 
-    def is_completed(self) -> bool:
-        return self._result is not None or self._work is None or self._work.is_completed()
-
-    def wait(self) -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
-        if self._result is None:
-            if self._work is not None:
-                self._work.wait()
-            self._result = self._finish()
-        return self._result
-
-
-class CombineWork:
+class CombineWork(_Work[torch.Tensor]):
     """A combine in flight; :meth:`wait` returns ``out [m, H]``."""
-
-    def __init__(self, work: Any, finish: Any):
-        self._work = work
-        self._finish = finish
-        self._result: torch.Tensor | None = None
-
-    def is_completed(self) -> bool:
-        return self._result is not None or self._work is None or self._work.is_completed()
-
-    def wait(self) -> torch.Tensor:
-        if self._result is None:
-            if self._work is not None:
-                self._work.wait()
-            self._result = self._finish()
-        return self._result
