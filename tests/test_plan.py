@@ -229,6 +229,23 @@ def test_unknown_policy_and_option():
         pw.plan.make(H100, D, "optimal", time_limit_s=0)
 
 
+@pytest.mark.parametrize("policy", pw.plan.policies())
+def test_orchestrator_checks_policy_options_at_construction(policy):
+    # Defaults pass; an unknown option fails where it is set, before any call.
+    pw.plan.registry.check_options(policy, {})
+    with pytest.raises(PlanError, match=f"{policy!r} got unknown option 'lam'"):
+        pw.Orchestrator(fabric="h100-2x4", policy=policy, lam=0.5)
+
+
+@pytest.mark.parametrize(("policy", "option", "value"), [
+    ("mwu", "fraction", 1.5), ("mwu_time", "refine", -1), ("mintime", "margin", 1.0),
+    ("mintime", "tie", 2.0),
+])
+def test_orchestrator_refuses_bad_option_values_at_construction(policy, option, value):
+    with pytest.raises(PlanError, match=option):
+        pw.Orchestrator(fabric="h100-2x4", policy=policy, **{option: value})
+
+
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [

@@ -129,10 +129,15 @@ def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
     return paths.derived(("mwu_time.tables", m), build)
 
 
+def _check_mwu_time(*, model: Any = None, **algorithm1: Any) -> None:
+    _check_options(**algorithm1)
+
+
 @register(
     "mwu_time",
     options=MWU_TIME_DEFAULTS,
     summary="Algorithm 1 over the time model's effective links, forwarding time as penalty",
+    check=_check_mwu_time,
 )
 def mwu_time(
     fabric: Fabric,
@@ -265,10 +270,18 @@ def _check_rule(margin: float, tie: float) -> None:
             raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
 
 
+def _check_mintime(*, chunk_bytes: int, min_split_bytes: int, margin: float, tie: float,
+                   **_: Any) -> None:
+    _check_options(fraction=MWU_DEFAULTS["fraction"], chunk_bytes=chunk_bytes,
+                   min_split_bytes=min_split_bytes, refine=MWU_DEFAULTS["refine"])
+    _check_rule(margin, tie)
+
+
 @register(
     DEFAULT_POLICY,
     options=MINTIME_DEFAULTS,
     summary="default: the least predicted time of every baseline, mwu_time and mwu",
+    check=_check_mintime,
 )
 def mintime(
     fabric: Fabric,
