@@ -6,8 +6,14 @@ benchmark's summary reads the same whichever benchmark produced it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import csv
+import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pathweave._files import atomic_write
 
 #: ``progress(done, total, what)``: how every benchmark reports headway.
 Progress = Callable[[int, int, str], None]
@@ -39,4 +45,33 @@ class Check:
     text: str
 
 
-__all__ = ["Check", "Progress"]
+def write_csv(
+    path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None
+) -> Path:
+    """Write ``rows`` as CSV, atomically; every benchmark's CSV goes through here.
+
+    ``fields``: the columns, in order (keys of a row outside them are left
+    out); default: the first row's keys, all rows having the same.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
+    >>> _ = write_csv(p, [{"size_bytes": 1024, "bw_GBps": 1.5}])
+    >>> p.read_text().splitlines()
+    ['size_bytes,bw_GBps', '1024,1.5']
+    """
+    if fields is None:
+        if not rows:
+            raise ValueError(f"no rows to write to {path}")
+        fields = list(rows[0])
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore",
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(Path(path), buf.getvalue().encode())
+    return Path(path)
+
+
+__all__ = ["Check", "Progress", "write_csv"]

@@ -14,13 +14,12 @@ sweeps the hotspot ratios only). Needs root (see :mod:`pathweave.emulate`).
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pathweave._files import atomic_write
+from pathweave.bench._report import write_csv
 
 __all__ = [
     "BACKGROUND_LOADS", "DEFAULT_RATIOS", "EXTRA_WORKLOADS", "QUICK_RATIOS", "background_checks",
@@ -126,13 +125,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for rec in records:
-        w.writerow(rec)
-    csv_path = out_dir / "emulate.csv"
-    atomic_write(csv_path, buf.getvalue().encode())
+    csv_path = write_csv(out_dir / "emulate.csv", records, CSV_FIELDS)
 
     # A Figure of its own, not pyplot's: no global backend switch, nothing left open.
     fig = Figure(figsize=(11, 4.2))
@@ -271,12 +264,5 @@ def write_background(records: Sequence[dict[str, Any]], out_dir: Path) -> Path:
     """``emulate-background.csv``: one row per (co-tenant load, policy)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
     fields = ("load", "background", *(f for f in CSV_FIELDS if f != "ratio"), "plan_switches")
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for rec in records:
-        w.writerow(rec)
-    path = out_dir / "emulate-background.csv"
-    atomic_write(path, buf.getvalue().encode())
-    return path
+    return write_csv(out_dir / "emulate-background.csv", records, fields)

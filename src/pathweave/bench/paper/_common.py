@@ -8,15 +8,12 @@ renders the result, so figure modules never print.
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pathweave._files import atomic_write
 from pathweave.bench._report import Progress as Progress  # re-exported to the figures
+from pathweave.bench._report import write_csv as write_csv  # re-exported to the figures
 
 
 @dataclass(frozen=True)
@@ -47,27 +44,6 @@ class FigureResult:
     png_path: Path | None = None
     comparisons: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Write ``rows`` (dicts with the same keys) as CSV, atomically.
-
-    Examples
-    --------
-    >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
-    >>> _ = write_csv(p, [{"size_bytes": 1024, "bw_GBps": 1.5}])
-    >>> p.read_text().splitlines()
-    ['size_bytes,bw_GBps', '1024,1.5']
-    """
-    if not rows:
-        raise ValueError(f"no rows to write to {path}")
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(Path(path), buf.getvalue().encode())
-    return Path(path)
 
 
 def no_progress(done: int, total: int, what: str) -> None:
