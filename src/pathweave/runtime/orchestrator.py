@@ -916,7 +916,7 @@ class Orchestrator:
             segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
             chunk_bytes=self.chunk_bytes, window=self.window,
         )
-        link_bytes = _link_bytes(st, fpath, fbytes)
+        link_bytes = st.paths.link_load_bytes(fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
         kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
         return sched, link_bytes, kinds, fpath
@@ -995,10 +995,6 @@ def _callable_text(fn: Any) -> str:
     mod = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{mod}.{name}"
-
-
-def _link_bytes(st: _GroupState, fpath: np.ndarray, fbytes: np.ndarray) -> np.ndarray:
-    return st.paths.link_load_bytes(fpath, fbytes)
 
 
 def _p2p_segments(matches: list[tuple[int, int, int, int, int]], n: int) -> Segments:
