@@ -223,15 +223,40 @@ def time_optimum(
     best: Plan | None = None
     for level in levels:
         keep = fixed <= level + 1e-9
-        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which[keep], pid[keep],
-                        time_limit_s)
-        t = predict_time(plan, model)
-        if best is None or t < best.info["predicted_s"]:
-            plan.info["predicted_s"] = t
-            plan.info["levels"] = int(levels.size)
-            best = plan
+        for plan in _time_lps(fabric, demand, ps, pc, pairs, nbytes, which[keep], pid[keep],
+                              time_limit_s):
+            t = predict_time(plan, model)
+            if best is None or t < best.info["predicted_s"]:
+                plan.info["predicted_s"] = t
+                plan.info["levels"] = int(levels.size)
+                best = plan
     assert best is not None
     return best
+
+
+#: Re-solves of one level's LP over the paths its previous solution used.
+TAIL_ROUNDS = 3
+
+
+def _time_lps(
+    fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
+    nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, time_limit_s: float,
+) -> list[Plan]:
+    """The LP over paths ``pid``, then again over the paths each solution used.
+
+    A link's tail is the largest fill of a fragment on it, so a path the LP
+    offered but left empty still raised the tails of its links; dropping
+    it lowers them (each pair keeps its used paths, so it stays feasible).
+    """
+    out = []
+    for _ in range(TAIL_ROUNDS):
+        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which, pid, time_limit_s)
+        out.append(plan)
+        used = np.isin(pid, plan.flow_path)
+        if used.all():
+            break
+        which, pid = which[used], pid[used]
+    return out
 
 
 def _time_lp(
@@ -246,6 +271,10 @@ def _time_lp(
     used, link_row = np.unique(rows_links[mask], return_inverse=True)
     coef = GBps / pc.capacity_Bps[used][link_row]
     nrow = used.size
+    # Each link's tail: the largest fill of a fragment it may carry (a whole
+    # pair's bytes at most, one chunk at most).
+    tail = np.zeros(nrow)
+    np.maximum.at(tail, link_row, pc.fill_s(pid, nbytes[which])[var_idx])
     rate = pc.rate_cap_Bps[pid] / GBps
     fin = np.isfinite(rate)
     fvars = np.flatnonzero(fin)
@@ -261,7 +290,8 @@ def _time_lp(
         ),
         shape=(nrow + fvars.size, nvar + 1),
     )
-    b_ub = np.concatenate([np.full(nrow, -pc.setup_s * 1e3), -pc.fixed_s(pid[fin]) * 1e3])
+    fixed = pc.start_s[pid] + pc.fill_s(pid, nbytes[which])
+    b_ub = np.concatenate([-(pc.setup_s + tail) * 1e3, -fixed[fin] * 1e3])
     a_eq = scipy.sparse.csr_matrix(
         (np.ones(nvar), (which, np.arange(nvar))), shape=(pairs.size, nvar + 1)
     )

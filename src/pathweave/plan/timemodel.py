@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from pathweave.sim.model import SimModel
 
 __all__ = ["PathCosts", "default_model", "effective_links", "lower_bound_s", "path_costs",
-           "predict_time", "stripe_time", "time_terms"]
+           "predict_time", "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -228,20 +228,27 @@ def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
 
 
 @njit(cache=True, inline="always")
-def _fragment(p, b, load, links, length, rate_cap, start, latency, stage, chunk):
-    # Load one fragment of b bytes on path p; return its lone-fragment time.
+def _fragment(p, b, load, tail, links, length, rate_cap, start, latency, stage, chunk):
+    # Load one fragment of b bytes on path p and raise its links' tails to
+    # its fill; return its lone-fragment time.
+    fill = latency[p] + min(b, chunk) * stage[p]
     for h in range(length[p]):
-        load[links[p, h]] += b
-    return start[p] + b / rate_cap[p] + latency[p] + min(b, chunk) * stage[p]
+        e = links[p, h]
+        load[e] += b
+        if fill > tail[e]:
+            tail[e] = fill
+    return start[p] + b / rate_cap[p] + fill
 
 
 @njit(cache=True)
-def _worst(load, capacity):
+def _worst(load, tail, capacity):
+    # The links term beyond setup: a used link's drain time plus its tail.
     worst = 0.0
     for e in range(load.shape[0]):
-        t = load[e] / capacity[e]
-        if t > worst:
-            worst = t
+        if load[e] > 0:
+            t = load[e] / capacity[e] + tail[e]
+            if t > worst:
+                worst = t
     return worst
 
 
@@ -252,6 +259,7 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
     # fragment. NOTE: a kernel, because scoring candidates runs on every plan
     # and numpy's per-call overhead was most of a 8-GPU prediction.
     load = np.zeros(capacity.shape[0])
+    tail = np.zeros(capacity.shape[0])
     flows = 0.0
     used = False
     for i in range(flow_path.shape[0]):
@@ -259,13 +267,13 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
         if b <= 0:
             continue
         used = True
-        t = _fragment(flow_path[i], b, load, links, length, rate_cap, start, latency, stage,
-                      chunk)
+        t = _fragment(flow_path[i], b, load, tail, links, length, rate_cap, start, latency,
+                      stage, chunk)
         if t > flows:
             flows = t
     if not used:
         return 0.0, 0.0
-    return setup + _worst(load, capacity), flows
+    return setup + _worst(load, tail, capacity), flows
 
 
 @njit(cache=True)
@@ -274,6 +282,7 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
     # _terms of stripe_plan(flat, ptr, pid) without building it: the same
     # fragments in the same order, so the same sums to the last bit.
     load = np.zeros(capacity.shape[0])
+    tail = np.zeros(capacity.shape[0])
     flows = 0.0
     used = False
     for q in range(flat.shape[0]):
@@ -283,7 +292,7 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
         used = True
         k = ptr[q + 1] - ptr[q]
         if k == 1:  # most pairs: no integer division (it costs as much as the rest)
-            t = _fragment(pid[ptr[q]], float(d), load, links, length, rate_cap, start,
+            t = _fragment(pid[ptr[q]], float(d), load, tail, links, length, rate_cap, start,
                           latency, stage, chunk)
             if t > flows:
                 flows = t
@@ -294,13 +303,13 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
             b = float(base + (1 if j < rem else 0))
             if b <= 0:
                 continue
-            t = _fragment(pid[ptr[q] + j], b, load, links, length, rate_cap, start, latency,
-                          stage, chunk)
+            t = _fragment(pid[ptr[q] + j], b, load, tail, links, length, rate_cap, start,
+                          latency, stage, chunk)
             if t > flows:
                 flows = t
     if not used:
         return 0.0, 0.0
-    return setup + _worst(load, capacity), flows
+    return setup + _worst(load, tail, capacity), flows
 
 
 @njit(cache=True)
@@ -312,6 +321,7 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
     # adding each fragment to its links (a scatter whose adds wait on each
     # other) halves a 256-GPU scoring pass.
     frag = np.zeros(rate_cap.shape[0])
+    fill = np.zeros(rate_cap.shape[0])
     flows = 0.0
     used = False
     for q in range(flat.shape[0]):
@@ -329,7 +339,8 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
                 continue
             i = lo + j
             frag[i] = b
-            t = start[i] + b / rate_cap[i] + latency[i] + min(b, chunk) * stage[i]
+            fill[i] = latency[i] + min(b, chunk) * stage[i]
+            t = start[i] + b / rate_cap[i] + fill[i]
             if t > flows:
                 flows = t
     if not used:
@@ -338,6 +349,7 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
     for e in range(capacity.shape[0]):
         # Four partial sums: one running sum would wait on every add.
         a0 = a1 = a2 = a3 = 0.0
+        tail = 0.0
         lo, hi = lptr[e], lptr[e + 1]
         x = lo
         while x + 4 <= hi:
@@ -345,13 +357,16 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
             a1 += frag[lfrag[x + 1]]
             a2 += frag[lfrag[x + 2]]
             a3 += frag[lfrag[x + 3]]
+            tail = max(tail, fill[lfrag[x]], fill[lfrag[x + 1]], fill[lfrag[x + 2]],
+                       fill[lfrag[x + 3]])
             x += 4
         while x < hi:
             a0 += frag[lfrag[x]]
+            tail = max(tail, fill[lfrag[x]])
             x += 1
         load = (a0 + a1) + (a2 + a3)
-        if load / capacity[e] > worst:
-            worst = load / capacity[e]
+        if load > 0 and load / capacity[e] + tail > worst:
+            worst = load / capacity[e] + tail
     return setup + worst, flows
 
 
@@ -400,6 +415,24 @@ def _gather(pc: PathCosts, pid: np.ndarray) -> tuple[PathCosts, np.ndarray, np.n
     for a in [*arrays, lptr, lfrag]:
         a.setflags(write=False)
     return PathCosts(*arrays, setup_s=pc.setup_s, chunk_bytes=pc.chunk_bytes), lptr, lfrag
+
+
+def tail_slack_s(paths: PathSet, model: SimModel | None = None) -> float:
+    """The most a link's tail can add to a plan's links term: the largest fill of one chunk.
+
+    :func:`lower_bound_s` is a cut bound without tails (a plan of small
+    fragments has small fills), so a plan's prediction can exceed it by up
+    to this much and still be unbeatable but for its tails; the default
+    policy treats a candidate within it of the bound as having reached it.
+    """
+    m = default_model() if model is None else model
+
+    def build() -> float:
+        pc = path_costs(paths, m)
+        fill = pc.latency_s + pc.chunk_bytes * pc.stage_s_per_byte
+        return float(fill.max(initial=0.0))
+
+    return paths.derived(("timemodel.tail_slack", m), build)
 
 
 def time_terms(
