@@ -411,15 +411,19 @@ def test_striped_baselines_are_scored_exactly_without_building_the_plan(name):
 
 
 def test_replan_keeps_the_previous_winner_while_it_reaches_the_bound():
-    # A hot expert: multirail fills the hot GPU's intake (the bound), so the
-    # next step is answered by multirail alone, without the other candidates.
-    spec = "moe:tokens=65536,hidden=4096,experts=8,topk=2,hot=0.9"
+    # A hot expert: multirail fills the hot GPU's intake (the bound, up to its
+    # links' tails: under 1 % of this 8 ms step), so the next step is answered
+    # by multirail alone, without the other candidates.
+    from pathweave.plan.timemodel import tail_slack_s
+
+    spec = "moe:tokens=262144,hidden=4096,experts=8,topk=2,hot=0.9"
     step1 = pw.traffic.parse_workload(spec, 8, seed=0)
     step2 = pw.traffic.parse_workload(spec, 8, seed=1)
     first = pw.plan.make(DGX2, step1)
     again = pw.plan.replan(first, step2)
     assert again.info["chosen"] == first.info["chosen"]
     assert list(again.info["candidates_s"]) == [first.info["chosen"]]
-    assert again.info["predicted_s"] == pytest.approx(again.info["bound_s"], rel=1e-12)
+    lb = again.info["bound_s"]
+    assert lb <= again.info["predicted_s"] <= lb + tail_slack_s(first.paths)
     full = pw.plan.make(DGX2, step2, prune=False)
     assert again.info["predicted_s"] <= full.info["predicted_s"]

@@ -228,38 +228,37 @@ def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
 
 
 @njit(cache=True, inline="always")
-def _fragment(p, b, load, tail, links, length, rate_cap, start, latency, stage, chunk):
-    # Load one fragment of b bytes on path p and raise its links' tails to
-    # its fill; return its lone-fragment time.
-    fill = latency[p] + min(b, chunk) * stage[p]
+def _fragment(p, b, load, links, length, rate_cap, start, latency, stage, chunk):
+    # Load one fragment of b bytes on path p; return its lone-fragment time.
     for h in range(length[p]):
-        e = links[p, h]
-        load[e] += b
-        if fill > tail[e]:
-            tail[e] = fill
-    return start[p] + b / rate_cap[p] + fill
+        load[links[p, h]] += b
+    return start[p] + b / rate_cap[p] + latency[p] + min(b, chunk) * stage[p]
 
 
-@njit(cache=True)
-def _worst(load, tail, capacity):
-    # The links term beyond setup: a used link's drain time plus its tail.
+@njit(cache=True, inline="always")
+def _tailed(p, fill, drain, links, length):
+    # A fragment's fill after the latest drain time of its links: the links
+    # term of those links as far as this fragment's tail goes.
     worst = 0.0
-    for e in range(load.shape[0]):
-        if load[e] > 0:
-            t = load[e] / capacity[e] + tail[e]
-            if t > worst:
-                worst = t
-    return worst
+    for h in range(length[p]):
+        t = drain[links[p, h]]
+        if t > worst:
+            worst = t
+    return worst + fill
 
 
 @njit(cache=True)
 def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, latency, stage,
            setup, chunk):
-    # One pass over the fragments: effective-link loads and the slowest lone
-    # fragment. NOTE: a kernel, because scoring candidates runs on every plan
-    # and numpy's per-call overhead was most of a 8-GPU prediction.
+    # Two passes over the fragments: effective-link loads and the slowest
+    # lone fragment, then the links term. NOTE: a kernel, because scoring
+    # candidates runs on every plan and numpy's per-call overhead was most
+    # of a 8-GPU prediction. The links term max_e (drain_e + tail_e), a
+    # tail being the largest fill on the link, is computed fragment-major
+    # as max_f (fill_f + max_{e in f} drain_e): a read-only second pass that
+    # skips fragments which cannot raise it (one scatter of tails into the
+    # first pass cost 35 % more at 64 GPUs).
     load = np.zeros(capacity.shape[0])
-    tail = np.zeros(capacity.shape[0])
     flows = 0.0
     used = False
     for i in range(flow_path.shape[0]):
@@ -267,13 +266,24 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
         if b <= 0:
             continue
         used = True
-        t = _fragment(flow_path[i], b, load, tail, links, length, rate_cap, start, latency,
-                      stage, chunk)
+        t = _fragment(flow_path[i], b, load, links, length, rate_cap, start, latency, stage,
+                      chunk)
         if t > flows:
             flows = t
     if not used:
         return 0.0, 0.0
-    return setup + _worst(load, tail, capacity), flows
+    drain = load / capacity
+    top = drain.max()
+    worst = 0.0
+    for i in range(flow_path.shape[0]):
+        b = float(flow_bytes[i])
+        if b <= 0:
+            continue
+        p = flow_path[i]
+        fill = latency[p] + min(b, chunk) * stage[p]
+        if top + fill > worst:
+            worst = max(worst, _tailed(p, fill, drain, links, length))
+    return setup + worst, flows
 
 
 @njit(cache=True)
@@ -282,7 +292,6 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
     # _terms of stripe_plan(flat, ptr, pid) without building it: the same
     # fragments in the same order, so the same sums to the last bit.
     load = np.zeros(capacity.shape[0])
-    tail = np.zeros(capacity.shape[0])
     flows = 0.0
     used = False
     for q in range(flat.shape[0]):
@@ -292,7 +301,7 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
         used = True
         k = ptr[q + 1] - ptr[q]
         if k == 1:  # most pairs: no integer division (it costs as much as the rest)
-            t = _fragment(pid[ptr[q]], float(d), load, tail, links, length, rate_cap, start,
+            t = _fragment(pid[ptr[q]], float(d), load, links, length, rate_cap, start,
                           latency, stage, chunk)
             if t > flows:
                 flows = t
@@ -303,26 +312,47 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
             b = float(base + (1 if j < rem else 0))
             if b <= 0:
                 continue
-            t = _fragment(pid[ptr[q] + j], b, load, tail, links, length, rate_cap, start,
-                          latency, stage, chunk)
+            t = _fragment(pid[ptr[q] + j], b, load, links, length, rate_cap, start, latency,
+                          stage, chunk)
             if t > flows:
                 flows = t
     if not used:
         return 0.0, 0.0
-    return setup + _worst(load, tail, capacity), flows
+    # The links term as in _terms: each fragment's fill after its links' drain.
+    drain = load / capacity
+    top = drain.max()
+    worst = 0.0
+    for q in range(flat.shape[0]):
+        d = flat[q]
+        if d <= 0:
+            continue
+        k = ptr[q + 1] - ptr[q]
+        base = d if k == 1 else d // k
+        rem = 0 if k == 1 else d % k
+        for j in range(k):
+            b = float(base + (1 if j < rem else 0))
+            if b <= 0:
+                continue
+            p = pid[ptr[q] + j]
+            fill = latency[p] + min(b, chunk) * stage[p]
+            if top + fill > worst:
+                worst = max(worst, _tailed(p, fill, drain, links, length))
+    return setup + worst, flows
 
 
 @njit(cache=True)
 def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, lptr, lfrag,
                           setup, chunk):
     # _stripe_terms over gathered tables, link-major: first every fragment's
-    # bytes and the flows term, then each link's load as a sum over the
-    # fragments crossing it. NOTE: summing per link (a gather) instead of
-    # adding each fragment to its links (a scatter whose adds wait on each
-    # other) halves a 256-GPU scoring pass.
+    # bytes, fill and the flows term, then each link's load as a sum over
+    # the fragments crossing it, then the tails of the links that could
+    # still hold the links term. NOTE: summing per link (a gather) instead
+    # of adding each fragment to its links (a scatter whose adds wait on
+    # each other) halves a 256-GPU scoring pass.
     frag = np.zeros(rate_cap.shape[0])
     fill = np.zeros(rate_cap.shape[0])
     flows = 0.0
+    longest = 0.0
     used = False
     for q in range(flat.shape[0]):
         d = flat[q]
@@ -340,16 +370,16 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
             i = lo + j
             frag[i] = b
             fill[i] = latency[i] + min(b, chunk) * stage[i]
+            longest = max(longest, fill[i])
             t = start[i] + b / rate_cap[i] + fill[i]
             if t > flows:
                 flows = t
     if not used:
         return 0.0, 0.0
-    worst = 0.0
+    drain = np.zeros(capacity.shape[0])
     for e in range(capacity.shape[0]):
         # Four partial sums: one running sum would wait on every add.
         a0 = a1 = a2 = a3 = 0.0
-        tail = 0.0
         lo, hi = lptr[e], lptr[e + 1]
         x = lo
         while x + 4 <= hi:
@@ -357,17 +387,27 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
             a1 += frag[lfrag[x + 1]]
             a2 += frag[lfrag[x + 2]]
             a3 += frag[lfrag[x + 3]]
-            tail = max(tail, fill[lfrag[x]], fill[lfrag[x + 1]], fill[lfrag[x + 2]],
-                       fill[lfrag[x + 3]])
             x += 4
         while x < hi:
             a0 += frag[lfrag[x]]
-            tail = max(tail, fill[lfrag[x]])
             x += 1
-        load = (a0 + a1) + (a2 + a3)
-        if load > 0 and load / capacity[e] + tail > worst:
-            worst = load / capacity[e] + tail
+        drain[e] = ((a0 + a1) + (a2 + a3)) / capacity[e]
+    # The most loaded link first: within `longest` of it are few others.
+    top = int(np.argmax(drain))
+    worst = drain[top] + _link_tail(top, fill, lptr, lfrag)
+    for e in range(capacity.shape[0]):
+        if drain[e] > 0 and drain[e] + longest > worst:
+            worst = max(worst, drain[e] + _link_tail(e, fill, lptr, lfrag))
     return setup + worst, flows
+
+
+@njit(cache=True, inline="always")
+def _link_tail(e, fill, lptr, lfrag):
+    # Largest fill among the fragments crossing link e (0 for empty ones).
+    tail = 0.0
+    for x in range(lptr[e], lptr[e + 1]):
+        tail = max(tail, fill[lfrag[x]])
+    return tail
 
 
 def stripe_time(
