@@ -17,14 +17,14 @@ several candidates and returns the one the time model
   path's forwarding time (set-up per relay, pipeline fill) as its penalty
   over the pair's cheapest path.
 
-Choosing. The model is a lower bound of the simulator's max-min fluid
-makespan. Over 39 benchmark cases (8 to 32 GPUs) the simulator ends a
-median 0.6 % (90th percentile 3 %) above the prediction for the baselines'
-plans, but 4 % (90th percentile 10 %, worst 13 %) above it for multi-path
-plans, which load many links near the maximum at once: max-min sharing
-cannot keep them all busy to the end (with every efficiency at 1 the
-simulator still ends up to 15 % above such a plan's congestion bound;
-``docs/simulator.md``). So a multi-path candidate
+Choosing. The model tracks the simulator's max-min fluid makespan closely
+for plans that keep one bottleneck busy: over 94 benchmark cases (8 to 64
+GPUs) the simulator ends a median 0.6 % (worst 6.6 %) from the prediction
+for the baselines' plans and 1.4 % for the multi-path candidates, but up to
+17 % above it for multi-path plans that load many links near the maximum at
+once: max-min sharing cannot keep them all busy to the end (with every
+efficiency at 1 the simulator still ends up to 15 % above such a plan's
+congestion bound; ``docs/simulator.md``). So a multi-path candidate
 replaces the best baseline only if its prediction is lower by more than
 ``margin`` (default 12 %: above the optimism measured wherever a multi-path
 plan lost in simulation), and among baselines
@@ -32,13 +32,15 @@ within ``tie`` (0.2 %) of each other the first registered wins (``static``
 before ``multirail`` before ``hscore``: the simplest; the model cannot tell
 such plans apart).
 
-Searching. Candidates that provably cannot be chosen are not planned
+Searching. Candidates that cannot be chosen are not planned
 (:func:`search`): a cut lower bound of every plan's predicted time
 (:func:`~pathweave.plan.timemodel.lower_bound_s`) rules out later
-baselines once one reaches it and the multi-path candidates when no plan
-could beat the chosen baseline by ``margin``; ``static`` and ``multirail``
-are scored from their stripes without building their plans. The result is
-the plan the full search (``prune=False``) returns.
+baselines once one reaches it (up to the links' tails) and the
+multi-path candidates when no plan could beat the chosen baseline by
+``margin``; ``static`` and ``multirail`` are scored from their stripes
+without building their plans. The result is the plan the full search
+(``prune=False``) returns, but where a skipped candidate would have been
+faster by less than the slack :func:`search` allows.
 
 ``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
 and the CLI use it where no policy is given.

@@ -174,23 +174,29 @@ def time_optimum(
     """The time yardstick: a plan of least predicted time over the same paths (LP).
 
     The time model (:mod:`pathweave.plan.timemodel`) of a plan is
-    ``max(setup + max_e load_e / c_e, max_f fixed_p + x_f / rate_p)`` over
-    effective links ``e`` and used paths ``p``, where ``fixed_p`` is a path's
-    start plus fill (one whole chunk). For a set ``S`` of usable paths that
-    is linear::
+    ``max(setup + max_e (load_e / c_e + tail_e), max_f fixed_p + x_f / rate_p)``
+    over used effective links ``e`` and used paths ``p``, where ``fixed_p``
+    is a path's start plus fill and ``tail_e`` the largest fill on link
+    ``e``. For a set ``S`` of usable paths, charging every link the largest
+    fill of the paths in ``S`` through it (``tail_e(S)``; a fragment's fill
+    counts at most a pair's bytes or one chunk), that is linear::
 
         minimise    T
         subject to  sum_{p of pair k} x_p = d_k
-                    setup + sum_{p through e} x_p / c_e <= T     every effective link
-                    fixed_p + x_p / rate_p <= T                  every p in S
+                    setup + tail_e(S) + sum_{p through e} x_p / c_e <= T     every effective link
+                    fixed_p + x_p / rate_p <= T                              every p in S
 
     ``S`` grows with a threshold on ``fixed_p``: one LP per distinct
     threshold (each pair keeps at least one path) gives the optimum over
-    plans whose paths all lie below it; the least of these, each rounded to
-    whole bytes and predicted with :func:`~pathweave.plan.timemodel.predict_time`,
-    is returned. ``info["predicted_s"]`` is its predicted time; no plan over
-    these paths is predicted faster, up to the fill of fragments smaller
-    than one chunk (charged a whole chunk here) and rounding.
+    plans whose paths all lie below it; each is solved again over the paths
+    its solution used (an offered but empty path no longer raises its links'
+    tails, ``TAIL_ROUNDS`` times at most). The least of these, each rounded
+    to whole bytes and predicted with
+    :func:`~pathweave.plan.timemodel.predict_time`, is returned.
+    ``info["predicted_s"]`` is its predicted time. It is the least over
+    these path sets, not over every plan: a link's tail depends on which
+    paths a plan uses (not linear), and a tail is charged for a whole pair
+    or chunk where a plan's fragments may be smaller.
 
     Pairs below ``min_split_bytes`` stay whole on their ``static`` path, the
     rule every planner keeps (NIMBLE's size threshold): the model does not
