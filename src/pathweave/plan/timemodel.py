@@ -252,6 +252,14 @@ def _tailed(p, fill, drain, links, length):
     return worst + fill
 
 
+@njit(cache=True, inline="always")
+def _drain(load, capacity):
+    # load_e / c_e, in place of the loads (no allocation on the hot path).
+    for e in range(load.shape[0]):
+        load[e] = load[e] / capacity[e]
+    return load
+
+
 @njit(cache=True)
 def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, latency, stage,
            setup, chunk):
@@ -277,7 +285,7 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
             flows = t
     if not used:
         return 0.0, 0.0
-    drain = load / capacity
+    drain = _drain(load, capacity)
     top = drain.max()
     worst = 0.0
     for i in range(flow_path.shape[0]):
@@ -324,7 +332,7 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
     if not used:
         return 0.0, 0.0
     # The links term as in _terms: each fragment's fill after its links' drain.
-    drain = load / capacity
+    drain = _drain(load, capacity)
     top = drain.max()
     worst = 0.0
     for q in range(flat.shape[0]):
@@ -347,7 +355,7 @@ def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, late
 
 @njit(cache=True)
 def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, lptr, lfrag,
-                          setup, chunk):
+                          tail_max, setup, chunk):
     # _stripe_terms over gathered tables, link-major: first every fragment's
     # bytes, fill and the flows term, then each link's load as a sum over
     # the fragments crossing it, then the tails of the links that could
@@ -355,7 +363,6 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
     # of adding each fragment to its links (a scatter whose adds wait on
     # each other) halves a 256-GPU scoring pass.
     frag = np.zeros(rate_cap.shape[0])
-    fill = np.zeros(rate_cap.shape[0])
     flows = 0.0
     longest = 0.0
     used = False
@@ -374,9 +381,9 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
                 continue
             i = lo + j
             frag[i] = b
-            fill[i] = latency[i] + min(b, chunk) * stage[i]
-            longest = max(longest, fill[i])
-            t = start[i] + b / rate_cap[i] + fill[i]
+            fill = latency[i] + min(b, chunk) * stage[i]
+            longest = max(longest, fill)
+            t = start[i] + b / rate_cap[i] + fill
             if t > flows:
                 flows = t
     if not used:
@@ -398,20 +405,26 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
             x += 1
         drain[e] = ((a0 + a1) + (a2 + a3)) / capacity[e]
     # The most loaded link first: within `longest` of it are few others.
+    # The most loaded link first; another can only hold the links term if
+    # its drain plus the largest tail it could have (tail_max: its stripes'
+    # fills at a whole chunk) beats that: on balanced loads most cannot.
     top = int(np.argmax(drain))
-    worst = drain[top] + _link_tail(top, fill, lptr, lfrag)
+    worst = drain[top] + _link_tail(top, frag, latency, stage, chunk, lptr, lfrag)
     for e in range(capacity.shape[0]):
-        if drain[e] > 0 and drain[e] + longest > worst:
-            worst = max(worst, drain[e] + _link_tail(e, fill, lptr, lfrag))
+        if drain[e] > 0 and drain[e] + min(longest, tail_max[e]) > worst:
+            worst = max(worst, drain[e] + _link_tail(e, frag, latency, stage, chunk, lptr,
+                                                     lfrag))
     return setup + worst, flows
 
 
 @njit(cache=True, inline="always")
-def _link_tail(e, fill, lptr, lfrag):
-    # Largest fill among the fragments crossing link e (0 for empty ones).
+def _link_tail(e, frag, latency, stage, chunk, lptr, lfrag):
+    # Largest fill among the fragments with bytes crossing link e.
     tail = 0.0
     for x in range(lptr[e], lptr[e + 1]):
-        tail = max(tail, fill[lfrag[x]])
+        i = lfrag[x]
+        if frag[i] > 0:
+            tail = max(tail, latency[i] + min(frag[i], chunk) * stage[i])
     return tail
 
 
@@ -437,11 +450,25 @@ def stripe_time(
         return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
                                  pc.rate_cap_Bps, pc.start_s, pc.latency_s,
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
-    g, lptr, lfrag = paths.derived(("timemodel.stripes", key, m),
-                                   lambda: _gather(path_costs(paths, m), pid))
+    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, m),
+                                             lambda: _link_tail_max(*_gather(path_costs(paths, m),
+                                                                             pid)))
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
-                                     g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag,
+                                     g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max,
                                      g.setup_s, float(g.chunk_bytes)))
+
+
+def _link_tail_max(
+    g: PathCosts, lptr: np.ndarray, lfrag: np.ndarray
+) -> tuple[PathCosts, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_gather`'s tables and, per effective link, the largest fill a stripe
+    crossing it can have (a whole chunk): a bound of the link's tail."""
+    full = g.latency_s + g.chunk_bytes * g.stage_s_per_byte
+    out = np.zeros(lptr.size - 1)
+    links = np.repeat(np.arange(lptr.size - 1), np.diff(lptr))
+    np.maximum.at(out, links, full[lfrag])
+    out.setflags(write=False)
+    return g, lptr, lfrag, out
 
 
 def _gather(pc: PathCosts, pid: np.ndarray) -> tuple[PathCosts, np.ndarray, np.ndarray]:
