@@ -188,8 +188,9 @@ def search(
 
     * a later baseline when the best baseline so far reaches ``lb`` (it
       could only be faster by less than ``slack``; an earlier one wins ties);
-    * every multi-path candidate when ``lb * (1 + margin)`` is at least the
-      chosen baseline's time (none could clear the margin);
+    * every multi-path candidate when ``(lb + slack) * (1 + margin)`` is at
+      least the chosen baseline's time (none could clear the margin by more
+      than ``slack``);
     * the remaining multi-path candidates once one reaches ``lb``.
 
     So the pruned search returns the plan the full one would, but where a
@@ -233,7 +234,7 @@ def search(
             continue
         score(name)
     pick = choose(times, margin=margin, tie=tie)
-    if multi and lb * (1.0 + margin) < times[pick]:
+    if multi and reach * (1.0 + margin) < times[pick]:
         for name in multi:
             score(name)
             if times[name] <= reach * (1.0 + BOUND_RTOL):
