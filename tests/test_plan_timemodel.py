@@ -280,6 +280,32 @@ def test_time_yardstick_is_at_most_every_policy(fab, ratio):
         assert yard.info["predicted_s"] <= got * (1 + 1e-6), name
 
 
+@pytest.mark.parametrize("nbytes", [600_000, 2 * MB, 40 * MB])
+def test_time_yardstick_is_the_least_predicted_time_of_one_pair_by_exhaustive_search(nbytes):
+    # GPU 0 -> 1 has three paths (direct, through GPU 2, through GPU 3). Every
+    # split on a 1/40 grid, predicted by the model, is no faster than the
+    # yardstick: its LP charges each link the fill of the paths it offers,
+    # so it neither splits a small pair over relays whose fill the links term
+    # then carries, nor keeps a large one whole.
+    ps = pw.fabric.candidate_paths(H100)
+    k = 0 * 8 + 1
+    pids = np.arange(ps.pair_ptr[k], ps.pair_ptr[k + 1])
+    assert pids.size == 3
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[0, 1] = nbytes
+    grid = []
+    for i in range(41):
+        for j in range(41 - i):
+            parts = np.array([nbytes * (40 - i - j) // 40, nbytes * i // 40, 0])
+            parts[2] = nbytes - parts[0] - parts[1]
+            keep = parts > 0
+            grid.append(predict_time(plan_from_flows(H100, D, ps, pids[keep], parts[keep],
+                                                     "hand")))
+    yard = time_optimum(H100, D, min_split_bytes=0)
+    assert yard.info["predicted_s"] <= min(grid) * (1 + 1e-6)  # up to rounding to bytes
+    assert yard.info["predicted_s"] >= min(grid) * (1 - 0.02)  # the grid is fine enough
+
+
 def test_time_yardstick_in_the_ideal_model_is_the_congestion_optimum():
     # Without forwarding costs the time model is the congestion bound, so the
     # yardstick must meet the min-congestion LP's optimum (an independent LP).

@@ -189,14 +189,15 @@ def time_optimum(
     ``S`` grows with a threshold on ``fixed_p``: one LP per distinct
     threshold (each pair keeps at least one path) gives the optimum over
     plans whose paths all lie below it; each is solved again over the paths
-    its solution used (an offered but empty path no longer raises its links'
-    tails, ``TAIL_ROUNDS`` times at most). The least of these, each rounded
-    to whole bytes and predicted with
+    its solution used, each charged the fill of the fragment that solution
+    gave it (an offered but empty path no longer raises its links' tails; a
+    fragment below one chunk fills in less), ``TAIL_ROUNDS`` times at most.
+    The least of these, each rounded to whole bytes and predicted with
     :func:`~pathweave.plan.timemodel.predict_time`, is returned.
     ``info["predicted_s"]`` is its predicted time. It is the least over
-    these path sets, not over every plan: a link's tail depends on which
-    paths a plan uses (not linear), and a tail is charged for a whole pair
-    or chunk where a plan's fragments may be smaller.
+    these LPs, not a proven optimum over every plan: a link's tail depends
+    on which paths a plan uses and how much each carries (not linear).
+    Tests compare it with an exhaustive search over one pair's splits.
 
     Pairs below ``min_split_bytes`` stay whole on their ``static`` path, the
     rule every planner keeps (NIMBLE's size threshold): the model does not
@@ -248,28 +249,37 @@ def _time_lps(
     fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
     nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, time_limit_s: float,
 ) -> list[Plan]:
-    """The LP over paths ``pid``, then again over the paths each solution used.
+    """The LP over paths ``pid``, then again over what each solution used.
 
-    A link's tail is the largest fill of a fragment on it, so a path the LP
-    offered but left empty still raised the tails of its links; dropping
-    it lowers them (each pair keeps its used paths, so it stays feasible).
+    Fills depend on the plan (not linear): a link's tail is the largest fill
+    of a fragment on it, and a fragment below one chunk fills in less. The
+    first LP charges every offered path a fill of its pair's bytes (one
+    chunk at most); each next one keeps only the paths the last solution
+    used (an empty one no longer raises its links' tails) and charges each
+    the fill of the fragment the last solution gave it.
     """
     out = []
+    frag = nbytes[which].astype(np.float64)
     for _ in range(TAIL_ROUNDS):
-        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which, pid, time_limit_s)
+        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which, pid, frag, time_limit_s)
         out.append(plan)
-        used = np.isin(pid, plan.flow_path)
-        if used.all():
+        order = np.argsort(plan.flow_path, kind="stable")
+        pos = np.minimum(np.searchsorted(plan.flow_path[order], pid), order.size - 1)
+        used = plan.flow_path[order][pos] == pid
+        got = plan.flow_bytes[order][pos].astype(np.float64)
+        if used.all() and np.array_equal(got, frag):
             break
-        which, pid = which[used], pid[used]
+        which, pid, frag = which[used], pid[used], got[used]
     return out
 
 
 def _time_lp(
     fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
-    nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, time_limit_s: float,
+    nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, frag: np.ndarray,
+    time_limit_s: float,
 ) -> Plan:
-    """One LP of :func:`time_optimum` over the variables ``pid`` (units: MB and ms)."""
+    """One LP of :func:`time_optimum` over the variables ``pid``, each charged the
+    fill of a fragment of ``frag`` bytes (units: MB and ms)."""
     nvar = pid.size
     rows_links = pc.links[pid]
     mask = rows_links >= 0
@@ -277,10 +287,10 @@ def _time_lp(
     used, link_row = np.unique(rows_links[mask], return_inverse=True)
     coef = GBps / pc.capacity_Bps[used][link_row]
     nrow = used.size
-    # Each link's tail: the largest fill of a fragment it may carry (a whole
-    # pair's bytes at most, one chunk at most).
+    # Each link's tail: the largest fill of a fragment it may carry.
+    fill = pc.fill_s(pid, frag)
     tail = np.zeros(nrow)
-    np.maximum.at(tail, link_row, pc.fill_s(pid, nbytes[which])[var_idx])
+    np.maximum.at(tail, link_row, fill[var_idx])
     rate = pc.rate_cap_Bps[pid] / GBps
     fin = np.isfinite(rate)
     fvars = np.flatnonzero(fin)
@@ -296,7 +306,7 @@ def _time_lp(
         ),
         shape=(nrow + fvars.size, nvar + 1),
     )
-    fixed = pc.start_s[pid] + pc.fill_s(pid, nbytes[which])
+    fixed = pc.start_s[pid] + fill
     b_ub = np.concatenate([-(pc.setup_s + tail) * 1e3, -fixed[fin] * 1e3])
     a_eq = scipy.sparse.csr_matrix(
         (np.ones(nvar), (which, np.arange(nvar))), shape=(pairs.size, nvar + 1)
