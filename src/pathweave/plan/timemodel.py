@@ -242,8 +242,8 @@ def _fragment(p, b, load, links, length, rate_cap, start, latency, stage, chunk)
 
 @njit(cache=True, inline="always")
 def _tailed(p, fill, drain, links, length):
-    # A fragment's fill after the latest drain time of its links: the links
-    # term of those links as far as this fragment's tail goes.
+    # The latest drain of the links of path p plus a fragment's fill on it:
+    # what that fragment adds to the links term as the tail of its links.
     worst = 0.0
     for h in range(length[p]):
         t = drain[links[p, h]]
@@ -404,7 +404,6 @@ def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, 
             a0 += frag[lfrag[x]]
             x += 1
         drain[e] = ((a0 + a1) + (a2 + a3)) / capacity[e]
-    # The most loaded link first: within `longest` of it are few others.
     # The most loaded link first; another can only hold the links term if
     # its drain plus the largest tail it could have (tail_max: its stripes'
     # fills at a whole chunk) beats that: on balanced loads most cannot.
@@ -450,9 +449,10 @@ def stripe_time(
         return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
                                  pc.rate_cap_Bps, pc.start_s, pc.latency_s,
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
-    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, m),
-                                             lambda: _link_tail_max(*_gather(path_costs(paths, m),
-                                                                             pid)))
+    def build() -> tuple[PathCosts, np.ndarray, np.ndarray, np.ndarray]:
+        return _link_tail_max(*_gather(path_costs(paths, m), pid))
+
+    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, m), build)
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
                                      g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max,
                                      g.setup_s, float(g.chunk_bytes)))
