@@ -17,14 +17,14 @@ several candidates and returns the one the time model
   path's forwarding time (set-up per relay, pipeline fill) as its penalty
   over the pair's cheapest path.
 
-Choosing. The model is a lower bound of the simulator's max-min fluid
-makespan. Over 39 benchmark cases (8 to 32 GPUs) the simulator ends a
-median 0.6 % (90th percentile 3 %) above the prediction for the baselines'
-plans, but 4 % (90th percentile 10 %, worst 13 %) above it for multi-path
-plans, which load many links near the maximum at once: max-min sharing
-cannot keep them all busy to the end (with every efficiency at 1 the
-simulator still ends up to 15 % above such a plan's congestion bound;
-``docs/simulator.md``). So a multi-path candidate
+Choosing. The model tracks the simulator's max-min fluid makespan closely
+for plans that keep one bottleneck busy: over 94 benchmark cases (8 to 64
+GPUs) the simulator ends a median 0.6 % (worst 6.6 %) from the prediction
+for the baselines' plans and 1.4 % for the multi-path candidates, but up to
+17 % above it for multi-path plans that load many links near the maximum at
+once: max-min sharing cannot keep them all busy to the end (with every
+efficiency at 1 the simulator still ends up to 15 % above such a plan's
+congestion bound; ``docs/simulator.md``). So a multi-path candidate
 replaces the best baseline only if its prediction is lower by more than
 ``margin`` (default 12 %: above the optimism measured wherever a multi-path
 plan lost in simulation), and among baselines
@@ -32,13 +32,15 @@ within ``tie`` (0.2 %) of each other the first registered wins (``static``
 before ``multirail`` before ``hscore``: the simplest; the model cannot tell
 such plans apart).
 
-Searching. Candidates that provably cannot be chosen are not planned
+Searching. Candidates that cannot be chosen are not planned
 (:func:`search`): a cut lower bound of every plan's predicted time
 (:func:`~pathweave.plan.timemodel.lower_bound_s`) rules out later
-baselines once one reaches it and the multi-path candidates when no plan
-could beat the chosen baseline by ``margin``; ``static`` and ``multirail``
-are scored from their stripes without building their plans. The result is
-the plan the full search (``prune=False``) returns.
+baselines once one reaches it (up to the links' tails) and the
+multi-path candidates when no plan could beat the chosen baseline by
+``margin``; ``static`` and ``multirail`` are scored from their stripes
+without building their plans. The result is the plan the full search
+(``prune=False``) returns, but where a skipped candidate would have been
+faster by less than the slack :func:`search` allows.
 
 ``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
 and the CLI use it where no policy is given.
@@ -75,6 +77,7 @@ from pathweave.plan.timemodel import (
     path_costs,
     predict_time,
     stripe_time,
+    tail_slack_s,
 )
 
 #: The policy used wherever none is given.
@@ -86,6 +89,10 @@ MULTIPATH = ("mwu_time", "mwu")
 #: A candidate within this relative distance of the lower bound has reached it
 #: (the bound and the scores sum the same loads in different orders).
 BOUND_RTOL = 1e-12
+
+#: A candidate within this share of the cut bound, and within the largest
+#: tail a link can have, counts as reaching it (the bound has no tails).
+REACH_RTOL = 0.01
 
 #: The multi-path candidates plan in chunks of at least the largest pair / PLAN_PIECES.
 PLAN_PIECES = 64
@@ -167,27 +174,34 @@ def search(
     *, model: Any = None, margin: float, tie: float, prune: bool = True,
     first: str | None = None,
 ) -> tuple[str, Plan, dict[str, float], float]:
-    """Plan the candidates in order, skipping those that provably cannot be chosen.
+    """Plan the candidates in order, skipping those that cannot be chosen.
 
     Baselines come first, in registration order, then the thunks of
     ``multi`` (each returns a multi-path candidate's plan). With ``prune``,
     :func:`~pathweave.plan.timemodel.lower_bound_s` (``lb``, a lower bound of
-    every plan's predicted time) skips what :func:`choose` could not pick:
+    every plan's predicted time) skips what :func:`choose` could not pick.
+    The bound has no link tails (a link's tail, the largest fill of its
+    fragments, depends on how a plan splits), so a candidate *reaches* it
+    within ``slack``: the largest tail any link can have
+    (:func:`~pathweave.plan.timemodel.tail_slack_s`, 37-39 us on the
+    presets) but at most ``REACH_RTOL`` (1 %) of the bound:
 
-    * a later baseline when ``lb`` is at least the best baseline so far (it
-      cannot lower the best, and an earlier one wins ties);
-    * every multi-path candidate when ``lb * (1 + margin)`` is at least the
-      chosen baseline's time (none could clear the margin);
-    * the remaining multi-path candidates once one reaches ``lb`` (none can
-      be faster, and the first wins ties).
+    * a later baseline when the best baseline so far reaches ``lb`` (it
+      could only be faster by less than ``slack``; an earlier one wins ties);
+    * every multi-path candidate when ``(lb + slack) * (1 + margin)`` is at
+      least the chosen baseline's time (none could clear the margin by more
+      than ``slack``);
+    * the remaining multi-path candidates once one reaches ``lb``.
 
-    So the pruned search returns the plan the full one would (up to
-    rounding of the predicted times at exact ties).
+    So the pruned search returns the plan the full one would, but where a
+    skipped candidate would have been faster by less than ``slack`` (tested
+    on random cases: none differed). Exchanges of a few milliseconds and
+    more prune as before; below, where a tail is over 1 % of the time,
+    every baseline is scored.
 
     ``first`` (a baseline or a key of ``multi``; the previous step's winner
     in :func:`replan`) is scored before anything else and returned at once
-    if it reaches the bound: nothing can be faster, though a simpler
-    baseline might tie.
+    if it reaches the bound.
 
     Returns
     -------
@@ -196,6 +210,7 @@ def search(
         candidates, and the bound (0.0 without ``prune``).
     """
     lb = lower_bound_s(paths, demand, model) if prune else 0.0
+    reach = lb + min(tail_slack_s(paths, model), REACH_RTOL * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
 
@@ -209,20 +224,20 @@ def search(
 
     if prune and first is not None and (first in multi or first in baselines()):
         score(first)
-        if times[first] <= lb * (1.0 + BOUND_RTOL):
+        if times[first] <= reach * (1.0 + BOUND_RTOL):
             if first not in plans:
                 plans[first] = policy_info(first).func(fabric, demand, paths)
             return first, plans[first], times, lb
         times.pop(first)
     for name in baselines():
-        if times and lb >= min(times.values()):
+        if times and reach >= min(times.values()):
             continue
         score(name)
     pick = choose(times, margin=margin, tie=tie)
-    if multi and lb * (1.0 + margin) < times[pick]:
+    if multi and reach * (1.0 + margin) < times[pick]:
         for name in multi:
             score(name)
-            if times[name] <= lb * (1.0 + BOUND_RTOL):
+            if times[name] <= reach * (1.0 + BOUND_RTOL):
                 break
         pick = choose(times, margin=margin, tie=tie)
     if pick not in plans:

@@ -174,23 +174,30 @@ def time_optimum(
     """The time yardstick: a plan of least predicted time over the same paths (LP).
 
     The time model (:mod:`pathweave.plan.timemodel`) of a plan is
-    ``max(setup + max_e load_e / c_e, max_f fixed_p + x_f / rate_p)`` over
-    effective links ``e`` and used paths ``p``, where ``fixed_p`` is a path's
-    start plus fill (one whole chunk). For a set ``S`` of usable paths that
-    is linear::
+    ``max(setup + max_e (load_e / c_e + tail_e), max_f fixed_p + x_f / rate_p)``
+    over used effective links ``e`` and used paths ``p``, where ``fixed_p``
+    is a path's start plus fill and ``tail_e`` the largest fill on link
+    ``e``. For a set ``S`` of usable paths, charging every link the largest
+    fill of the paths in ``S`` through it (``tail_e(S)``; a fragment's fill
+    counts at most a pair's bytes or one chunk), that is linear::
 
         minimise    T
         subject to  sum_{p of pair k} x_p = d_k
-                    setup + sum_{p through e} x_p / c_e <= T     every effective link
-                    fixed_p + x_p / rate_p <= T                  every p in S
+                    setup + tail_e(S) + sum_{p through e} x_p / c_e <= T     every effective link
+                    fixed_p + x_p / rate_p <= T                              every p in S
 
     ``S`` grows with a threshold on ``fixed_p``: one LP per distinct
     threshold (each pair keeps at least one path) gives the optimum over
-    plans whose paths all lie below it; the least of these, each rounded to
-    whole bytes and predicted with :func:`~pathweave.plan.timemodel.predict_time`,
-    is returned. ``info["predicted_s"]`` is its predicted time; no plan over
-    these paths is predicted faster, up to the fill of fragments smaller
-    than one chunk (charged a whole chunk here) and rounding.
+    plans whose paths all lie below it; each is solved again over the paths
+    its solution used, each charged the fill of the fragment that solution
+    gave it (an offered but empty path no longer raises its links' tails; a
+    fragment below one chunk fills in less), ``TAIL_ROUNDS`` times at most.
+    The least of these, each rounded to whole bytes and predicted with
+    :func:`~pathweave.plan.timemodel.predict_time`, is returned.
+    ``info["predicted_s"]`` is its predicted time. It is the least over
+    these LPs, not a proven optimum over every plan: a link's tail depends
+    on which paths a plan uses and how much each carries (not linear).
+    Tests compare it with an exhaustive search over one pair's splits.
 
     Pairs below ``min_split_bytes`` stay whole on their ``static`` path, the
     rule every planner keeps (NIMBLE's size threshold): the model does not
@@ -223,22 +230,56 @@ def time_optimum(
     best: Plan | None = None
     for level in levels:
         keep = fixed <= level + 1e-9
-        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which[keep], pid[keep],
-                        time_limit_s)
-        t = predict_time(plan, model)
-        if best is None or t < best.info["predicted_s"]:
-            plan.info["predicted_s"] = t
-            plan.info["levels"] = int(levels.size)
-            best = plan
+        for plan in _time_lps(fabric, demand, ps, pc, pairs, nbytes, which[keep], pid[keep],
+                              time_limit_s):
+            t = predict_time(plan, model)
+            if best is None or t < best.info["predicted_s"]:
+                plan.info["predicted_s"] = t
+                plan.info["levels"] = int(levels.size)
+                best = plan
     assert best is not None
     return best
 
 
-def _time_lp(
+#: Re-solves of one level's LP over the paths its previous solution used.
+TAIL_ROUNDS = 3
+
+
+def _time_lps(
     fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
     nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, time_limit_s: float,
+) -> list[Plan]:
+    """The LP over paths ``pid``, then again over what each solution used.
+
+    Fills depend on the plan (not linear): a link's tail is the largest fill
+    of a fragment on it, and a fragment below one chunk fills in less. The
+    first LP charges every offered path a fill of its pair's bytes (one
+    chunk at most); each next one keeps only the paths the last solution
+    used (an empty one no longer raises its links' tails) and charges each
+    the fill of the fragment the last solution gave it.
+    """
+    out = []
+    frag = nbytes[which].astype(np.float64)
+    for _ in range(TAIL_ROUNDS):
+        plan = _time_lp(fabric, demand, ps, pc, pairs, nbytes, which, pid, frag, time_limit_s)
+        out.append(plan)
+        order = np.argsort(plan.flow_path, kind="stable")
+        pos = np.minimum(np.searchsorted(plan.flow_path[order], pid), order.size - 1)
+        used = plan.flow_path[order][pos] == pid
+        got = plan.flow_bytes[order][pos].astype(np.float64)
+        if used.all() and np.array_equal(got, frag):
+            break
+        which, pid, frag = which[used], pid[used], got[used]
+    return out
+
+
+def _time_lp(
+    fabric: Fabric, demand: np.ndarray, ps: PathSet, pc: Any, pairs: np.ndarray,
+    nbytes: np.ndarray, which: np.ndarray, pid: np.ndarray, frag: np.ndarray,
+    time_limit_s: float,
 ) -> Plan:
-    """One LP of :func:`time_optimum` over the variables ``pid`` (units: MB and ms)."""
+    """One LP of :func:`time_optimum` over the variables ``pid``, each charged the
+    fill of a fragment of ``frag`` bytes (units: MB and ms)."""
     nvar = pid.size
     rows_links = pc.links[pid]
     mask = rows_links >= 0
@@ -246,6 +287,10 @@ def _time_lp(
     used, link_row = np.unique(rows_links[mask], return_inverse=True)
     coef = GBps / pc.capacity_Bps[used][link_row]
     nrow = used.size
+    # Each link's tail: the largest fill of a fragment it may carry.
+    fill = pc.fill_s(pid, frag)
+    tail = np.zeros(nrow)
+    np.maximum.at(tail, link_row, fill[var_idx])
     rate = pc.rate_cap_Bps[pid] / GBps
     fin = np.isfinite(rate)
     fvars = np.flatnonzero(fin)
@@ -261,7 +306,8 @@ def _time_lp(
         ),
         shape=(nrow + fvars.size, nvar + 1),
     )
-    b_ub = np.concatenate([np.full(nrow, -pc.setup_s * 1e3), -pc.fixed_s(pid[fin]) * 1e3])
+    fixed = pc.start_s[pid] + fill
+    b_ub = np.concatenate([-(pc.setup_s + tail) * 1e3, -fixed[fin] * 1e3])
     a_eq = scipy.sparse.csr_matrix(
         (np.ones(nvar), (which, np.arange(nvar))), shape=(pairs.size, nvar + 1)
     )
