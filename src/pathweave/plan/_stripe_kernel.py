@@ -1,0 +1,331 @@
+"""Numba kernels that score striped plans and bound every plan from node-level sums.
+
+Arrays in, arrays out; the public wrappers (:func:`pathweave.plan.timemodel.stripe_time`,
+:func:`~pathweave.plan.timemodel.lower_bound_s`) validate and cache. Each kernel
+has a slow, obvious twin here (``*_reference``) that the tests compare with.
+
+Node-factored scoring. On a fabric of equal nodes whose ranks are numbered
+node by node (rank ``s = ns * G + ls``), a rail-striped baseline sends pair
+``(s, d)`` of different nodes over stripe ``j`` whose effective links split in
+two: those of the source node, the same for every destination node (they
+depend on ``s``, ``ld`` and ``j`` only), and those of the destination node,
+the same for every source node (``ls``, ``d``, ``j``). A link's load is then
+a sum of two small aggregates of the demand, ``XA[s, ld, j]`` (bytes ``s``
+sends to local rank ``ld`` of other nodes on stripe ``j``) and
+``XB[ls, d, j]``, and a fragment's lone time depends on its bytes only
+through the largest fragment of its class ``(ls, ld, j)`` (the time grows
+with the bytes). So one pass over the demand, reading it in order into
+arrays that stay in cache, replaces a pass over every fragment's links.
+Pairs inside a node keep their own paths and are scored one by one.
+
+Loads are sums of whole bytes, exact in float64 below 2**53 bytes per link,
+so the score equals the built plan's prediction bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def factor_tables(gpus, ptr, pid, links, length, owner, rate_cap, start, latency, stage,
+                  kpair, side_a, side_b, params):  # pragma: no cover - numba
+    """Fill the node-factored tables of stripes ``(ptr, pid)``; False if they do not factor.
+
+    ``owner[e]``: the node an effective link belongs to (-1: none). Outputs
+    (preallocated, -1 / NaN filled): ``kpair[ls, ld]`` stripes per pair of
+    different nodes, ``side_a[s, ld, j, :]`` the source-node links,
+    ``side_b[ls, d, j, :]`` the destination-node links (-1 padded) and
+    ``params[ls, ld, j]`` = (start, rate cap, latency, stage) of the stripe.
+    """
+    n = ptr.shape[0] - 1
+    ranks = int(np.sqrt(n) + 0.5)
+    tmp_a = np.empty(links.shape[1], dtype=np.int64)
+    tmp_b = np.empty(links.shape[1], dtype=np.int64)
+    for s in range(ranks):
+        ns = s // gpus
+        ls = s - ns * gpus
+        for d in range(ranks):
+            nd = d // gpus
+            if nd == ns:
+                continue
+            ld = d - nd * gpus
+            q = s * ranks + d
+            k = ptr[q + 1] - ptr[q]
+            if kpair[ls, ld] < 0:
+                kpair[ls, ld] = k
+            elif kpair[ls, ld] != k:
+                return False
+            for j in range(k):
+                p = pid[ptr[q] + j]
+                ca = 0
+                cb = 0
+                for h in range(length[p]):
+                    e = links[p, h]
+                    if owner[e] == ns:
+                        tmp_a[ca] = e
+                        ca += 1
+                    elif owner[e] == nd:
+                        tmp_b[cb] = e
+                        cb += 1
+                    else:  # a link of neither node (e.g. a spine): not factored
+                        return False
+                if not _same_or_set(side_a[s, ld, j], tmp_a, ca):
+                    return False
+                if not _same_or_set(side_b[ls, d, j], tmp_b, cb):
+                    return False
+                par = params[ls, ld, j]
+                vals = (start[p], rate_cap[p], latency[p], stage[p])
+                if np.isnan(par[0]):
+                    for i in range(4):
+                        par[i] = vals[i]
+                else:
+                    for i in range(4):
+                        if par[i] != vals[i]:
+                            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _same_or_set(row, tmp, count):  # pragma: no cover - numba
+    # First stripe of its group: record its links; later ones must match them.
+    if row[0] == -2:
+        for h in range(count):
+            row[h] = tmp[h]
+        for h in range(count, row.shape[0]):
+            row[h] = -1
+        return True
+    for h in range(row.shape[0]):
+        want = tmp[h] if h < count else -1
+        if row[h] != want:
+            return False
+    return True
+
+
+@njit(cache=True)
+def factored_terms(demand, gpus, kpair, side_a, side_b, params, ptr, pid, links, length,
+                   capacity, rate_cap, start, latency, stage, setup,
+                   chunk):  # pragma: no cover - numba
+    """``(links_s, flows_s)`` of the striped plan of ``demand`` from the factored tables."""
+    ranks = demand.shape[0]
+    kmax = side_a.shape[2]
+    xa = np.zeros((ranks, gpus, kmax), dtype=np.int64)
+    xb = np.zeros((gpus, ranks, kmax), dtype=np.int64)
+    big = np.zeros((gpus, gpus, kmax), dtype=np.int64)
+    load = np.zeros(capacity.shape[0])
+    flows = 0.0
+    used = False
+    single = kmax == 1
+    for ls in range(gpus):
+        for ld in range(gpus):
+            if kpair[ls, ld] != 1:
+                single = False
+    for s in range(ranks):  # pairs inside a node: straight onto their paths
+        ns = s // gpus
+        for d in range(ns * gpus, ns * gpus + gpus):
+            if demand[s, d] > 0:
+                used = True
+                t = _pair_fragments(s * ranks + d, demand[s, d], ptr, pid, load, links,
+                                    length, rate_cap, start, latency, stage, chunk)
+                flows = max(flows, t)
+    if single:  # 2-D views: contiguous rows the adds vectorise over
+        _single_sums(demand, gpus, xa.reshape(ranks, gpus), xb.reshape(gpus, ranks),
+                     big.reshape(gpus, gpus))
+    else:
+        _split_sums(demand, gpus, kpair, xa, xb, big)
+    for ls in range(gpus):
+        for ld in range(gpus):
+            for j in range(kmax):
+                b = float(big[ls, ld, j])
+                if b <= 0:
+                    continue
+                used = True
+                par = params[ls, ld, j]
+                flows = max(flows, par[0] + b / par[1] + par[2] + min(b, chunk) * par[3])
+    if not used:
+        return 0.0, 0.0
+    _add_sides(xa, side_a, load)
+    _add_sides(xb, side_b, load)
+    worst = 0.0
+    for e in range(capacity.shape[0]):
+        worst = max(worst, load[e] / capacity[e])
+    return setup + worst, flows
+
+
+@njit(cache=True)
+def _single_sums(demand, gpus, xa, xb, big):  # pragma: no cover - numba
+    # One stripe per pair. NOTE: three simple loops (a row-wide add, then the
+    # per-node sums and maxima) run about twice as fast as one loop doing all.
+    ranks = demand.shape[0]
+    nodes = ranks // gpus
+    for s in range(ranks):
+        ls = s % gpus
+        row = demand[s]
+        xbr = xb[ls]
+        for d in range(ranks):
+            xbr[d] += row[d]
+    for s in range(ranks):
+        ns = s // gpus
+        ls = s - ns * gpus
+        row = demand[s].reshape(nodes, gpus)
+        for ld in range(gpus):  # the pair's own node is not in xb
+            xb[ls, ns * gpus + ld] -= row[ns, ld]
+        for nd in range(nodes):
+            if nd == ns:
+                continue
+            r = row[nd]
+            for ld in range(gpus):
+                xa[s, ld] += r[ld]
+                if r[ld] > big[ls, ld]:
+                    big[ls, ld] = r[ld]
+
+
+@njit(cache=True)
+def _split_sums(demand, gpus, kpair, xa, xb, big):  # pragma: no cover - numba
+    # Several stripes per pair: each gets the even share, earlier ones the extra bytes.
+    ranks = demand.shape[0]
+    nodes = ranks // gpus
+    for s in range(ranks):
+        ns = s // gpus
+        ls = s - ns * gpus
+        for nd in range(nodes):
+            if nd == ns:
+                continue
+            lo = nd * gpus
+            for ld in range(gpus):
+                x = demand[s, lo + ld]
+                k = kpair[ls, ld]
+                if x <= 0 or k <= 0:
+                    continue
+                base = x // k
+                rem = x % k
+                for j in range(k):
+                    b = base + (1 if j < rem else 0)
+                    xa[s, ld, j] += b
+                    xb[ls, lo + ld, j] += b
+                    big[ls, ld, j] = max(big[ls, ld, j], b)
+
+
+@njit(cache=True)
+def _add_sides(agg, side, load):  # pragma: no cover - numba
+    for a in range(agg.shape[0]):
+        for b in range(agg.shape[1]):
+            for j in range(agg.shape[2]):
+                v = agg[a, b, j]
+                if v == 0:
+                    continue
+                for h in range(side.shape[3]):
+                    e = side[a, b, j, h]
+                    if e < 0:
+                        break
+                    load[e] += v
+
+
+@njit(cache=True)
+def _pair_fragments(q, d, ptr, pid, load, links, length, rate_cap, start, latency, stage,
+                    chunk):  # pragma: no cover - numba
+    # One pair's stripes straight onto their links; the slowest lone fragment.
+    k = ptr[q + 1] - ptr[q]
+    worst = 0.0
+    if k <= 0:
+        return worst
+    base = d // k
+    rem = d % k
+    for j in range(k):
+        b = float(base + (1 if j < rem else 0))
+        if b <= 0:
+            continue
+        p = pid[ptr[q] + j]
+        for h in range(length[p]):
+            load[links[p, h]] += b
+        worst = max(worst, start[p] + b / rate_cap[p] + latency[p]
+                    + min(b, chunk) * stage[p])
+    return worst
+
+
+def stripe_terms_reference(demand: np.ndarray, ptr: np.ndarray, pid: np.ndarray, pc) -> tuple:
+    """Slow twin of :func:`factored_terms`: every fragment of the striped plan, one by one."""
+    flat = demand.reshape(-1)
+    load = np.zeros(pc.capacity_Bps.size)
+    flows, used = 0.0, False
+    for q in np.flatnonzero(flat > 0):
+        used = True
+        k = int(ptr[q + 1] - ptr[q])
+        for j in range(k):
+            b = float(flat[q] // k + (1 if j < flat[q] % k else 0))
+            if b <= 0:
+                continue
+            p = pid[ptr[q] + j]
+            for e in pc.links[p, : pc.length[p]]:
+                load[e] += b
+            flows = max(flows, pc.start_s[p] + b / pc.rate_cap_Bps[p] + pc.latency_s[p]
+                        + min(b, float(pc.chunk_bytes)) * pc.stage_s_per_byte[p])
+    if not used:
+        return 0.0, 0.0
+    return pc.setup_s + float((load / pc.capacity_Bps).max()), flows
+
+
+# ------------------------------------------------------------------ cut bound
+@njit(cache=True)
+def cut_sums(demand, rank_node, members_ptr, members):  # pragma: no cover - numba
+    """Bytes out of / into every GPU and node (to / from other nodes) and whether any moves.
+
+    ``members[members_ptr[a]:members_ptr[a + 1]]``: the ranks of node ``a``.
+    Integer sums: exact, and the row and column adds vectorise.
+    """
+    ranks = demand.shape[0]
+    nnodes = members_ptr.shape[0] - 1
+    rows = np.zeros(ranks, dtype=np.int64)
+    cols = np.zeros(ranks, dtype=np.int64)
+    for s in range(ranks):
+        row = demand[s]
+        acc = 0
+        for t in range(ranks):
+            x = max(row[t], 0)
+            acc += x
+            cols[t] += x
+        rows[s] = acc
+    nout = np.zeros(nnodes, dtype=np.int64)
+    nin = np.zeros(nnodes, dtype=np.int64)
+    for s in range(ranks):
+        a = rank_node[s]
+        if a >= 0:
+            nout[a] += rows[s]
+    for t in range(ranks):
+        c = rank_node[t]
+        if c >= 0:
+            nin[c] += cols[t]
+    for a in range(nnodes):  # minus the bytes that stay inside the node
+        inner = 0
+        for i in range(members_ptr[a], members_ptr[a + 1]):
+            for k in range(members_ptr[a], members_ptr[a + 1]):
+                inner += max(demand[members[i], members[k]], 0)
+        nout[a] -= inner
+        nin[a] -= inner
+    used = False
+    for s in range(ranks):
+        if rows[s] > 0:
+            used = True
+    return rows, cols, nout, nin, used
+
+
+def cut_sums_reference(demand: np.ndarray, rank_node: np.ndarray, nnodes: int) -> tuple:
+    """Slow twin of :func:`cut_sums`: pair by pair."""
+    n = demand.shape[0]
+    rows, cols = np.zeros(n), np.zeros(n)
+    nout, nin = np.zeros(nnodes), np.zeros(nnodes)
+    for s in range(n):
+        for t in range(n):
+            b = float(demand[s, t])
+            if b <= 0:
+                continue
+            rows[s] += b
+            cols[t] += b
+            a, c = rank_node[s], rank_node[t]
+            if a != c:
+                if a >= 0:
+                    nout[a] += b
+                if c >= 0:
+                    nin[c] += b
+    return rows, cols, nout, nin, bool(rows.any())
