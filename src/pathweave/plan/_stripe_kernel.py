@@ -310,6 +310,19 @@ def cut_sums(demand, rank_node, members_ptr, members):  # pragma: no cover - num
     return rows, cols, nout, nin, used
 
 
+@njit(cache=True)
+def cut_bound(demand, rank_node, members_ptr, members, gpu_out, gpu_in, node_out,
+              node_in):  # pragma: no cover - numba
+    """``(max over cuts of bytes / capacity, whether any byte moves)`` from :func:`cut_sums`."""
+    rows, cols, nout, nin, used = cut_sums(demand, rank_node, members_ptr, members)
+    worst = 0.0
+    for load, cap in ((rows, gpu_out), (cols, gpu_in), (nout, node_out), (nin, node_in)):
+        for k in range(load.shape[0]):
+            if cap[k] > 0 and load[k] / cap[k] > worst:
+                worst = load[k] / cap[k]
+    return worst, used
+
+
 def cut_sums_reference(demand: np.ndarray, rank_node: np.ndarray, nnodes: int) -> tuple:
     """Slow twin of :func:`cut_sums`: pair by pair."""
     n = demand.shape[0]

@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
-from pathweave.plan._stripe_kernel import cut_sums, factor_tables, factored_terms
+from pathweave.plan._stripe_kernel import cut_bound, factor_tables, factored_terms
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -384,12 +384,8 @@ def stripe_time(
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
     fac = paths.derived(("timemodel.factored", key, m),
                         lambda: _factor(paths, path_costs(paths, m), ptr, pid, m))
-    if fac is not None:
-        pc = path_costs(paths, m)
-        return max(factored_terms(
-            np.ascontiguousarray(demand, dtype=np.int64), *fac, ptr, pid, pc.links, pc.length,
-            pc.capacity_Bps, pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte,
-            pc.setup_s, float(pc.chunk_bytes)))
+    if fac is not None:  # fac: every argument of the kernel but the demand
+        return max(factored_terms(np.ascontiguousarray(demand, dtype=np.int64), *fac))
     g, lptr, lfrag = paths.derived(("timemodel.stripes", key, m),
                                    lambda: _gather(path_costs(paths, m), pid))
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
@@ -416,7 +412,7 @@ def _link_owner(fabric: Fabric, model: SimModel) -> np.ndarray:
 
 def _factor(
     paths: PathSet, pc: PathCosts, ptr: np.ndarray, pid: np.ndarray, model: SimModel
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+) -> tuple | None:
     """Node-factored tables of stripes ``(ptr, pid)`` (``_stripe_kernel``), None if they
     do not factor: unequal nodes, ranks not numbered node by node, a stripe through a
     link of neither end node, or stripe classes whose paths differ across node pairs."""
@@ -437,10 +433,11 @@ def _factor(
                        kpair, side_a, side_b, params)
     if not ok:
         return None
-    out = (g, kpair, side_a, side_b, params)
-    for a in out[1:]:
+    for a in (kpair, side_a, side_b, params):
         a.setflags(write=False)
-    return out
+    return (g, kpair, side_a, side_b, params, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
+            pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte, pc.setup_s,
+            float(pc.chunk_bytes))
 
 
 def _gather(pc: PathCosts, pid: np.ndarray) -> tuple[PathCosts, np.ndarray, np.ndarray]:
@@ -576,12 +573,6 @@ def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = N
     """
     m = default_model() if model is None else model
     node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m)
-    sums = cut_sums(np.ascontiguousarray(demand, dtype=np.int64), node, members_ptr, members)
-    if not sums[-1]:
-        return 0.0
-    worst = 0.0
-    for load, cap in zip(sums[:4], (gout, gin, nout, nin), strict=True):
-        has = cap > 0
-        if has.any():
-            worst = max(worst, float((load[has] / cap[has]).max()))
-    return float(m.setup_s) + worst
+    worst, used = cut_bound(np.ascontiguousarray(demand, dtype=np.int64), node, members_ptr,
+                            members, gout, gin, nout, nin)
+    return float(m.setup_s) + float(worst) if used else 0.0
