@@ -377,7 +377,7 @@ FACTOR_FABS = [
 @pytest.mark.parametrize("fab", FACTOR_FABS, ids=lambda f: f.name)
 def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, name):
     from pathweave.plan._stripe_kernel import stripe_terms_reference
-    from pathweave.plan.timemodel import default_model, stripe_time
+    from pathweave.plan.timemodel import factored, stripe_time
 
     rng = np.random.default_rng(11)
     ps = pw.fabric.candidate_paths(fab)
@@ -388,7 +388,7 @@ def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, nam
         want = max(stripe_terms_reference(plan.demand, *stripes, path_costs(ps)))
         assert stripe_time(ps, plan.demand, stripes, key=name) == want == predict_time(plan)
     # The fast path was taken (tables kept with the paths), not the link-major gather.
-    assert ps.derived(("timemodel.factored", name, default_model()), lambda: None) is not None
+    assert factored(ps, stripes, name) is not None
     empty = np.zeros((fab.num_ranks,) * 2, dtype=np.int64)
     assert stripe_time(ps, empty, stripes, key=name) == 0.0
 
@@ -397,7 +397,7 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
     # The last candidate of every pair (spine paths across nodes) leaves both end
     # nodes: no node factoring, the gathered tables score it, exactly.
     from pathweave.plan._stripe_kernel import stripe_terms_reference
-    from pathweave.plan.timemodel import default_model, stripe_time
+    from pathweave.plan.timemodel import factored, stripe_time
 
     fab = FACTOR_FABS[-1]
     ps = pw.fabric.candidate_paths(fab)
@@ -407,7 +407,7 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
     assert (ps.kind[pid] == pw.fabric.PathKind.SPINE).any()
     D = _random_demand(np.random.default_rng(3), fab.num_ranks)
     got = stripe_time(ps, D, (ptr, pid), key="last")
-    assert ps.derived(("timemodel.factored", "last", default_model()), lambda: 0) is None
+    assert factored(ps, (ptr, pid), "last") is None
     assert got == pytest.approx(max(stripe_terms_reference(D, ptr, pid, path_costs(ps))),
                                 rel=1e-12)
 

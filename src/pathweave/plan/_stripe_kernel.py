@@ -104,9 +104,41 @@ def _same_or_set(row, tmp, count):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def factored_terms(demand, gpus, kpair, side_a, side_b, params, ptr, pid, links, length,
-                   capacity, rate_cap, start, latency, stage, setup,
-                   chunk):  # pragma: no cover - numba
+def intra_tables(gpus, ptr, pid, links, rate_cap, start, latency, stage):  # pragma: no cover
+    """The stripes of pairs inside a node, packed: ``(iptr, ilinks, ipar)``.
+
+    ``iptr`` is a CSR over ``(s, ld)`` (pair ``s`` to local rank ``ld`` of its own
+    node); ``ilinks`` each stripe's effective links (-1 padded), ``ipar`` its
+    (start, rate cap, latency, stage): a few kB the scoring pass reads in order
+    instead of rows scattered over every path's tables.
+    """
+    ranks = int(np.sqrt(ptr.shape[0] - 1) + 0.5)
+    iptr = np.zeros(ranks * gpus + 1, dtype=np.int64)
+    for s in range(ranks):
+        own = s // gpus * gpus
+        for ld in range(gpus):
+            q = s * ranks + own + ld
+            iptr[s * gpus + ld + 1] = iptr[s * gpus + ld] + ptr[q + 1] - ptr[q]
+    ilinks = np.empty((iptr[-1], links.shape[1]), dtype=np.int64)
+    ipar = np.empty((iptr[-1], 4))
+    for s in range(ranks):
+        own = s // gpus * gpus
+        for ld in range(gpus):
+            q = s * ranks + own + ld
+            for j in range(ptr[q + 1] - ptr[q]):
+                i = iptr[s * gpus + ld] + j
+                p = pid[ptr[q] + j]
+                ilinks[i] = links[p]
+                ipar[i, 0] = start[p]
+                ipar[i, 1] = rate_cap[p]
+                ipar[i, 2] = latency[p]
+                ipar[i, 3] = stage[p]
+    return iptr, ilinks, ipar
+
+
+@njit(cache=True)
+def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ipar, capacity,
+                   setup, chunk):  # pragma: no cover - numba
     """``(links_s, flows_s)`` of the striped plan of ``demand`` from the factored tables."""
     ranks = demand.shape[0]
     kmax = side_a.shape[2]
@@ -122,12 +154,12 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, ptr, pid, links,
             if kpair[ls, ld] != 1:
                 single = False
     for s in range(ranks):  # pairs inside a node: straight onto their paths
-        ns = s // gpus
-        for d in range(ns * gpus, ns * gpus + gpus):
-            if demand[s, d] > 0:
+        own = s // gpus * gpus
+        for ld in range(gpus):
+            if demand[s, own + ld] > 0:
                 used = True
-                t = _pair_fragments(s * ranks + d, demand[s, d], ptr, pid, load, links,
-                                    length, rate_cap, start, latency, stage, chunk)
+                t = _pair_fragments(s * gpus + ld, demand[s, own + ld], iptr, ilinks, ipar,
+                                    load, chunk)
                 flows = max(flows, t)
     if single:  # 2-D views: contiguous rows the adds vectorise over
         _single_sums(demand, gpus, xa.reshape(ranks, gpus), xb.reshape(gpus, ranks),
@@ -223,10 +255,11 @@ def _add_sides(agg, side, load):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _pair_fragments(q, d, ptr, pid, load, links, length, rate_cap, start, latency, stage,
-                    chunk):  # pragma: no cover - numba
-    # One pair's stripes straight onto their links; the slowest lone fragment.
-    k = ptr[q + 1] - ptr[q]
+def _pair_fragments(r, d, iptr, ilinks, ipar, load, chunk):  # pragma: no cover - numba
+    # One pair's stripes (row r of the packed tables) onto their links; the
+    # slowest lone fragment.
+    lo = iptr[r]
+    k = iptr[r + 1] - lo
     worst = 0.0
     if k <= 0:
         return worst
@@ -236,11 +269,13 @@ def _pair_fragments(q, d, ptr, pid, load, links, length, rate_cap, start, latenc
         b = float(base + (1 if j < rem else 0))
         if b <= 0:
             continue
-        p = pid[ptr[q] + j]
-        for h in range(length[p]):
-            load[links[p, h]] += b
-        worst = max(worst, start[p] + b / rate_cap[p] + latency[p]
-                    + min(b, chunk) * stage[p])
+        i = lo + j
+        for h in range(ilinks.shape[1]):
+            e = ilinks[i, h]
+            if e < 0:
+                break
+            load[e] += b
+        worst = max(worst, ipar[i, 0] + b / ipar[i, 1] + ipar[i, 2] + min(b, chunk) * ipar[i, 3])
     return worst
 
 

@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
-from pathweave.plan._stripe_kernel import cut_bound, factor_tables, factored_terms
+from pathweave.plan._stripe_kernel import cut_bound, factor_tables, factored_terms, intra_tables
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -375,6 +375,7 @@ def stripe_time(
     same loads exactly (whole bytes, below 2**53 per link).
     """
     m = default_model() if model is None else model
+    mkey = _model_key(model)
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
     if key is None:
@@ -382,15 +383,31 @@ def stripe_time(
         return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
                                  pc.rate_cap_Bps, pc.start_s, pc.latency_s,
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
-    fac = paths.derived(("timemodel.factored", key, m),
-                        lambda: _factor(paths, path_costs(paths, m), ptr, pid, m))
+    fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
         return max(factored_terms(np.ascontiguousarray(demand, dtype=np.int64), *fac))
-    g, lptr, lfrag = paths.derived(("timemodel.stripes", key, m),
+    g, lptr, lfrag = paths.derived(("timemodel.stripes", key, mkey),
                                    lambda: _gather(path_costs(paths, m), pid))
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
                                      g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag,
                                      g.setup_s, float(g.chunk_bytes)))
+
+
+def _model_key(model: SimModel | None) -> object:
+    """Cache key of a model: the default one by name (hashing a SimModel's fields
+    costs about a microsecond, several times per 8-GPU plan)."""
+    return "default" if model is None else model
+
+
+def factored(
+    paths: PathSet, stripes: tuple[np.ndarray, np.ndarray], key: str,
+    model: SimModel | None = None,
+) -> tuple | None:
+    """The node-factored scoring tables of ``stripes`` (owner ``key``), kept with
+    ``paths``; None where the stripes do not factor (:func:`_factor`)."""
+    m = default_model() if model is None else model
+    return paths.derived(("timemodel.factored", key, _model_key(model)),
+                         lambda: _factor(paths, path_costs(paths, m), *stripes, m))
 
 
 def _link_owner(fabric: Fabric, model: SimModel) -> np.ndarray:
@@ -433,10 +450,11 @@ def _factor(
                        kpair, side_a, side_b, params)
     if not ok:
         return None
-    for a in (kpair, side_a, side_b, params):
+    intra = intra_tables(g, ptr, pid, pc.links, pc.rate_cap_Bps, pc.start_s, pc.latency_s,
+                         pc.stage_s_per_byte)
+    for a in (kpair, side_a, side_b, params, *intra):
         a.setflags(write=False)
-    return (g, kpair, side_a, side_b, params, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
-            pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte, pc.setup_s,
+    return (g, kpair, side_a, side_b, params, *intra, pc.capacity_Bps, pc.setup_s,
             float(pc.chunk_bytes))
 
 
@@ -515,7 +533,7 @@ def _cut_capacity(
     return out
 
 
-def _cut_tables(paths: PathSet, model: SimModel) -> tuple[np.ndarray, ...]:
+def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np.ndarray, ...]:
     """``(rank_node, gpu_out, gpu_in, node_out, node_in, members_ptr, members)``: cut
     capacities in B/s, and each node's ranks as a CSR."""
 
@@ -539,7 +557,7 @@ def _cut_tables(paths: PathSet, model: SimModel) -> tuple[np.ndarray, ...]:
             arr.setflags(write=False)
         return tuple(out)
 
-    return paths.derived(("timemodel.cuts", model), build)
+    return paths.derived(("timemodel.cuts", model if key is None else key), build)
 
 
 def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = None) -> float:
@@ -572,7 +590,7 @@ def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = N
     True
     """
     m = default_model() if model is None else model
-    node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m)
+    node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
     worst, used = cut_bound(np.ascontiguousarray(demand, dtype=np.int64), node, members_ptr,
                             members, gout, gin, nout, nin)
     return float(m.setup_s) + float(worst) if used else 0.0
