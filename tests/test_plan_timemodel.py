@@ -376,7 +376,7 @@ FACTOR_FABS = [
 @pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
 @pytest.mark.parametrize("fab", FACTOR_FABS, ids=lambda f: f.name)
 def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, name):
-    from pathweave.plan._stripe_kernel import stripe_terms_reference
+    from pathweave.plan._stripe_kernel import factored_terms, stripe_terms_reference
     from pathweave.plan.timemodel import factored, stripe_time
 
     rng = np.random.default_rng(11)
@@ -385,8 +385,13 @@ def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, nam
     for kind in range(3):
         D = _random_demand(rng, fab.num_ranks, kind=kind)
         plan = pw.plan.make(fab, D, name)
-        want = max(stripe_terms_reference(plan.demand, *stripes, path_costs(ps)))
+        links_s, tailed_s, flows_s = stripe_terms_reference(plan.demand, *stripes,
+                                                            path_costs(ps))
+        want = max(links_s, flows_s)
         assert stripe_time(ps, plan.demand, stripes, key=name) == want == predict_time(plan)
+        # Every term of the kernel, the tailed links term too, equals its twin's.
+        assert factored_terms(plan.demand, *factored(ps, stripes, name)) == (
+            links_s, tailed_s, flows_s)
     # The fast path was taken (tables kept with the paths), not the link-major gather.
     assert factored(ps, stripes, name) is not None
     empty = np.zeros((fab.num_ranks,) * 2, dtype=np.int64)
@@ -408,8 +413,8 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
     D = _random_demand(np.random.default_rng(3), fab.num_ranks)
     got = stripe_time(ps, D, (ptr, pid), key="last")
     assert factored(ps, (ptr, pid), "last") is None
-    assert got == pytest.approx(max(stripe_terms_reference(D, ptr, pid, path_costs(ps))),
-                                rel=1e-12)
+    links_s, _, flows_s = stripe_terms_reference(D, ptr, pid, path_costs(ps))
+    assert got == pytest.approx(max(links_s, flows_s), rel=1e-12)
 
 
 @pytest.mark.parametrize("fab", PRUNE_FABS, ids=lambda f: f.name)

@@ -19,10 +19,15 @@ arrays that stay in cache, replaces a pass over every fragment's links.
 Pairs inside a node keep their own paths and are scored one by one.
 
 Loads are sums of whole bytes, exact in float64 below 2**53 bytes per link,
-so the score equals the built plan's prediction bit for bit.
+so the score equals the built plan's prediction bit for bit. The kernel also
+returns the *tailed* links term (each link's drain time followed by the
+longest pipeline fill of its fragments; a side's longest fill is its largest
+fragment's), which the time model can charge in place of the bare drain.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -139,12 +144,19 @@ def intra_tables(gpus, ptr, pid, links, rate_cap, start, latency, stage):  # pra
 @njit(cache=True)
 def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ipar, capacity,
                    setup, chunk):  # pragma: no cover - numba
-    """``(links_s, flows_s)`` of the striped plan of ``demand`` from the factored tables."""
+    """``(links_s, tailed_s, flows_s)`` of the striped plan of ``demand``, from the tables.
+
+    ``links_s``: set-up plus the most loaded effective link's drain time;
+    ``tailed_s``: set-up plus the largest ``fill + max drain over its links``
+    of any fragment (each link's drain followed by its longest pipeline
+    fill); ``flows_s``: the slowest lone fragment.
+    """
     ranks = demand.shape[0]
     kmax = side_a.shape[2]
     xa = np.zeros((ranks, gpus, kmax), dtype=np.int64)
     xb = np.zeros((gpus, ranks, kmax), dtype=np.int64)
-    big = np.zeros((gpus, gpus, kmax), dtype=np.int64)
+    ma = np.zeros((ranks, gpus, kmax), dtype=np.int64)
+    mb = np.zeros((gpus, ranks, kmax), dtype=np.int64)
     load = np.zeros(capacity.shape[0])
     flows = 0.0
     used = False
@@ -163,58 +175,118 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
                 flows = max(flows, t)
     if single:  # 2-D views: contiguous rows the adds vectorise over
         _single_sums(demand, gpus, xa.reshape(ranks, gpus), xb.reshape(gpus, ranks),
-                     big.reshape(gpus, gpus))
+                     ma.reshape(ranks, gpus), mb.reshape(gpus, ranks))
     else:
-        _split_sums(demand, gpus, kpair, xa, xb, big)
-    for ls in range(gpus):
+        _split_sums(demand, gpus, kpair, xa, xb, ma, mb)
+    for s in range(ranks):  # the largest fragment of each class has the slowest time
+        ls = s % gpus
         for ld in range(gpus):
             for j in range(kmax):
-                b = float(big[ls, ld, j])
+                b = float(ma[s, ld, j])
                 if b <= 0:
                     continue
                 used = True
                 par = params[ls, ld, j]
                 flows = max(flows, par[0] + b / par[1] + par[2] + min(b, chunk) * par[3])
     if not used:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     _add_sides(xa, side_a, load)
     _add_sides(xb, side_b, load)
+    drain = load / capacity
     worst = 0.0
-    for e in range(capacity.shape[0]):
-        worst = max(worst, load[e] / capacity[e])
-    return setup + worst, flows
+    for e in range(drain.shape[0]):
+        worst = max(worst, drain[e])
+    tail = _intra_tails(demand, gpus, iptr, ilinks, ipar, drain, chunk)
+    for s in range(ranks):  # a side's longest fill is its largest fragment's
+        ls = s % gpus
+        for ld in range(gpus):
+            for j in range(kmax):
+                tail = max(tail, _side_tail(ma[s, ld, j], params[ls, ld, j], side_a[s, ld, j],
+                                            drain, chunk))
+    for ls in range(gpus):
+        for d in range(ranks):
+            ld = d % gpus
+            for j in range(kmax):
+                tail = max(tail, _side_tail(mb[ls, d, j], params[ls, ld, j], side_b[ls, d, j],
+                                            drain, chunk))
+    return setup + worst, setup + tail, flows
+
+
+@njit(cache=True, inline="always")
+def _side_tail(nbytes, par, side, drain, chunk):  # pragma: no cover - numba
+    # fill of the side's largest fragment after the latest drain of the side's links.
+    if nbytes <= 0:
+        return 0.0
+    top = 0.0
+    for h in range(side.shape[0]):
+        e = side[h]
+        if e < 0:
+            break
+        top = max(top, drain[e])
+    return top + (par[2] + min(float(nbytes), chunk) * par[3])
 
 
 @njit(cache=True)
-def _single_sums(demand, gpus, xa, xb, big):  # pragma: no cover - numba
-    # One stripe per pair. NOTE: three simple loops (a row-wide add, then the
-    # per-node sums and maxima) run about twice as fast as one loop doing all.
+def _intra_tails(demand, gpus, iptr, ilinks, ipar, drain, chunk):  # pragma: no cover - numba
+    # The tailed term of the pairs inside a node, fragment by fragment.
+    ranks = demand.shape[0]
+    tail = 0.0
+    for s in range(ranks):
+        own = s // gpus * gpus
+        for ld in range(gpus):
+            d = demand[s, own + ld]
+            r = s * gpus + ld
+            k = iptr[r + 1] - iptr[r]
+            if d <= 0 or k <= 0:
+                continue
+            for j in range(k):
+                b = float(d // k + (1 if j < d % k else 0))
+                if b <= 0:
+                    continue
+                i = iptr[r] + j
+                top = 0.0
+                for h in range(ilinks.shape[1]):
+                    e = ilinks[i, h]
+                    if e < 0:
+                        break
+                    top = max(top, drain[e])
+                tail = max(tail, top + (ipar[i, 2] + min(b, chunk) * ipar[i, 3]))
+    return tail
+
+
+@njit(cache=True)
+def _single_sums(demand, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
+    # One stripe per pair: sums and maxima of each side's bytes. NOTE: simple
+    # loops (row-wide, then per node) vectorise; one loop doing all ran twice
+    # as long.
     ranks = demand.shape[0]
     nodes = ranks // gpus
     for s in range(ranks):
         ls = s % gpus
+        own = s - ls
         row = demand[s]
         xbr = xb[ls]
-        for d in range(ranks):
+        mbr = mb[ls]
+        for d in range(own):
             xbr[d] += row[d]
+            mbr[d] = max(mbr[d], row[d])
+        for d in range(own + gpus, ranks):
+            xbr[d] += row[d]
+            mbr[d] = max(mbr[d], row[d])
     for s in range(ranks):
         ns = s // gpus
-        ls = s - ns * gpus
         row = demand[s].reshape(nodes, gpus)
-        for ld in range(gpus):  # the pair's own node is not in xb
-            xb[ls, ns * gpus + ld] -= row[ns, ld]
         for nd in range(nodes):
             if nd == ns:
                 continue
             r = row[nd]
             for ld in range(gpus):
                 xa[s, ld] += r[ld]
-                if r[ld] > big[ls, ld]:
-                    big[ls, ld] = r[ld]
+                ma[s, ld] = max(ma[s, ld], r[ld])
 
 
 @njit(cache=True)
-def _split_sums(demand, gpus, kpair, xa, xb, big):  # pragma: no cover - numba
+def _split_sums(demand, gpus, kpair, xa, xb, ma, mb):  # pragma: no cover - numba
     # Several stripes per pair: each gets the even share, earlier ones the extra bytes.
     ranks = demand.shape[0]
     nodes = ranks // gpus
@@ -236,7 +308,8 @@ def _split_sums(demand, gpus, kpair, xa, xb, big):  # pragma: no cover - numba
                     b = base + (1 if j < rem else 0)
                     xa[s, ld, j] += b
                     xb[ls, lo + ld, j] += b
-                    big[ls, ld, j] = max(big[ls, ld, j], b)
+                    ma[s, ld, j] = max(ma[s, ld, j], b)
+                    mb[ls, lo + ld, j] = max(mb[ls, lo + ld, j], b)
 
 
 @njit(cache=True)
@@ -279,11 +352,14 @@ def _pair_fragments(r, d, iptr, ilinks, ipar, load, chunk):  # pragma: no cover 
     return worst
 
 
-def stripe_terms_reference(demand: np.ndarray, ptr: np.ndarray, pid: np.ndarray, pc) -> tuple:
+def stripe_terms_reference(demand: np.ndarray, ptr: np.ndarray, pid: np.ndarray,
+                           pc: Any) -> tuple[float, float, float]:
     """Slow twin of :func:`factored_terms`: every fragment of the striped plan, one by one."""
     flat = demand.reshape(-1)
     load = np.zeros(pc.capacity_Bps.size)
+    frags = []
     flows, used = 0.0, False
+    chunk = float(pc.chunk_bytes)
     for q in np.flatnonzero(flat > 0):
         used = True
         k = int(ptr[q + 1] - ptr[q])
@@ -292,13 +368,18 @@ def stripe_terms_reference(demand: np.ndarray, ptr: np.ndarray, pid: np.ndarray,
             if b <= 0:
                 continue
             p = pid[ptr[q] + j]
-            for e in pc.links[p, : pc.length[p]]:
-                load[e] += b
+            links = pc.links[p, : pc.length[p]]
+            np.add.at(load, links, b)  # a link may repeat on a path
+            fill = pc.latency_s[p] + min(b, chunk) * pc.stage_s_per_byte[p]
+            frags.append((links, fill))
             flows = max(flows, pc.start_s[p] + b / pc.rate_cap_Bps[p] + pc.latency_s[p]
-                        + min(b, float(pc.chunk_bytes)) * pc.stage_s_per_byte[p])
+                        + min(b, chunk) * pc.stage_s_per_byte[p])
     if not used:
-        return 0.0, 0.0
-    return pc.setup_s + float((load / pc.capacity_Bps).max()), flows
+        return 0.0, 0.0, 0.0
+    drain = load / pc.capacity_Bps
+    tail = max((float(drain[links].max(initial=0.0)) + fill for links, fill in frags),
+               default=0.0)
+    return pc.setup_s + float(drain.max()), pc.setup_s + tail, flows
 
 
 # ------------------------------------------------------------------ cut bound

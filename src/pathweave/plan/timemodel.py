@@ -385,7 +385,9 @@ def stripe_time(
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
-        return max(factored_terms(np.ascontiguousarray(demand, dtype=np.int64), *fac))
+        links_s, _, flows_s = factored_terms(np.ascontiguousarray(demand, dtype=np.int64),
+                                             *fac)
+        return max(links_s, flows_s)
     g, lptr, lfrag = paths.derived(("timemodel.stripes", key, mkey),
                                    lambda: _gather(path_costs(paths, m), pid))
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
