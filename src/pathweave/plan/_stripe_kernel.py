@@ -178,6 +178,8 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
                      ma.reshape(ranks, gpus), mb.reshape(gpus, ranks))
     else:
         _split_sums(demand, gpus, kpair, xa, xb, ma, mb)
+    # NOTE: the loops below index whole arrays: a slice per class (8 k at 1024
+    # GPUs) costs reference counting that took longer than the sums above.
     for s in range(ranks):  # the largest fragment of each class has the slowest time
         ls = s % gpus
         for ld in range(gpus):
@@ -186,8 +188,8 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
                 if b <= 0:
                     continue
                 used = True
-                par = params[ls, ld, j]
-                flows = max(flows, par[0] + b / par[1] + par[2] + min(b, chunk) * par[3])
+                flows = max(flows, params[ls, ld, j, 0] + b / params[ls, ld, j, 1]
+                            + params[ls, ld, j, 2] + min(b, chunk) * params[ls, ld, j, 3])
     if not used:
         return 0.0, 0.0, 0.0
     _add_sides(xa, side_a, load)
@@ -201,29 +203,33 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
         ls = s % gpus
         for ld in range(gpus):
             for j in range(kmax):
-                tail = max(tail, _side_tail(ma[s, ld, j], params[ls, ld, j], side_a[s, ld, j],
-                                            drain, chunk))
+                if ma[s, ld, j] > 0:
+                    top = _side_drain(side_a, s, ld, j, drain)
+                    fill = params[ls, ld, j, 2] + min(float(ma[s, ld, j]), chunk) * params[
+                        ls, ld, j, 3]
+                    tail = max(tail, top + fill)
     for ls in range(gpus):
         for d in range(ranks):
             ld = d % gpus
             for j in range(kmax):
-                tail = max(tail, _side_tail(mb[ls, d, j], params[ls, ld, j], side_b[ls, d, j],
-                                            drain, chunk))
+                if mb[ls, d, j] > 0:
+                    top = _side_drain(side_b, ls, d, j, drain)
+                    fill = params[ls, ld, j, 2] + min(float(mb[ls, d, j]), chunk) * params[
+                        ls, ld, j, 3]
+                    tail = max(tail, top + fill)
     return setup + worst, setup + tail, flows
 
 
 @njit(cache=True, inline="always")
-def _side_tail(nbytes, par, side, drain, chunk):  # pragma: no cover - numba
-    # fill of the side's largest fragment after the latest drain of the side's links.
-    if nbytes <= 0:
-        return 0.0
+def _side_drain(side, a, b, j, drain):  # pragma: no cover - numba
+    # The latest drain time among a side's links.
     top = 0.0
-    for h in range(side.shape[0]):
-        e = side[h]
+    for h in range(side.shape[3]):
+        e = side[a, b, j, h]
         if e < 0:
             break
         top = max(top, drain[e])
-    return top + (par[2] + min(float(nbytes), chunk) * par[3])
+    return top
 
 
 @njit(cache=True)
@@ -256,33 +262,39 @@ def _intra_tails(demand, gpus, iptr, ilinks, ipar, drain, chunk):  # pragma: no 
 
 @njit(cache=True)
 def _single_sums(demand, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
-    # One stripe per pair: sums and maxima of each side's bytes. NOTE: simple
-    # loops (row-wide, then per node) vectorise; one loop doing all ran twice
-    # as long.
+    # One stripe per pair: sums and maxima of each side's bytes. NOTE: one
+    # simple loop per quantity vectorises; one loop doing all ran 2-3x longer.
     ranks = demand.shape[0]
     nodes = ranks // gpus
+    acc = np.zeros(gpus, dtype=np.int64)
+    top = np.zeros(gpus, dtype=np.int64)
     for s in range(ranks):
-        ls = s % gpus
-        own = s - ls
+        ns = s // gpus
+        ls = s - ns * gpus
+        own = ns * gpus
         row = demand[s]
         xbr = xb[ls]
         mbr = mb[ls]
-        for d in range(own):
+        for d in range(ranks):
             xbr[d] += row[d]
+        for d in range(own, own + gpus):  # pairs inside the node are not a side's
+            xbr[d] -= row[d]
+        for d in range(own):
             mbr[d] = max(mbr[d], row[d])
         for d in range(own + gpus, ranks):
-            xbr[d] += row[d]
             mbr[d] = max(mbr[d], row[d])
-    for s in range(ranks):
-        ns = s // gpus
-        row = demand[s].reshape(nodes, gpus)
+        acc[:] = 0
+        top[:] = 0
         for nd in range(nodes):
             if nd == ns:
                 continue
-            r = row[nd]
+            lo = nd * gpus
             for ld in range(gpus):
-                xa[s, ld] += r[ld]
-                ma[s, ld] = max(ma[s, ld], r[ld])
+                x = row[lo + ld]
+                acc[ld] += x
+                top[ld] = max(top[ld], x)
+        xa[s] = acc
+        ma[s] = top
 
 
 @njit(cache=True)
