@@ -453,3 +453,100 @@ def test_replan_keeps_the_previous_winner_while_it_reaches_the_bound():
     assert lb <= again.info["predicted_s"] <= lb + tail_slack_s(first.paths)
     full = pw.plan.make(DGX2, step2, prune=False)
     assert again.info["predicted_s"] <= full.info["predicted_s"]
+
+
+# ------------------------------------------- fast kernels against their slow twins
+#: Fabrics whose striped baselines factor by node (one and two stripes per pair,
+#: GPUs without a NIC, spines), and h100-2x4's NVLink mesh.
+FACTOR_FABS = [
+    H100, DGX2, pw.fabric.preset("dgx-h100", nodes=3),
+    pw.fabric.preset("cluster", nodes=3, gpus_per_node=4, rails=8),
+    pw.fabric.preset("cluster", nodes=4, gpus_per_node=4, rails=2, spines=2),
+]
+
+
+@pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
+@pytest.mark.parametrize("fab", FACTOR_FABS, ids=lambda f: f.name)
+def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, name):
+    from pathweave.plan._stripe_kernel import factored_terms, stripe_terms_reference
+    from pathweave.plan.timemodel import factored, stripe_time
+
+    rng = np.random.default_rng(11)
+    ps = pw.fabric.candidate_paths(fab)
+    stripes = pw.plan.policy_info(name).stripes(ps)
+    for kind in range(3):
+        D = _random_demand(rng, fab.num_ranks, kind=kind)
+        plan = pw.plan.make(fab, D, name)
+        links_s, tailed_s, flows_s = stripe_terms_reference(plan.demand, *stripes,
+                                                            path_costs(ps))
+        want = max(tailed_s, flows_s)  # the model's links term ends with each link's tail
+        assert stripe_time(ps, plan.demand, stripes, key=name) == want == predict_time(plan)
+        # Every term of the kernel, the tailed links term too, equals its twin's.
+        assert factored_terms(plan.demand, *factored(ps, stripes, name)) == (
+            links_s, tailed_s, flows_s)
+    # The fast path was taken (tables kept with the paths), not the link-major gather.
+    assert factored(ps, stripes, name) is not None
+    empty = np.zeros((fab.num_ranks,) * 2, dtype=np.int64)
+    assert stripe_time(ps, empty, stripes, key=name) == 0.0
+
+
+def test_stripes_through_spines_fall_back_to_the_link_major_score():
+    # The last candidate of every pair (spine paths across nodes) leaves both end
+    # nodes: no node factoring, the gathered tables score it, exactly.
+    from pathweave.plan._stripe_kernel import stripe_terms_reference
+    from pathweave.plan.timemodel import factored, stripe_time
+
+    fab = FACTOR_FABS[-1]
+    ps = pw.fabric.candidate_paths(fab)
+    has = ps.pair_ptr[1:] > ps.pair_ptr[:-1]
+    pid = (ps.pair_ptr[1:] - 1)[has]
+    ptr = np.concatenate([[0], np.cumsum(has)]).astype(np.int64)
+    assert (ps.kind[pid] == pw.fabric.PathKind.SPINE).any()
+    D = _random_demand(np.random.default_rng(3), fab.num_ranks)
+    got = stripe_time(ps, D, (ptr, pid), key="last")
+    assert factored(ps, (ptr, pid), "last") is None
+    _, tailed_s, flows_s = stripe_terms_reference(D, ptr, pid, path_costs(ps))
+    assert got == pytest.approx(max(tailed_s, flows_s), rel=1e-12)
+
+
+@pytest.mark.parametrize("fab", PRUNE_FABS, ids=lambda f: f.name)
+def test_cut_sums_equal_the_pair_by_pair_sums(fab):
+    from pathweave.plan._stripe_kernel import cut_sums, cut_sums_reference
+    from pathweave.plan.timemodel import _cut_tables, default_model
+
+    ps = pw.fabric.candidate_paths(fab)
+    node, _, _, nout_cap, _, members_ptr, members = _cut_tables(ps, default_model())
+    rng = np.random.default_rng(5)
+    for kind in range(3):
+        D = _random_demand(rng, fab.num_ranks, kind=kind)
+        got = cut_sums(D, node, members_ptr, members)
+        want = cut_sums_reference(D, node, nout_cap.size)
+        for g, w in zip(got[:4], want[:4], strict=True):
+            assert np.array_equal(g.astype(np.float64), w)
+        assert got[4] == want[4]
+
+
+def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
+    from pathweave.plan._flows import whole_bytes, whole_bytes_reference
+
+    rng = np.random.default_rng(9)
+    good = _random_demand(rng, 8)
+    cases = [good, good.astype(np.float64)]
+    for bad in (-1.0, 0.5, np.nan, np.inf, 2.0**70):
+        D = good.astype(np.float64)
+        D[2, 5] = bad
+        cases.append(D)
+    diag = good.copy()
+    diag[3, 3] = 7
+    cases.append(diag)
+    for D in cases:
+        out = np.empty(D.shape, dtype=np.int64)
+        want = whole_bytes_reference(D)
+        assert whole_bytes(D, out) == (want is not None)
+        if want is not None:
+            assert np.array_equal(out, want)
+    # Through the public check: a bad entry is named, a good matrix copied.
+    with pytest.raises(pw.errors.WorkloadError, match=r"D\[2, 5\]"):
+        pw.plan.registry.as_demand(cases[3], 8)
+    d = pw.plan.registry.as_demand(cases[1], 8)
+    assert np.array_equal(d, good) and not d.flags.writeable

@@ -37,9 +37,11 @@ Quick mode
 
 Time
     Every plan's predicted time (:func:`pathweave.plan.predict_time`), its
-    simulated makespan (:func:`pathweave.sim.simulate`, up to 256 GPUs; 64
-    in quick mode) and, where the LP is solved, the case's time yardstick
+    simulated makespan (:func:`pathweave.sim.simulate`, up to 64 GPUs) and,
+    where the LP is solved, the case's time yardstick
     (:func:`pathweave.plan.optimal.time_optimum`), all from the same run.
+    The full run adds the 1024-GPU fabric (planning and replanning times)
+    and the LP at 256 GPUs; a few minutes on 2 cores.
 
 Targets (:func:`summarize`): ``mwu`` within 2 % of the optimum at the median
 and 5 % at worst; ``mwu`` median planning time at most 50 us, 5 ms, 100 ms and
@@ -110,10 +112,11 @@ REPLAN_SHARE_TARGET = 0.10
 
 #: Seed of the "next step" of a MoE workload, replanned from the plan of the first.
 REPLAN_SEED = 1
-#: Plans are simulated (``sim_s``) on fabrics up to this many ranks (quick: 64);
-#: a 256-GPU simulation of every policy takes minutes.
-SIM_MAX_RANKS = 256
-SIM_MAX_RANKS_QUICK = 64
+#: Plans are simulated (``sim_s``) on fabrics up to this many ranks, in the full
+#: run as in the quick one: at 256 GPUs one ``hscore`` plan alone took 24 s to
+#: simulate (2-core VM), and every policy on six workloads took the full run
+#: past 7 minutes.
+SIM_MAX_RANKS = 64
 #: Time targets of the default policy (issue 10): simulated makespan at most the
 #: best baseline's on every case and never above ``static``'s; predicted time
 #: within 2 % (median) and 5 % (worst) of the time yardstick.
@@ -259,14 +262,13 @@ def run(
         ``plan_s_median`` (median planning time; ``None`` where the LP was
         skipped), ``predicted_s`` (the time model's
         :func:`~pathweave.plan.predict_time`), ``sim_s`` (simulated makespan,
-        up to 256 GPUs, 64 in quick mode; else ``None``) and
+        up to 64 GPUs; else ``None``) and
         ``time_optimum_s`` (the case's time yardstick,
         :func:`~pathweave.plan.optimal.time_optimum`, where the LP is solved).
     """
     if repeat is not None and repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     names = _policy_order(pwplan.policies() if policies is None else policies)
-    sim_max = SIM_MAX_RANKS_QUICK if quick else SIM_MAX_RANKS
     for n in names:
         pwplan.policy_info(n)
     todo = cases(quick, lp_max_ranks)
@@ -317,7 +319,7 @@ def run(
             congestion, plan_s = results[name]
             plan = plans.get(name)
             sim_s = None
-            if plan is not None and fab.num_ranks <= sim_max:
+            if plan is not None and fab.num_ranks <= SIM_MAX_RANKS:
                 sim_s = sim.simulate(fab, plan).makespan_s
             records.append(
                 {

@@ -90,35 +90,66 @@ def first_matching(paths: PathSet, pairs: np.ndarray, accept: np.ndarray) -> np.
 
 
 @njit(cache=True)
-def _stripe_flows(flat, ptr, pid):  # pragma: no cover - numba
+def _stripe_flows(flat, ptr, pid, fp, fb):  # pragma: no cover - numba
     # Every pair's bytes split evenly over its stripe paths (split_evenly's
-    # shares), zero shares dropped: one pass, no per-pair numpy temporaries.
-    n = 0
-    for q in range(flat.shape[0]):
-        if flat[q] > 0:
-            n += min(ptr[q + 1] - ptr[q], flat[q])
-    fp = np.empty(n, dtype=np.int64)
-    fb = np.empty(n, dtype=np.int64)
+    # shares), zero shares dropped, into fp / fb (room for every stripe);
+    # returns the count. NOTE: one pass (no counting pass first).
     i = 0
     for q in range(flat.shape[0]):
         d = flat[q]
         if d <= 0:
             continue
-        k = ptr[q + 1] - ptr[q]
+        lo = ptr[q]
+        k = ptr[q + 1] - lo
         if k == 1:  # most pairs: no integer division
-            fp[i] = pid[ptr[q]]
+            fp[i] = pid[lo]
             fb[i] = d
             i += 1
+            continue
+        if k <= 0:
             continue
         base = d // k
         rem = d % k
         for j in range(k):
             b = base + (1 if j < rem else 0)
             if b > 0:
-                fp[i] = pid[ptr[q] + j]
+                fp[i] = pid[lo + j]
                 fb[i] = b
                 i += 1
-    return fp, fb
+    return i
+
+
+@njit(cache=True)
+def whole_bytes(src, out):  # pragma: no cover - numba
+    """Copy square ``src`` into int64 ``out``; True if every entry is a whole,
+    non-negative number and the diagonal is zero.
+
+    NOTE: one pass instead of numpy's five (finite, min, diagonal, rint,
+    compare, cast): the demand checks were most of a 1024-GPU replan.
+    """
+    n = src.shape[0]
+    bad = False
+    for i in range(n):
+        row = src[i]
+        dst = out[i]
+        for j in range(n):
+            x = row[j]
+            y = np.int64(x)
+            dst[j] = y
+            # not (x < 2**63): NaN, inf and overflow (the cast is undefined there)
+            bad |= (x < 0) | (not (x < 9.2e18)) | (y != x)
+    for i in range(n):
+        bad |= out[i, i] != 0
+    return not bad
+
+
+def whole_bytes_reference(src: np.ndarray) -> np.ndarray | None:
+    """Slow twin of :func:`whole_bytes`: the int64 copy, or None where it would fail."""
+    a = np.asarray(src)
+    with np.errstate(invalid="ignore"):
+        ok = (np.isfinite(a).all() and (a >= 0).all() and not np.diagonal(a).any()
+              and np.array_equal(np.rint(a), a) and (a < 2.0**63).all())
+    return a.astype(np.int64) if ok else None
 
 
 def stripe_plan(
@@ -133,7 +164,13 @@ def stripe_plan(
     """
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
-    fp, fb = _stripe_flows(flat, ptr, pid)
+    fp = np.empty(pid.size, dtype=np.int64)  # pages past the last fragment are never touched
+    fb = np.empty(pid.size, dtype=np.int64)
+    n = _stripe_flows(flat, ptr, pid, fp, fb)
+    if 2 * n < pid.size:  # a sparse demand: do not keep the spare room
+        fp, fb = fp[:n].copy(), fb[:n].copy()
+    else:
+        fp, fb = fp[:n], fb[:n]
     fp.setflags(write=False)
     fb.setflags(write=False)
     return Plan(fabric, paths, demand, fp, fb, policy)

@@ -11,6 +11,7 @@ import numpy as np
 
 from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
+from pathweave.plan._flows import whole_bytes
 from pathweave.plan._plan import Plan
 from pathweave.traffic import validate_demand
 
@@ -123,6 +124,13 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
     Planners route whole bytes, so every entry must be a whole number.
     """
     arr = demand if isinstance(demand, np.ndarray) else None
+    if (arr is not None and arr.shape == (num_ranks, num_ranks) and arr.flags.c_contiguous
+            and arr.dtype in (np.float64, np.int64)):
+        out = np.empty(arr.shape, dtype=np.int64)  # always a copy: no later edit reaches the plan
+        if whole_bytes(arr, out):
+            out.setflags(write=False)
+            return out
+        # Not plain bytes: the checks below name the bad entry.
     # NOTE: fast path for the runtime's per-call planning: a well-formed
     # float or int matrix passes with a handful of vectorised checks; anything
     # else goes through validate_demand, which names the bad entry.

@@ -61,6 +61,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
+from pathweave.plan._stripe_kernel import cut_bound, factor_tables, factored_terms, intra_tables
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -439,9 +440,14 @@ def stripe_time(
     order of the per-link sums). With ``key`` (the stripes' owner, e.g. the
     policy name) the path tables of the stripe paths are gathered once into
     stripe order, with each effective link's list of stripes, and kept with
-    ``paths``: the scoring pass then reads memory in order.
+    ``paths``: the scoring pass then reads memory in order. Where the
+    stripes factor by node (equal nodes, ranks numbered node by node, every
+    stripe's links in its two end nodes: :mod:`pathweave.plan._stripe_kernel`)
+    the pass instead reads the demand once into per-rank aggregates, the
+    same loads exactly (whole bytes, below 2**53 per link).
     """
     m = default_model() if model is None else model
+    mkey = _model_key(model)
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
     if key is None:
@@ -449,10 +455,16 @@ def stripe_time(
         return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
                                  pc.rate_cap_Bps, pc.start_s, pc.latency_s,
                                  pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
+    fac = factored(paths, stripes, key, model)
+    if fac is not None:  # fac: every argument of the kernel but the demand
+        _, tailed_s, flows_s = factored_terms(np.ascontiguousarray(demand, dtype=np.int64),
+                                              *fac)
+        return max(tailed_s, flows_s)
+
     def build() -> tuple[PathCosts, np.ndarray, np.ndarray, np.ndarray]:
         return _link_tail_max(*_gather(path_costs(paths, m), pid))
 
-    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, m), build)
+    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, mkey), build)
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
                                      g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max,
                                      g.setup_s, float(g.chunk_bytes)))
@@ -469,6 +481,71 @@ def _link_tail_max(
     np.maximum.at(out, links, full[lfrag])
     out.setflags(write=False)
     return g, lptr, lfrag, out
+
+
+def _model_key(model: SimModel | None) -> object:
+    """Cache key of a model: the default one by name (hashing a SimModel's fields
+    costs about a microsecond, several times per 8-GPU plan)."""
+    return "default" if model is None else model
+
+
+def factored(
+    paths: PathSet, stripes: tuple[np.ndarray, np.ndarray], key: str,
+    model: SimModel | None = None,
+) -> tuple | None:
+    """The node-factored scoring tables of ``stripes`` (owner ``key``), kept with
+    ``paths``; None where the stripes do not factor (:func:`_factor`)."""
+    m = default_model() if model is None else model
+    return paths.derived(("timemodel.factored", key, _model_key(model)),
+                         lambda: _factor(paths, path_costs(paths, m), *stripes, m))
+
+
+def _link_owner(fabric: Fabric, model: SimModel) -> np.ndarray:
+    """The node each effective link belongs to (-1: none, e.g. a switch-to-switch link).
+
+    A real link belongs to its source vertex's node, else to its
+    destination's; a virtual link to the node of the real links it limits.
+    """
+    virt_a, virt_b, cap = effective_links(fabric, model)
+    node = np.asarray(fabric.vertex_node, dtype=np.int64)
+    real = np.where(node[fabric.link_src] >= 0, node[fabric.link_src], node[fabric.link_dst])
+    owner = np.full(cap.size, -1, dtype=np.int64)
+    owner[: fabric.num_links] = real
+    for virt in (virt_a, virt_b):
+        has = virt >= 0
+        owner[virt[has]] = real[has]
+    return owner
+
+
+def _factor(
+    paths: PathSet, pc: PathCosts, ptr: np.ndarray, pid: np.ndarray, model: SimModel
+) -> tuple | None:
+    """Node-factored tables of stripes ``(ptr, pid)`` (``_stripe_kernel``), None if they
+    do not factor: unequal nodes, ranks not numbered node by node, a stripe through a
+    link of neither end node, or stripe classes whose paths differ across node pairs."""
+    fab = paths.fabric
+    n, g = fab.num_ranks, int(fab.gpus_per_node or 0)
+    rank_node = np.asarray(fab.vertex_node, dtype=np.int64)[fab.rank_vertex]
+    if g < 1 or n % g or not np.array_equal(rank_node, np.arange(n) // g) or n // g < 2:
+        return None
+    inter = (np.arange(n)[:, None] // g != np.arange(n)[None, :] // g).reshape(-1)
+    kmax = max(int(np.diff(ptr)[inter].max(initial=0)), 1)
+    h = pc.links.shape[1]
+    kpair = np.full((g, g), -1, dtype=np.int64)
+    side_a = np.full((n, g, kmax, h), -2, dtype=np.int64)
+    side_b = np.full((g, n, kmax, h), -2, dtype=np.int64)
+    params = np.full((g, g, kmax, 4), np.nan)
+    ok = factor_tables(g, ptr, pid, pc.links, pc.length, _link_owner(fab, model),
+                       pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte,
+                       kpair, side_a, side_b, params)
+    if not ok:
+        return None
+    intra = intra_tables(g, ptr, pid, pc.links, pc.rate_cap_Bps, pc.start_s, pc.latency_s,
+                         pc.stage_s_per_byte)
+    for a in (kpair, side_a, side_b, params, *intra):
+        a.setflags(write=False)
+    return (g, kpair, side_a, side_b, params, *intra, pc.capacity_Bps, pc.setup_s,
+            float(pc.chunk_bytes))
 
 
 def _gather(pc: PathCosts, pid: np.ndarray) -> tuple[PathCosts, np.ndarray, np.ndarray]:
@@ -564,8 +641,9 @@ def _cut_capacity(
     return out
 
 
-def _cut_tables(paths: PathSet, model: SimModel) -> tuple[np.ndarray, ...]:
-    """``(rank_node, gpu_out, gpu_in, node_out, node_in)``: cut capacities in B/s."""
+def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np.ndarray, ...]:
+    """``(rank_node, gpu_out, gpu_in, node_out, node_in, members_ptr, members)``: cut
+    capacities in B/s, and each node's ranks as a CSR."""
 
     def build() -> tuple[np.ndarray, ...]:
         fab = paths.fabric
@@ -578,43 +656,16 @@ def _cut_tables(paths: PathSet, model: SimModel) -> tuple[np.ndarray, ...]:
         for owner, k in ((gpu, fab.num_ranks), (node, nnodes)):
             for outward in (True, False):
                 out.append(_cut_capacity(fab, cap, virt_a, virt_b, owner, k, outward))
+        rank_node = out[0]
+        members = np.argsort(rank_node, kind="stable")
+        members = members[rank_node[members] >= 0]
+        counts = np.bincount(rank_node[members], minlength=nnodes)
+        out += [np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), members]
         for arr in out:
             arr.setflags(write=False)
         return tuple(out)
 
-    return paths.derived(("timemodel.cuts", model), build)
-
-
-@njit(cache=True)
-def _cut_bound(demand, rank_node, gpu_out, gpu_in, node_out, node_in):
-    # One pass over the demand: bytes out of and into every GPU and node.
-    n = demand.shape[0]
-    rows = np.zeros(n)
-    cols = np.zeros(n)
-    nout = np.zeros(node_out.shape[0])
-    nin = np.zeros(node_in.shape[0])
-    used = False
-    for s in range(n):
-        a = rank_node[s]
-        for t in range(n):
-            b = float(demand[s, t])
-            if b <= 0:
-                continue
-            used = True
-            rows[s] += b
-            cols[t] += b
-            c = rank_node[t]
-            if a != c:
-                if a >= 0:
-                    nout[a] += b
-                if c >= 0:
-                    nin[c] += b
-    worst = 0.0
-    for load, cap in ((rows, gpu_out), (cols, gpu_in), (nout, node_out), (nin, node_in)):
-        for k in range(load.shape[0]):
-            if cap[k] > 0 and load[k] / cap[k] > worst:
-                worst = load[k] / cap[k]
-    return worst, used
+    return paths.derived(("timemodel.cuts", model if key is None else key), build)
 
 
 def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = None) -> float:
@@ -647,6 +698,7 @@ def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = N
     True
     """
     m = default_model() if model is None else model
-    node, gout, gin, nout, nin = _cut_tables(paths, m)
-    worst, used = _cut_bound(demand, node, gout, gin, nout, nin)
+    node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
+    worst, used = cut_bound(np.ascontiguousarray(demand, dtype=np.int64), node, members_ptr,
+                            members, gout, gin, nout, nin)
     return float(m.setup_s) + float(worst) if used else 0.0
