@@ -4,7 +4,9 @@
 (``ip netns exec NS python -m pathweave.emulate._worker worker ...``; gloo binds to
 the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
 rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
-per policy, checks every received byte, and collects per call the span from
+per policy, the policies round-robin (every repetition calls each once, the
+order rotated, so a slow spell of the shared machine hits them alike), checks
+every received byte, and collects per call the span from
 the first rank's start to the last rank's end (one monotonic clock: one
 kernel). Beside each median it puts
 
@@ -104,6 +106,12 @@ class PolicyResult:
         """measured / congestion bound."""
         return self.measured_s / self.bound_s if self.bound_s > 0 else math.nan
 
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the timed calls over their median (0 for one call)."""
+        q1, q3 = np.percentile(self.makespans_s, [25, 75])
+        return float(q3 - q1) / self.measured_s if self.measured_s > 0 else math.nan
+
 
 @dataclass(frozen=True)
 class EmulationResult:
@@ -148,8 +156,8 @@ class EmulationResult:
                 "speedup_measured": base.measured_s / p.measured_s,
                 "speedup_predicted": base.predicted_s / p.predicted_s,
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
-                "makespans_s": list(p.makespans_s), "plan_switches": p.plan_switches,
-                "learned": dict(p.learned),
+                "spread": p.spread, "makespans_s": list(p.makespans_s),
+                "plan_switches": p.plan_switches, "learned": dict(p.learned),
             })
         return rows
 

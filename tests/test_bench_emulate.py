@@ -1,0 +1,121 @@
+"""``bench emulate`` without the emulator: its checks, its table and the call order.
+
+Records are made the way the sweep makes them (``EmulationResult.records``)
+from hand-written makespans, so every ratio the checks and the table report
+is computed here by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from pathweave.bench import emulate as bench
+from pathweave.emulate import EmulationResult, PolicyResult
+from pathweave.emulate._rankworker import round_robin
+from pathweave.plan import DEFAULT_POLICY, baselines
+
+
+def records_of(workload: str, measured_s: dict[str, float], *, verified: bool = True,
+               ratio: float | None = None) -> list[dict]:
+    """One workload's records: each policy's calls 0.9x, 1x and 1.1x its median."""
+    pols = tuple(
+        PolicyResult(p, (0.9 * m, m, 1.1 * m), m, m, 0.9 * m, verified)
+        for p, m in measured_s.items()
+    )
+    res = EmulationResult(
+        fabric="h100-2x4", scale=1e-4, workload=workload, bytes_per_rank=1 << 20,
+        total_bytes=8 << 20, repeat=3, chunk_bytes=1 << 19, window=4, min_split_bytes=0,
+        policies=pols, wall_s=1.0,
+    )
+    recs = res.records()
+    for r in recs:
+        r["ratio"] = ratio
+    return recs
+
+
+def sweep(default_at_stencil: float, *, verified: bool = True) -> list[dict]:
+    """Two workloads; every baseline 1 s except the last (the best), 0.8 s."""
+    base = baselines()
+    times = {b: 1.0 for b in base} | {base[-1]: 0.8}
+    return (records_of("hotspot:0.5", times | {DEFAULT_POLICY: 0.8}, ratio=0.5)
+            + records_of("stencil:dims=2", times | {DEFAULT_POLICY: default_at_stencil},
+                         verified=verified))
+
+
+def test_checks_pass_and_miss():
+    best = baselines()[-1]
+    # 0.82 / 0.8 = 1.025: within 1.03.
+    recs = sweep(0.82)
+    assert bench.default_vs_best(recs) == {
+        "hotspot:0.5": (pytest.approx(1.0), best),
+        "stencil:dims=2": (pytest.approx(1.025), best),
+    }
+    (line,) = bench.checks(recs)
+    assert line.startswith(f"PASS {DEFAULT_POLICY}/best baseline")
+    assert f"worst 1.025 at stencil:dims=2 (vs {best})" in line
+    assert "over 2 workloads" in line and "bytes verified: all" in line
+    # IQR of (0.9, 1, 1.1) x median over the median: 10 %.
+    assert "call spread median 10.0%" in line
+    # 0.84 / 0.8 = 1.05: over the target.
+    (line,) = bench.checks(sweep(0.84))
+    assert line.startswith("MISS") and "worst 1.050 at stencil:dims=2" in line
+    # Fast but wrong bytes is a miss too.
+    (line,) = bench.checks(sweep(0.5, verified=False))
+    assert line.startswith("MISS") and f"{len(baselines()) + 1} not" in line
+    # Without a baseline there is nothing to compare.
+    (line,) = bench.checks(records_of("hotspot:0.5", {DEFAULT_POLICY: 1.0}))
+    assert "run" in line and not line.startswith(("PASS", "MISS"))
+
+
+def test_sweep_policies_from_the_registry():
+    pols = bench.sweep_policies()
+    assert set(baselines()) <= set(pols) and DEFAULT_POLICY in pols and "mwu" in pols
+    assert len(pols) == len(set(pols))
+
+
+def test_round_robin_order():
+    pols = ["a", "b", "c", "d"]
+    order = round_robin(pols, 8)
+    rounds = [order[i:i + 4] for i in range(0, 32, 4)]
+    # Every round calls every policy once; over 4 rounds each policy holds every position.
+    assert all(sorted(r) == pols for r in rounds)
+    for k in range(4):
+        assert sorted(r[k] for r in rounds[:4]) == pols
+    assert round_robin(pols, 1) == pols and round_robin(["x"], 3) == ["x"] * 3
+
+
+def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_path):
+    from pathweave.cli.main import app
+
+    recs = sweep(0.84)
+    seen = {}
+
+    def fake_run(fabric, **kw):
+        seen.update(kw)
+        return recs
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    res = CliRunner().invoke(app, ["bench", "emulate", "--prefix", "pwx", "--out",
+                                   str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    # The default sweep: every ratio, the registry's policies, the default repeat.
+    assert seen["ratios"] == bench.DEFAULT_RATIOS and seen["repeat"] == 5
+    assert tuple(seen["policies"]) == bench.sweep_policies()
+    assert "workload" in res.output
+    rows = [ln.split() for ln in res.output.splitlines()]
+    stencil = [r for r in rows if r[:2] == ["stencil:dims=2", DEFAULT_POLICY]]
+    assert stencil and "1.050" in stencil[0] and "verified" in stencil[0]
+    assert [r[0] for r in rows if r and r[0] == "hotspot:0.5"] == ["hotspot:0.5"] * len(
+        [*baselines(), DEFAULT_POLICY])
+    (line,) = bench.checks(recs)
+    assert f"MISS {DEFAULT_POLICY}/best baseline" in res.output
+    assert "worst 1.050 at stencil:dims=2" in res.output
+    assert (tmp_path / "emulate_checks.txt").read_text() == line + "\n"
+    assert (tmp_path / "emulate.csv").exists()
+    # --quick: the short ratio list, the extras still in (run's default), one call each.
+    res = CliRunner().invoke(app, ["bench", "emulate", "--quick", "--policy", "static,mintime",
+                                   "--out", str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert seen["ratios"] == bench.QUICK_RATIOS and seen["repeat"] == 1
+    assert seen["policies"] == ["static", "mintime"]
