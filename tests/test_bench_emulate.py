@@ -17,10 +17,14 @@ from pathweave.plan import DEFAULT_POLICY, baselines
 
 
 def records_of(workload: str, measured_s: dict[str, float], *, verified: bool = True,
-               ratio: float | None = None) -> list[dict]:
-    """One workload's records: each policy's calls 0.9x, 1x and 1.1x its median."""
+               ratio: float | None = None, same: dict[str, str] | None = None) -> list[dict]:
+    """One workload's records: each policy's calls 0.9x, 1x and 1.1x its median.
+
+    ``same`` maps a policy to the earlier one whose plan it repeats.
+    """
     pols = tuple(
-        PolicyResult(p, (0.9 * m, m, 1.1 * m), m, m, 0.9 * m, verified)
+        PolicyResult(p, (0.9 * m, m, 1.1 * m), m, m, 0.9 * m, verified,
+                     same_plan_as=(same or {}).get(p, ""))
         for p, m in measured_s.items()
     )
     res = EmulationResult(
@@ -35,12 +39,15 @@ def records_of(workload: str, measured_s: dict[str, float], *, verified: bool = 
 
 
 def sweep(default_at_stencil: float, *, verified: bool = True) -> list[dict]:
-    """Two workloads; every baseline 1 s except the last (the best), 0.8 s."""
+    """Two workloads; every baseline 1 s except the last (the best), 0.8 s.
+
+    On the stencil the default policy repeats the best baseline's plan.
+    """
     base = baselines()
     times = {b: 1.0 for b in base} | {base[-1]: 0.8}
     return (records_of("hotspot:0.5", times | {DEFAULT_POLICY: 0.8}, ratio=0.5)
             + records_of("stencil:dims=2", times | {DEFAULT_POLICY: default_at_stencil},
-                         verified=verified))
+                         verified=verified, same={DEFAULT_POLICY: base[-1]}))
 
 
 def test_checks_pass_and_miss():
@@ -53,7 +60,7 @@ def test_checks_pass_and_miss():
     }
     (line,) = bench.checks(recs)
     assert line.startswith(f"PASS {DEFAULT_POLICY}/best baseline")
-    assert f"worst 1.025 at stencil:dims=2 (vs {best})" in line
+    assert f"worst 1.025 at stencil:dims=2 (vs {best}, the same plan)" in line
     assert "over 2 workloads" in line and "bytes verified: all" in line
     # IQR of (0.9, 1, 1.1) x median over the median: 10 %.
     assert "call spread median 10.0%" in line
@@ -63,6 +70,10 @@ def test_checks_pass_and_miss():
     # Fast but wrong bytes is a miss too.
     (line,) = bench.checks(sweep(0.5, verified=False))
     assert line.startswith("MISS") and f"{len(baselines()) + 1} not" in line
+    # A plan of its own: no "same plan" remark.
+    recs = records_of("hotspot:0.5", {best: 1.0, DEFAULT_POLICY: 1.1})
+    (line,) = bench.checks(recs)
+    assert line.startswith("MISS") and f"(vs {best}), median 1.100" in line
     # Without a baseline there is nothing to compare.
     (line,) = bench.checks(records_of("hotspot:0.5", {DEFAULT_POLICY: 1.0}))
     assert "run" in line and not line.startswith(("PASS", "MISS"))
@@ -105,7 +116,7 @@ def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_pat
     assert "workload" in res.output
     rows = [ln.split() for ln in res.output.splitlines()]
     stencil = [r for r in rows if r[:2] == ["stencil:dims=2", DEFAULT_POLICY]]
-    assert stencil and "1.050" in stencil[0] and "verified" in stencil[0]
+    assert stencil and stencil[0][-4:] == ["=", baselines()[-1], "1.050", baselines()[-1]]
     assert [r[0] for r in rows if r and r[0] == "hotspot:0.5"] == ["hotspot:0.5"] * len(
         [*baselines(), DEFAULT_POLICY])
     (line,) = bench.checks(recs)
@@ -119,3 +130,31 @@ def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_pat
     assert res.exit_code == 0, res.output
     assert seen["ratios"] == bench.QUICK_RATIOS and seen["repeat"] == 1
     assert seen["policies"] == ["static", "mintime"]
+
+
+def test_same_plan_means_same_bytes_per_path():
+    import numpy as np
+
+    import pathweave as pw
+    from pathweave.plan import Plan
+
+    fab = pw.fabric.preset("h100-2x4")
+    ps = pw.fabric.candidate_paths(fab)
+    d = np.zeros((8, 8), dtype=np.int64)
+    d[0, 5] = 300
+    lo, hi = int(ps.pair_ptr[5]), int(ps.pair_ptr[6])
+    assert hi - lo >= 3  # a cross-node pair has several candidate paths
+
+    def plan(paths: list[int], nbytes: list[int]) -> Plan:
+        return Plan(fabric=fab, paths=ps, demand=d, flow_path=np.array(paths),
+                    flow_bytes=np.array(nbytes), policy="x").validate()
+
+    one = plan([lo, lo + 1], [100, 200])
+    # The same bytes per path, one more (empty) fragment: the same plan.
+    cut = plan([lo, lo + 1, lo + 2], [100, 200, 0])
+    other = plan([lo, lo + 1], [200, 100])
+    want = np.zeros(ps.num_paths, dtype=np.int64)
+    want[lo], want[lo + 1] = 100, 200
+    assert np.array_equal(one.path_bytes(), want)
+    assert np.array_equal(cut.path_bytes(), want)
+    assert not np.array_equal(other.path_bytes(), want)

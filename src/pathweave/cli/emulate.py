@@ -303,19 +303,21 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
     vs_best = default_vs_best(records)
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
     for c in ("workload", "policy", "measured", "spread", "simulated", "meas/sim",
-              "speed-up", "vs best", "bytes"):
-        t.add_column(c, justify="left" if c in ("workload", "policy", "bytes") else "right",
+              "speed-up", "plan", "vs best"):
+        t.add_column(c, justify="left" if c in ("workload", "policy") else "right",
                      no_wrap=True)
     for r in records:
         v = vs_best.get(r["workload"]) if r["policy"] == DEFAULT_POLICY else None
         t.add_row(r["workload"], r["policy"], fmt_duration(r["measured_s"]),
                   f"{r['spread']:.1%}", fmt_duration(r["predicted_s"]),
                   f"{r['measured_vs_predicted']:.3f}", f"{r['speedup_measured']:.2f}x",
-                  f"{v[0]:.3f} {v[1]}" if v else "",
-                  "[green]verified[/]" if r["verified"] else "[red]WRONG[/]")
+                  f"= {r['same_plan_as']}" if r.get("same_plan_as") else "",
+                  f"{v[0]:.3f} {v[1]}" if v else "")
+    # No bytes column: a run with any wrong byte raises (EmulatorError) before this table.
     t.caption = (f"measured: median; spread: interquartile range of the calls over it; "
-                 f"speed-up: measured, over {records[0]['policy']}; vs best: {DEFAULT_POLICY}'s "
-                 "measured makespan over the best baseline's")
+                 f"speed-up: measured, over {records[0]['policy']}; plan: the same bytes on the "
+                 f"same paths as that policy's; vs best: {DEFAULT_POLICY}'s measured makespan "
+                 "over the best baseline's")
     t.caption_justify = "left"
     return t
 

@@ -83,7 +83,10 @@ class PolicyResult:
     rank received exactly the expected bytes in every call;
     ``path_kind_bytes``: bytes per path role the data plane sent (per call);
     ``plan_switches``: plans replaced during the calls (live adaptation);
-    ``learned``: its capacity estimates below nominal (link name -> ratio).
+    ``learned``: its capacity estimates below nominal (link name -> ratio);
+    ``same_plan_as``: the first policy before it in the run whose fragments
+    put the same bytes on the same paths ("" if none): two measurements of
+    one plan, whose difference is the machine's noise.
     """
 
     policy: str
@@ -95,6 +98,7 @@ class PolicyResult:
     path_kind_bytes: dict[str, int] = field(default_factory=dict)
     plan_switches: int = 0
     learned: dict[str, float] = field(default_factory=dict)
+    same_plan_as: str = ""
 
     @property
     def vs_predicted(self) -> float:
@@ -158,6 +162,7 @@ class EmulationResult:
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
                 "spread": p.spread, "makespans_s": list(p.makespans_s),
                 "plan_switches": p.plan_switches, "learned": dict(p.learned),
+                "same_plan_as": p.same_plan_as,
             })
         return rows
 
@@ -421,7 +426,8 @@ def run_workloads(
     rfab = residual_fabric(sfab, tenants, emu.scale)
     out = []
     for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
-        results = []
+        results: list[PolicyResult] = []
+        loads: dict[str, np.ndarray] = {}
         for p in pols:
             recs = [pr[k][p] for pr in per_rank]
             spans = [max(rc["times"][i][1] for rc in recs) - min(rc["times"][i][0] for rc in recs)
@@ -430,15 +436,22 @@ def run_workloads(
             if bad:
                 raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
                                     "wrong bytes")
-            pred_s, bound_s, _ = predict(
+            pred_s, bound_s, eff = predict(
                 rfab, d, p, chunk_bytes=chunk_bytes, window=window,
                 min_split_bytes=min_split_bytes, model=model,
                 plan_fabric=rfab if p.endswith(ADAPT_SUFFIX) else sfab,
             )
+            # Equal bytes per path are one plan on the wire (torch's kernel
+            # routes are not the data plane's: never compared).
+            load = eff.path_bytes()
+            same = "" if p == "torch" else next(
+                (q for q, v in loads.items() if np.array_equal(v, load)), "")
+            if p != "torch":
+                loads.setdefault(p, load)
             results.append(PolicyResult(
                 p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
                 {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
-                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})),
+                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})), same,
             ))
         out.append(EmulationResult(
             fabric=fab.name, scale=float(emu.scale), workload=wl,
