@@ -158,3 +158,51 @@ def test_same_plan_means_same_bytes_per_path():
     assert np.array_equal(one.path_bytes(), want)
     assert np.array_equal(cut.path_bytes(), want)
     assert not np.array_equal(other.path_bytes(), want)
+
+
+FABRIC4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"
+CHUNK, MIN_SPLIT = 256 * 1024, 64 * 1024
+
+
+def job_path_kinds(rank: int, world: int, demand: list, policies: list[str]) -> dict:
+    """One call per policy on gloo; the bytes per path kind each data plane sent."""
+    import numpy as np
+    import torch
+
+    from pathweave.runtime.orchestrator import Orchestrator
+    from pathweave.traffic.pattern import pattern_bytes
+
+    fab = __import__("pathweave").fabric.preset(FABRIC4)
+    d = np.asarray(demand, dtype=np.int64)
+    inp = torch.from_numpy(np.concatenate([pattern_bytes(rank, j, int(b))
+                                           for j, b in enumerate(d[rank])]))
+    out = torch.zeros(int(d[:, rank].sum()), dtype=torch.uint8)
+    kinds = {}
+    for p in policies:
+        orch = Orchestrator(fab, policy=p, enabled=True, chunk_bytes=CHUNK,
+                            min_split_bytes=MIN_SPLIT)
+        orch.all_to_all_single(out, inp, d[:, rank].tolist(), d[rank].tolist())
+        kinds[p] = dict(orch.stats.bytes_per_path_kind)
+    return kinds
+
+
+def test_predict_plans_what_the_data_plane_sends():
+    """``predict`` hands the planner the data plane's threshold and chunk, as the
+    Orchestrator does: its fragments carry the bytes per path kind the data
+    plane measured sending, for every registered policy (``mwu`` and
+    ``mwu_time`` split 0.2-0.7 MB pairs at a 64 KiB threshold, not at their 1 MiB
+    default)."""
+    import numpy as np
+
+    import pathweave as pw
+    from pathweave.emulate import predict
+    from pathweave.plan import policies
+    from pathweave.runtime.launch import run_local
+
+    fab = pw.fabric.preset(FABRIC4)
+    d = pw.traffic.parse_workload("hotspot:0.8", 4, bytes_per_rank=2 << 20).astype(np.int64)
+    names = list(policies())
+    sent = run_local(job_path_kinds, 4, (d.tolist(), names), timeout_s=180)[0]
+    for p in names:
+        _, _, plan = predict(fab, d, p, chunk_bytes=CHUNK, min_split_bytes=MIN_SPLIT)
+        assert {k: v for k, v in sent[p].items() if v} == plan.kind_bytes(), p
