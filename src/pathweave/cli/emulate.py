@@ -250,8 +250,9 @@ def bench_emulate(
     policy: Annotated[str | None, typer.Option(
         "--policy", help="Comma-separated policies (default: the baselines, mwu and the "
         "default policy).")] = None,
-    repeat: Annotated[int, typer.Option(
-        "--repeat", min=1, help="Timed calls per point (the policies round-robin).")] = 5,
+    repeat: Annotated[int | None, typer.Option(
+        "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5; "
+        "3 with --background).")] = None,
     quick: Annotated[bool, typer.Option(
         "--quick", help="Ratios 0, 0.5, 0.9 and the extra workloads, once each.")] = False,
     out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
@@ -277,13 +278,13 @@ def bench_emulate(
     out = console()
     size = parse_bytes(bytes_per_rank)
     if background is not None:
-        _bench_background(bench, fabric, background, workload, scale, size, repeat, quick,
+        _bench_background(bench, fabric, background, workload, scale, size, repeat or 3, quick,
                           out_dir, prefix)
         return
     pols = bench.sweep_policies() if policy is None else _policies(policy)
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
-        bytes_per_rank=size, policies=pols, repeat=1 if quick else repeat, prefix=prefix,
+        bytes_per_rank=size, policies=pols, repeat=1 if quick else repeat or 5, prefix=prefix,
         log=lambda s: out.print(f"[dim]{s}[/]"),
     )
     out.print(sweep_table(records, f"bench emulate: {records[0]['fabric']} x {scale:g}, "
