@@ -74,6 +74,10 @@ def test_checks_pass_and_miss():
     recs = records_of("hotspot:0.5", {best: 1.0, DEFAULT_POLICY: 1.1})
     (line,) = bench.checks(recs)
     assert line.startswith("MISS") and f"(vs {best}), median 1.100" in line
+    # One call per point (--quick): no spread to give.
+    for r in recs:
+        r["repeat"] = 1
+    assert bench.checks(recs)[0].endswith("one call per point: noise not averaged)")
     # Without a baseline there is nothing to compare.
     (line,) = bench.checks(records_of("hotspot:0.5", {DEFAULT_POLICY: 1.0}))
     assert "run" in line and not line.startswith(("PASS", "MISS"))
