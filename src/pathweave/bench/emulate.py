@@ -38,7 +38,7 @@ EMULATED_TARGET = 1.03
 CSV_FIELDS = (
     "fabric", "scale", "workload", "ratio", "bytes_per_rank", "policy", "measured_s",
     "spread", "predicted_s", "bound_s", "measured_vs_predicted", "measured_vs_bound",
-    "speedup_measured", "speedup_predicted", "verified", "repeat",
+    "speedup_measured", "speedup_predicted", "verified", "repeat", "same_plan_as",
 )
 
 
