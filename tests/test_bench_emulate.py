@@ -210,3 +210,18 @@ def test_predict_plans_what_the_data_plane_sends():
     for p in names:
         _, _, plan = predict(fab, d, p, chunk_bytes=CHUNK, min_split_bytes=MIN_SPLIT)
         assert {k: v for k, v in sent[p].items() if v} == plan.kind_bytes(), p
+
+
+def test_refill_time_of_the_slowest_bucket():
+    import pathweave as pw
+    from pathweave.emulate.topology import build_layout
+
+    fab = pw.fabric.preset("h100-2x4")
+    wire = 1514 / 1448  # a full TCP segment's payload against its frame
+    # At 1e-4 the slowest port is a 5 MB/s rail with the 128 KiB minimum bucket.
+    assert build_layout(fab, scale=1e-4).refill_s() == pytest.approx(
+        131072 / (5e6 * wire), rel=1e-3)
+    assert build_layout(fab, scale=1e-4, burst_bytes=1 << 20).refill_s() == pytest.approx(
+        (1 << 20) / (5e6 * wire), rel=1e-3)
+    # At full scale every bucket holds 4 ms of its link's traffic: 4 ms to refill.
+    assert build_layout(fab, scale=1.0).refill_s() == pytest.approx(4e-3, rel=1e-3)

@@ -78,14 +78,23 @@ def _stats(fab: Any, orch: Any, calls: int) -> dict[str, Any]:
     return {"kinds": kinds, "switches": orch.stats.plan_switches, "learned": learned}
 
 
-def _timed_call(orch: Any, inp: Any, out: Any, splits: tuple[list[int], list[int]]
-                ) -> tuple[float, float]:
-    """One all-to-all after a barrier: its (start, end) on the monotonic clock."""
+def _timed_call(orch: Any, inp: Any, out: Any, splits: tuple[list[int], list[int]],
+                settle_s: float) -> tuple[float, float]:
+    """One all-to-all from an idle fabric: its (start, end) on the monotonic clock.
+
+    The first barrier means every byte of the call before has arrived; the
+    pause of ``settle_s`` refills every link's token bucket, so no call
+    starts with less burst because the one before drained its links; the
+    second barrier starts all ranks together.
+    """
     import torch.distributed as dist
 
     in_splits, out_splits = splits
     out.zero_()
     dist.barrier()
+    if settle_s > 0:
+        time.sleep(settle_s)
+        dist.barrier()
     t0 = time.monotonic()
     if orch is None:
         dist.all_to_all_single(out, inp, out_splits, in_splits)
@@ -110,7 +119,7 @@ def _run_case(fab: Any, d: np.ndarray, rank: int, spec: dict[str, Any]) -> dict[
     ok = dict.fromkeys(orchs, True)
 
     def call(pol: str) -> tuple[float, float]:
-        span = _timed_call(orchs[pol], inp, out, splits)
+        span = _timed_call(orchs[pol], inp, out, splits, spec.get("settle_s", 0.0))
         ok[pol] = ok[pol] and bool(torch.equal(out, expected))
         return span
 

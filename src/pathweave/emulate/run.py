@@ -5,8 +5,10 @@
 the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
 rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
 per policy, the policies round-robin (every repetition calls each once, the
-order rotated, so a slow spell of the shared machine hits them alike), checks
-every received byte, and collects per call the span from
+order rotated, so a slow spell of the shared machine hits them alike), each
+call after a pause of twice :meth:`~pathweave.emulate.topology.Layout.refill_s`
+(every link's token bucket full again, whatever the call before drained),
+checks every received byte, and collects per call the span from
 the first rank's start to the last rank's end (one monotonic clock: one
 kernel). Beside each median it puts
 
@@ -389,6 +391,8 @@ def run_workloads(
                 "chunk_bytes": int(chunk_bytes), "window": int(window),
                 "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
                 "out_dir": str(work),
+                # Twice the slowest bucket's refill before each timed call (_timed_call).
+                "settle_s": 2 * lay.refill_s(),
             }
             (work / "spec.json").write_text(json.dumps(spec))
 
