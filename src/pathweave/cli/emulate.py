@@ -247,11 +247,14 @@ def bench_emulate(
     scale: ScaleOpt = 1e-4,
     bytes_per_rank: Annotated[str, typer.Option(
         "--bytes", metavar="SIZE", help="Payload per rank (4M, 4MiB, ...).")] = "4M",
-    policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")]
-    = "static,multirail,hscore,mwu,mintime",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per point.")] = 3,
-    quick: Annotated[bool, typer.Option("--quick", help="Ratios 0, 0.5, 0.9 only, once each.")]
-    = False,
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help="Comma-separated policies (default: the baselines, mwu and the "
+        "default policy).")] = None,
+    repeat: Annotated[int | None, typer.Option(
+        "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5; "
+        "3 with --background).")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Ratios 0, 0.5, 0.9 and the extra workloads, once each.")] = False,
     out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
                                         help="Where CSV/PNG go.")]
     = Path("bench-results"),
@@ -264,35 +267,60 @@ def bench_emulate(
     workload: Annotated[str, typer.Option(
         "--workload", help="Workload of the --background sweep.")] = "hotspot:0.6",
 ) -> None:
-    """Sweep hotspot 0..0.9 over the emulated fabric: measured vs simulated (CSV + PNG)."""
+    """Sweep hotspot 0..0.9, many_to_few:2 and stencil:dims=2 over the emulated fabric.
+
+    Prints measured vs simulated per workload and policy, and a PASS/MISS
+    line for the default policy against the best baseline; writes CSV, PNG
+    and the line (emulate_checks.txt).
+    """
     from pathweave.bench import emulate as bench
 
     out = console()
     size = parse_bytes(bytes_per_rank)
     if background is not None:
-        _bench_background(bench, fabric, background, workload, scale, size, repeat, quick,
+        _bench_background(bench, fabric, background, workload, scale, size, repeat or 3, quick,
                           out_dir, prefix)
         return
+    pols = bench.sweep_policies() if policy is None else _policies(policy)
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
-        bytes_per_rank=size, policies=_policies(policy),
-        repeat=1 if quick else repeat, prefix=prefix,
+        bytes_per_rank=size, policies=pols, repeat=1 if quick else repeat or 5, prefix=prefix,
         log=lambda s: out.print(f"[dim]{s}[/]"),
     )
-    t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, "
-              f"{fmt_bytes(size)} per rank", title_justify="left",
-              box=box.SIMPLE_HEAD, padding=(0, 1))
-    for c in ("ratio", "policy", "measured", "simulated", "bound", "meas/sim", "speed-up meas",
-              "speed-up sim"):
-        t.add_column(c, justify="left" if c == "policy" else "right", no_wrap=True)
-    for r in records:
-        t.add_row(f"{r['ratio']:g}", r["policy"], fmt_duration(r["measured_s"]),
-                  fmt_duration(r["predicted_s"]), fmt_duration(r["bound_s"]),
-                  f"{r['measured_vs_predicted']:.3f}", f"{r['speedup_measured']:.2f}x",
-                  f"{r['speedup_predicted']:.2f}x")
-    out.print(t)
+    out.print(sweep_table(records, f"bench emulate: {records[0]['fabric']} x {scale:g}, "
+                          f"{fmt_bytes(size)} per rank, median of {records[0]['repeat']}"))
+    for line in bench.checks(records):
+        out.print(line.replace("PASS", "[green]PASS[/]", 1).replace("MISS", "[red]MISS[/]", 1),
+                  soft_wrap=True)
     files = bench.write_outputs(records, out_dir)
     out.print("wrote " + ", ".join(str(f) for f in files))
+
+
+def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
+    """``bench emulate``'s table: one row per (workload, policy); ``vs best`` on the default's."""
+    from pathweave.bench.emulate import default_vs_best
+    from pathweave.plan import DEFAULT_POLICY
+
+    vs_best = default_vs_best(records)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for c in ("workload", "policy", "measured", "spread", "simulated", "meas/sim",
+              "speed-up", "plan", "vs best"):
+        t.add_column(c, justify="left" if c in ("workload", "policy") else "right",
+                     no_wrap=True)
+    for r in records:
+        v = vs_best.get(r["workload"]) if r["policy"] == DEFAULT_POLICY else None
+        t.add_row(r["workload"], r["policy"], fmt_duration(r["measured_s"]),
+                  f"{r['spread']:.1%}", fmt_duration(r["predicted_s"]),
+                  f"{r['measured_vs_predicted']:.3f}", f"{r['speedup_measured']:.2f}x",
+                  f"= {r['same_plan_as']}" if r.get("same_plan_as") else "",
+                  f"{v[0]:.3f} {v[1]}" if v else "")
+    # No bytes column: a run with any wrong byte raises (EmulatorError) before this table.
+    t.caption = (f"measured: median; spread: interquartile range of the calls over it; "
+                 f"speed-up: measured, over {records[0]['policy']}; plan: the same bytes on the "
+                 f"same paths as that policy's; vs best: {DEFAULT_POLICY}'s measured makespan "
+                 "over the best baseline's")
+    t.caption_justify = "left"
+    return t
 
 
 def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: float,

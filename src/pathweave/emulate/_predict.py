@@ -137,7 +137,7 @@ def predict(
     """
     from pathweave.fabric import candidate_paths
     from pathweave.plan import Plan, make
-    from pathweave.runtime.orchestrator import quantise
+    from pathweave.runtime.orchestrator import quantise, split_options
     from pathweave.runtime.schedule import split_fragments
     from pathweave.sim import simulate
 
@@ -148,7 +148,9 @@ def predict(
     q = quantise(d)
     np.fill_diagonal(q, 0)
     pf = fabric if plan_fabric is None else plan_fabric
-    plan = make(pf, q, name, paths=ps if pf is fabric else candidate_paths(pf))
+    # The ranks' Orchestrator hands its threshold and chunk to the planner: so does this.
+    plan = make(pf, q, name, paths=ps if pf is fabric else candidate_paths(pf),
+                **split_options(name, min_split_bytes, chunk_bytes))
     keep = plan.flow_bytes > 0
     fp = plan.flow_path[keep].astype(np.int64)
     pair = ps.src[fp].astype(np.int64) * n + ps.dst[fp]

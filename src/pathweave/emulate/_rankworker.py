@@ -1,7 +1,8 @@
 """The body of one rank that :func:`pathweave.emulate.run.run_workloads` starts in a namespace.
 
 ``python -m pathweave.emulate._worker worker SPEC RANK`` runs :func:`_worker`:
-gloo over the identity interface, every policy's all-to-all per workload,
+gloo over the identity interface, every policy's all-to-all per workload
+(warm-up calls first, then the timed calls in :func:`round_robin` order),
 every received byte checked, the call times written to ``rank{RANK}.json``.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 from pathweave.emulate._predict import ADAPT_SUFFIX
 from pathweave.traffic.pattern import pattern_bytes
 
-__all__ = ["expected_bytes"]
+__all__ = ["expected_bytes", "round_robin"]
 
 
 def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
@@ -26,6 +27,110 @@ def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
     parts = [pattern_bytes(s, dst, int(nb)) for s, nb in enumerate(column)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
 
+
+
+def round_robin(policies: Sequence[str], repeat: int) -> list[str]:
+    """The order of the timed calls: ``repeat`` rounds, each calling every policy once.
+
+    Each round starts one policy later than the one before, so a slow spell
+    of the shared machine hits all policies alike and no policy always runs
+    first (or right after the same neighbour's traffic).
+
+    Examples
+    --------
+    >>> round_robin(["a", "b", "c"], 3)
+    ['a', 'b', 'c', 'b', 'c', 'a', 'c', 'a', 'b']
+    """
+    pols = list(policies)
+    return [p for i in range(repeat) for p in pols[i % len(pols):] + pols[:i % len(pols)]]
+
+
+def _orchestrator(fab: Any, pol: str, spec: dict[str, Any]) -> Any:
+    """A fresh Orchestrator for ``pol`` (None for ``torch``: torch's own collective).
+
+    Fresh per workload, so each plans its own demand (no hysteresis carried
+    over); the warm-up call plans and every timed call hits the plan cache,
+    as in a training loop.
+    """
+    from pathweave.runtime.orchestrator import Orchestrator
+
+    if pol == "torch":
+        return None
+    return Orchestrator(
+        fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
+        adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
+        window=spec["window"], min_split_bytes=spec["min_split_bytes"],
+        timeout_s=spec["timeout_s"],
+    )
+
+
+def _stats(fab: Any, orch: Any, calls: int) -> dict[str, Any]:
+    """Bytes per path kind per call, plan switches and learned capacities of one policy."""
+    if orch is None:
+        return {"kinds": {}, "switches": 0, "learned": {}}
+    kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
+    learned = {}
+    ad = getattr(orch._groups.get(None), "adapt", None)
+    if ad is not None:  # the estimates below nominal, for the report
+        q = ad.est.ratio_q()
+        learned = {fab.link_name(i): int(q[i]) / ad.est.levels
+                   for i in np.flatnonzero(q < ad.est.levels)}
+    return {"kinds": kinds, "switches": orch.stats.plan_switches, "learned": learned}
+
+
+def _timed_call(orch: Any, inp: Any, out: Any, splits: tuple[list[int], list[int]],
+                settle_s: float) -> tuple[float, float]:
+    """One all-to-all from an idle fabric: its (start, end) on the monotonic clock.
+
+    The first barrier means every byte of the call before has arrived; the
+    pause of ``settle_s`` refills every link's token bucket, so no call
+    starts with less burst because the one before drained its links; the
+    second barrier starts all ranks together.
+    """
+    import torch.distributed as dist
+
+    in_splits, out_splits = splits
+    out.zero_()
+    dist.barrier()
+    if settle_s > 0:
+        time.sleep(settle_s)
+        dist.barrier()
+    t0 = time.monotonic()
+    if orch is None:
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+    else:
+        orch.all_to_all_single(out, inp, out_splits, in_splits)
+    return t0, time.monotonic()
+
+
+def _run_case(fab: Any, d: np.ndarray, rank: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Every policy's calls on one demand: warm-ups first, then round-robin repetitions."""
+    import torch
+
+    row, col = d[rank], d[:, rank]
+    inp = torch.from_numpy(np.concatenate(
+        [pattern_bytes(rank, j, int(b)) for j, b in enumerate(row)]
+    ))
+    expected = torch.from_numpy(expected_bytes(rank, col.tolist()))
+    out = torch.zeros_like(expected)
+    splits = ([int(x) for x in row], [int(x) for x in col])
+    orchs = {pol: _orchestrator(fab, pol, spec) for pol in spec["policies"]}
+    times: dict[str, list[tuple[float, float]]] = {pol: [] for pol in orchs}
+    ok = dict.fromkeys(orchs, True)
+
+    def call(pol: str) -> tuple[float, float]:
+        span = _timed_call(orchs[pol], inp, out, splits, spec.get("settle_s", 0.0))
+        ok[pol] = ok[pol] and bool(torch.equal(out, expected))
+        return span
+
+    for pol in orchs:
+        for _ in range(spec["warmup"]):
+            call(pol)
+    for pol in round_robin(list(orchs), spec["repeat"]):
+        times[pol].append(call(pol))
+    calls = spec["warmup"] + spec["repeat"]
+    return {pol: {"times": times[pol], "ok": ok[pol], **_stats(fab, orch, calls)}
+            for pol, orch in orchs.items()}
 
 
 def _worker(spec_path: str, rank: int) -> None:
@@ -36,66 +141,16 @@ def _worker(spec_path: str, rank: int) -> None:
     import torch.distributed as dist
 
     from pathweave.fabric.io import load
-    from pathweave.runtime.orchestrator import Orchestrator
 
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())
     fab = load(spec["fabric_file"])
-    n = fab.num_ranks
     dist.init_process_group(
-        "gloo", rank=rank, world_size=n, timeout=timedelta(seconds=spec["timeout_s"]),
+        "gloo", rank=rank, world_size=fab.num_ranks,
+        timeout=timedelta(seconds=spec["timeout_s"]),
     )
-    clock = time.monotonic
-    res: list[dict[str, Any]] = []
-    for dm in spec["demands"]:
-        d = np.asarray(dm, dtype=np.int64)
-        row, col = d[rank], d[:, rank]
-        inp = torch.from_numpy(np.concatenate(
-            [pattern_bytes(rank, j, int(b)) for j, b in enumerate(row)]
-        ))
-        expected = torch.from_numpy(expected_bytes(rank, col.tolist()))
-        out = torch.zeros_like(expected)
-        in_splits, out_splits = [int(x) for x in row], [int(x) for x in col]
-        case: dict[str, Any] = {}
-        for pol in spec["policies"]:
-            orch = None
-            if pol != "torch":
-                # A fresh orchestrator per workload, so each plans its own
-                # demand (no hysteresis carried over); the warm-up call plans
-                # and every timed call hits the plan cache, as in a training loop.
-                orch = Orchestrator(
-                    fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
-                    adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
-                    window=spec["window"], min_split_bytes=spec["min_split_bytes"],
-                    timeout_s=spec["timeout_s"],
-                )
-            times, ok = [], True
-            for i in range(spec["warmup"] + spec["repeat"]):
-                out.zero_()
-                dist.barrier()
-                t0 = clock()
-                if orch is None:
-                    dist.all_to_all_single(out, inp, out_splits, in_splits)
-                else:
-                    orch.all_to_all_single(out, inp, out_splits, in_splits)
-                t1 = clock()
-                ok = ok and bool(torch.equal(out, expected))
-                if i >= spec["warmup"]:
-                    times.append((t0, t1))
-            kinds = {}
-            if orch is not None:
-                calls = spec["warmup"] + spec["repeat"]
-                kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-            switches = 0 if orch is None else orch.stats.plan_switches
-            learned = {}
-            ad = None if orch is None else getattr(orch._groups.get(None), "adapt", None)
-            if ad is not None:  # the estimates below nominal, for the report
-                q = ad.est.ratio_q()
-                learned = {fab.link_name(i): int(q[i]) / ad.est.levels
-                           for i in np.flatnonzero(q < ad.est.levels)}
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches,
-                         "learned": learned}
-        res.append(case)
+    res = [_run_case(fab, np.asarray(dm, dtype=np.int64), rank, spec)
+           for dm in spec["demands"]]
     dist.barrier()
     dist.destroy_process_group()
     Path(spec["out_dir"], f"rank{rank}.json").write_text(json.dumps(res))

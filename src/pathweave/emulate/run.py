@@ -4,7 +4,11 @@
 (``ip netns exec NS python -m pathweave.emulate._worker worker ...``; gloo binds to
 the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
 rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
-per policy, checks every received byte, and collects per call the span from
+per policy, the policies round-robin (every repetition calls each once, the
+order rotated, so a slow spell of the shared machine hits them alike), each
+call after a pause of twice :meth:`~pathweave.emulate.topology.Layout.refill_s`
+(every link's token bucket full again, whatever the call before drained),
+checks every received byte, and collects per call the span from
 the first rank's start to the last rank's end (one monotonic clock: one
 kernel). Beside each median it puts
 
@@ -81,7 +85,10 @@ class PolicyResult:
     rank received exactly the expected bytes in every call;
     ``path_kind_bytes``: bytes per path role the data plane sent (per call);
     ``plan_switches``: plans replaced during the calls (live adaptation);
-    ``learned``: its capacity estimates below nominal (link name -> ratio).
+    ``learned``: its capacity estimates below nominal (link name -> ratio);
+    ``same_plan_as``: the first policy before it in the run whose fragments
+    put the same bytes on the same paths ("" if none): two measurements of
+    one plan, whose difference is the machine's noise.
     """
 
     policy: str
@@ -93,6 +100,7 @@ class PolicyResult:
     path_kind_bytes: dict[str, int] = field(default_factory=dict)
     plan_switches: int = 0
     learned: dict[str, float] = field(default_factory=dict)
+    same_plan_as: str = ""
 
     @property
     def vs_predicted(self) -> float:
@@ -103,6 +111,12 @@ class PolicyResult:
     def vs_bound(self) -> float:
         """measured / congestion bound."""
         return self.measured_s / self.bound_s if self.bound_s > 0 else math.nan
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the timed calls over their median (0 for one call)."""
+        q1, q3 = np.percentile(self.makespans_s, [25, 75])
+        return float(q3 - q1) / self.measured_s if self.measured_s > 0 else math.nan
 
 
 @dataclass(frozen=True)
@@ -148,8 +162,9 @@ class EmulationResult:
                 "speedup_measured": base.measured_s / p.measured_s,
                 "speedup_predicted": base.predicted_s / p.predicted_s,
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
-                "makespans_s": list(p.makespans_s), "plan_switches": p.plan_switches,
-                "learned": dict(p.learned),
+                "spread": p.spread, "makespans_s": list(p.makespans_s),
+                "plan_switches": p.plan_switches, "learned": dict(p.learned),
+                "same_plan_as": p.same_plan_as,
             })
         return rows
 
@@ -376,6 +391,8 @@ def run_workloads(
                 "chunk_bytes": int(chunk_bytes), "window": int(window),
                 "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
                 "out_dir": str(work),
+                # Twice the slowest bucket's refill before each timed call (_timed_call).
+                "settle_s": 2 * lay.refill_s(),
             }
             (work / "spec.json").write_text(json.dumps(spec))
 
@@ -413,7 +430,8 @@ def run_workloads(
     rfab = residual_fabric(sfab, tenants, emu.scale)
     out = []
     for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
-        results = []
+        results: list[PolicyResult] = []
+        loads: dict[str, np.ndarray] = {}
         for p in pols:
             recs = [pr[k][p] for pr in per_rank]
             spans = [max(rc["times"][i][1] for rc in recs) - min(rc["times"][i][0] for rc in recs)
@@ -422,15 +440,22 @@ def run_workloads(
             if bad:
                 raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
                                     "wrong bytes")
-            pred_s, bound_s, _ = predict(
+            pred_s, bound_s, eff = predict(
                 rfab, d, p, chunk_bytes=chunk_bytes, window=window,
                 min_split_bytes=min_split_bytes, model=model,
                 plan_fabric=rfab if p.endswith(ADAPT_SUFFIX) else sfab,
             )
+            # Equal bytes per path are one plan on the wire (torch's kernel
+            # routes are not the data plane's: never compared).
+            load = eff.path_bytes()
+            same = "" if p == "torch" else next(
+                (q for q, v in loads.items() if np.array_equal(v, load)), "")
+            if p != "torch":
+                loads.setdefault(p, load)
             results.append(PolicyResult(
                 p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
                 {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
-                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})),
+                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})), same,
             ))
         out.append(EmulationResult(
             fabric=fab.name, scale=float(emu.scale), workload=wl,

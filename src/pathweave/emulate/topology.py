@@ -215,6 +215,23 @@ class Layout:
         """tbf bucket depth: at least :data:`DEFAULT_BURST_BYTES` and 4 ms of traffic."""
         return max(self.burst_bytes, round(port.payload_Bps * framing_factor(self.mtu) * 4e-3))
 
+    def refill_s(self) -> float:
+        """Longest time an emptied tbf bucket takes to fill again (over every shaped port).
+
+        A link idle this long starts the next transfer with its whole burst;
+        the runs wait this long before each timed call, so every call starts
+        from the same full buckets, whatever the call before it drained.
+
+        Examples
+        --------
+        >>> import pathweave as pw
+        >>> lay = build_layout(pw.fabric.preset("h100-2x4"), scale=1e-4)
+        >>> round(lay.refill_s() * 1e3, 1)   # 128 KiB over a 5 MB/s rail, on the wire, ms
+        25.1
+        """
+        ff = framing_factor(self.mtu)
+        return max((self.burst_for(p) / (p.payload_Bps * ff) for p in self.shaped), default=0.0)
+
     def scaled_fabric(self) -> Fabric:
         """The fabric with every capacity multiplied by ``scale``: what the emulator carries."""
         return scale_fabric(self.fabric, self.scale)

@@ -152,6 +152,16 @@ class Plan:
         out = np.bincount(self._pair_of_flow, weights=self.flow_bytes, minlength=n * n)
         return np.rint(out).astype(np.int64).reshape(n, n)
 
+    def path_bytes(self) -> np.ndarray:
+        """``int64[num_paths]``: bytes the plan puts on each candidate path.
+
+        Two plans over one path set with equal ``path_bytes`` send the same
+        bytes the same way, however their fragments are cut.
+        """
+        out = np.bincount(self.flow_path, weights=self.flow_bytes,
+                          minlength=self.paths.num_paths)
+        return np.rint(out).astype(np.int64)
+
     def kind_bytes(self) -> dict[str, int]:
         """Bytes per path kind (rail paths split by role: matched, rd, dr, drd)."""
         codes = self.paths.role_code[self.flow_path]

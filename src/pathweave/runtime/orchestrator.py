@@ -66,7 +66,7 @@ from pathweave.runtime.schedule import (
 
 __all__ = [
     "MAX_WINDOW", "MIN_CHUNK_BYTES", "CallStats", "Orchestrator", "OrchestratorStats",
-    "default_fabric", "quantise",
+    "default_fabric", "quantise", "split_options",
 ]
 
 #: Environment variable naming the fabric (a preset spec or a fabric file).
@@ -323,6 +323,28 @@ class _P2PLayout:
     pair_bytes: np.ndarray
 
 
+def split_options(policy: str, min_split_bytes: int, chunk_bytes: int, *,
+                  set_already: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """The data plane's size threshold and chunk as options of ``policy``, where it takes them.
+
+    What the :class:`Orchestrator` passes its planner (options in
+    ``set_already`` win); :func:`pathweave.emulate.predict` plans with the
+    same, so a prediction is of the plan the data plane runs.
+
+    Examples
+    --------
+    >>> split_options("mwu", 65536, 524288)
+    {'min_split_bytes': 65536, 'chunk_bytes': 524288}
+    >>> split_options("static", 65536, 524288)
+    {}
+    """
+    from pathweave.plan import policy_info
+
+    opts = policy_info(policy).options
+    mine = {"min_split_bytes": int(min_split_bytes), "chunk_bytes": int(chunk_bytes)}
+    return {k: v for k, v in mine.items() if k in opts and k not in (set_already or {})}
+
+
 class Orchestrator:
     """Runs skewed exchanges over many paths on ``torch.distributed``.
 
@@ -523,11 +545,8 @@ class Orchestrator:
 
     def _split_options(self) -> dict[str, int]:
         """``min_split_bytes``/``chunk_bytes`` for a registered policy that accepts them."""
-        from pathweave.plan import policy_info
-
-        opts = policy_info(self.policy).options
-        mine = {"min_split_bytes": self.min_split_bytes, "chunk_bytes": self.chunk_bytes}
-        return {k: v for k, v in mine.items() if k in opts and k not in self.policy_options}
+        return split_options(self.policy, self.min_split_bytes, self.chunk_bytes,
+                             set_already=self.policy_options)
 
     @staticmethod
     def _fallback(st: _GroupState, static_s: float) -> _Decision:

@@ -1,0 +1,227 @@
+"""``bench emulate`` without the emulator: its checks, its table and the call order.
+
+Records are made the way the sweep makes them (``EmulationResult.records``)
+from hand-written makespans, so every ratio the checks and the table report
+is computed here by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from pathweave.bench import emulate as bench
+from pathweave.emulate import EmulationResult, PolicyResult
+from pathweave.emulate._rankworker import round_robin
+from pathweave.plan import DEFAULT_POLICY, baselines
+
+
+def records_of(workload: str, measured_s: dict[str, float], *, verified: bool = True,
+               ratio: float | None = None, same: dict[str, str] | None = None) -> list[dict]:
+    """One workload's records: each policy's calls 0.9x, 1x and 1.1x its median.
+
+    ``same`` maps a policy to the earlier one whose plan it repeats.
+    """
+    pols = tuple(
+        PolicyResult(p, (0.9 * m, m, 1.1 * m), m, m, 0.9 * m, verified,
+                     same_plan_as=(same or {}).get(p, ""))
+        for p, m in measured_s.items()
+    )
+    res = EmulationResult(
+        fabric="h100-2x4", scale=1e-4, workload=workload, bytes_per_rank=1 << 20,
+        total_bytes=8 << 20, repeat=3, chunk_bytes=1 << 19, window=4, min_split_bytes=0,
+        policies=pols, wall_s=1.0,
+    )
+    recs = res.records()
+    for r in recs:
+        r["ratio"] = ratio
+    return recs
+
+
+def sweep(default_at_stencil: float, *, verified: bool = True) -> list[dict]:
+    """Two workloads; every baseline 1 s except the last (the best), 0.8 s.
+
+    On the stencil the default policy repeats the best baseline's plan.
+    """
+    base = baselines()
+    times = {b: 1.0 for b in base} | {base[-1]: 0.8}
+    return (records_of("hotspot:0.5", times | {DEFAULT_POLICY: 0.8}, ratio=0.5)
+            + records_of("stencil:dims=2", times | {DEFAULT_POLICY: default_at_stencil},
+                         verified=verified, same={DEFAULT_POLICY: base[-1]}))
+
+
+def test_checks_pass_and_miss():
+    best = baselines()[-1]
+    # 0.82 / 0.8 = 1.025: within 1.03.
+    recs = sweep(0.82)
+    assert bench.default_vs_best(recs) == {
+        "hotspot:0.5": (pytest.approx(1.0), best),
+        "stencil:dims=2": (pytest.approx(1.025), best),
+    }
+    (line,) = bench.checks(recs)
+    assert line.startswith(f"PASS {DEFAULT_POLICY}/best baseline")
+    assert f"worst 1.025 at stencil:dims=2 (vs {best}, the same plan)" in line
+    assert "over 2 workloads" in line and "bytes verified: all" in line
+    # IQR of (0.9, 1, 1.1) x median over the median: 10 %.
+    assert "call spread median 10.0%" in line
+    # 0.84 / 0.8 = 1.05: over the target.
+    (line,) = bench.checks(sweep(0.84))
+    assert line.startswith("MISS") and "worst 1.050 at stencil:dims=2" in line
+    # Fast but wrong bytes is a miss too.
+    (line,) = bench.checks(sweep(0.5, verified=False))
+    assert line.startswith("MISS") and f"{len(baselines()) + 1} not" in line
+    # A plan of its own: no "same plan" remark.
+    recs = records_of("hotspot:0.5", {best: 1.0, DEFAULT_POLICY: 1.1})
+    (line,) = bench.checks(recs)
+    assert line.startswith("MISS") and f"(vs {best}), median 1.100" in line
+    # One call per point (--quick): no spread to give.
+    for r in recs:
+        r["repeat"] = 1
+    assert bench.checks(recs)[0].endswith("one call per point: noise not averaged)")
+    # Without a baseline there is nothing to compare.
+    (line,) = bench.checks(records_of("hotspot:0.5", {DEFAULT_POLICY: 1.0}))
+    assert "run" in line and not line.startswith(("PASS", "MISS"))
+
+
+def test_sweep_policies_from_the_registry():
+    pols = bench.sweep_policies()
+    assert set(baselines()) <= set(pols) and DEFAULT_POLICY in pols and "mwu" in pols
+    assert len(pols) == len(set(pols))
+
+
+def test_round_robin_order():
+    pols = ["a", "b", "c", "d"]
+    order = round_robin(pols, 8)
+    rounds = [order[i:i + 4] for i in range(0, 32, 4)]
+    # Every round calls every policy once; over 4 rounds each policy holds every position.
+    assert all(sorted(r) == pols for r in rounds)
+    for k in range(4):
+        assert sorted(r[k] for r in rounds[:4]) == pols
+    assert round_robin(pols, 1) == pols and round_robin(["x"], 3) == ["x"] * 3
+
+
+def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_path):
+    from pathweave.cli.main import app
+
+    recs = sweep(0.84)
+    seen = {}
+
+    def fake_run(fabric, **kw):
+        seen.update(kw)
+        return recs
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    res = CliRunner().invoke(app, ["bench", "emulate", "--prefix", "pwx", "--out",
+                                   str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    # The default sweep: every ratio, the registry's policies, the default repeat.
+    assert seen["ratios"] == bench.DEFAULT_RATIOS and seen["repeat"] == 5
+    assert tuple(seen["policies"]) == bench.sweep_policies()
+    assert "workload" in res.output
+    rows = [ln.split() for ln in res.output.splitlines()]
+    stencil = [r for r in rows if r[:2] == ["stencil:dims=2", DEFAULT_POLICY]]
+    assert stencil and stencil[0][-4:] == ["=", baselines()[-1], "1.050", baselines()[-1]]
+    assert [r[0] for r in rows if r and r[0] == "hotspot:0.5"] == ["hotspot:0.5"] * len(
+        [*baselines(), DEFAULT_POLICY])
+    (line,) = bench.checks(recs)
+    assert f"MISS {DEFAULT_POLICY}/best baseline" in res.output
+    assert "worst 1.050 at stencil:dims=2" in res.output
+    assert (tmp_path / "emulate_checks.txt").read_text() == line + "\n"
+    assert (tmp_path / "emulate.csv").exists()
+    # --quick: the short ratio list, the extras still in (run's default), one call each.
+    res = CliRunner().invoke(app, ["bench", "emulate", "--quick", "--policy", "static,mintime",
+                                   "--out", str(tmp_path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert seen["ratios"] == bench.QUICK_RATIOS and seen["repeat"] == 1
+    assert seen["policies"] == ["static", "mintime"]
+
+
+def test_same_plan_means_same_bytes_per_path():
+    import numpy as np
+
+    import pathweave as pw
+    from pathweave.plan import Plan
+
+    fab = pw.fabric.preset("h100-2x4")
+    ps = pw.fabric.candidate_paths(fab)
+    d = np.zeros((8, 8), dtype=np.int64)
+    d[0, 5] = 300
+    lo, hi = int(ps.pair_ptr[5]), int(ps.pair_ptr[6])
+    assert hi - lo >= 3  # a cross-node pair has several candidate paths
+
+    def plan(paths: list[int], nbytes: list[int]) -> Plan:
+        return Plan(fabric=fab, paths=ps, demand=d, flow_path=np.array(paths),
+                    flow_bytes=np.array(nbytes), policy="x").validate()
+
+    one = plan([lo, lo + 1], [100, 200])
+    # The same bytes per path, one more (empty) fragment: the same plan.
+    cut = plan([lo, lo + 1, lo + 2], [100, 200, 0])
+    other = plan([lo, lo + 1], [200, 100])
+    want = np.zeros(ps.num_paths, dtype=np.int64)
+    want[lo], want[lo + 1] = 100, 200
+    assert np.array_equal(one.path_bytes(), want)
+    assert np.array_equal(cut.path_bytes(), want)
+    assert not np.array_equal(other.path_bytes(), want)
+
+
+FABRIC4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"
+CHUNK, MIN_SPLIT = 256 * 1024, 64 * 1024
+
+
+def job_path_kinds(rank: int, world: int, demand: list, policies: list[str]) -> dict:
+    """One call per policy on gloo; the bytes per path kind each data plane sent."""
+    import numpy as np
+    import torch
+
+    from pathweave.runtime.orchestrator import Orchestrator
+    from pathweave.traffic.pattern import pattern_bytes
+
+    fab = __import__("pathweave").fabric.preset(FABRIC4)
+    d = np.asarray(demand, dtype=np.int64)
+    inp = torch.from_numpy(np.concatenate([pattern_bytes(rank, j, int(b))
+                                           for j, b in enumerate(d[rank])]))
+    out = torch.zeros(int(d[:, rank].sum()), dtype=torch.uint8)
+    kinds = {}
+    for p in policies:
+        orch = Orchestrator(fab, policy=p, enabled=True, chunk_bytes=CHUNK,
+                            min_split_bytes=MIN_SPLIT)
+        orch.all_to_all_single(out, inp, d[:, rank].tolist(), d[rank].tolist())
+        kinds[p] = dict(orch.stats.bytes_per_path_kind)
+    return kinds
+
+
+def test_predict_plans_what_the_data_plane_sends():
+    """``predict`` hands the planner the data plane's threshold and chunk, as the
+    Orchestrator does: its fragments carry the bytes per path kind the data
+    plane measured sending, for every registered policy (``mwu`` and
+    ``mwu_time`` split 0.2-0.7 MB pairs at a 64 KiB threshold, not at their 1 MiB
+    default)."""
+    import numpy as np
+
+    import pathweave as pw
+    from pathweave.emulate import predict
+    from pathweave.plan import policies
+    from pathweave.runtime.launch import run_local
+
+    fab = pw.fabric.preset(FABRIC4)
+    d = pw.traffic.parse_workload("hotspot:0.8", 4, bytes_per_rank=2 << 20).astype(np.int64)
+    names = list(policies())
+    sent = run_local(job_path_kinds, 4, (d.tolist(), names), timeout_s=180)[0]
+    for p in names:
+        _, _, plan = predict(fab, d, p, chunk_bytes=CHUNK, min_split_bytes=MIN_SPLIT)
+        assert {k: v for k, v in sent[p].items() if v} == plan.kind_bytes(), p
+
+
+def test_refill_time_of_the_slowest_bucket():
+    import pathweave as pw
+    from pathweave.emulate.topology import build_layout
+
+    fab = pw.fabric.preset("h100-2x4")
+    wire = 1514 / 1448  # a full TCP segment's payload against its frame
+    # At 1e-4 the slowest port is a 5 MB/s rail with the 128 KiB minimum bucket.
+    assert build_layout(fab, scale=1e-4).refill_s() == pytest.approx(
+        131072 / (5e6 * wire), rel=1e-3)
+    assert build_layout(fab, scale=1e-4, burst_bytes=1 << 20).refill_s() == pytest.approx(
+        (1 << 20) / (5e6 * wire), rel=1e-3)
+    # At full scale every bucket holds 4 ms of its link's traffic: 4 ms to refill.
+    assert build_layout(fab, scale=1.0).refill_s() == pytest.approx(4e-3, rel=1e-3)
