@@ -250,6 +250,59 @@ def test_bad_input_through_plain_torch_raises_the_same_error_everywhere():
     assert all(r["after"] for r in results)
 
 
+def _bad_list(rank, ws, case):
+    ins = [torch.full((2, 3), float(rank)) for _ in range(ws)]
+    outs = [torch.full((2, 3), 7.0) for _ in range(ws)]
+    if case == "dtype" and rank == 1:
+        ins[2] = ins[2].double()
+    elif case == "count" and rank == 2:
+        outs = outs[:-1]
+    elif case == "type" and rank == 3:
+        ins[0] = [1.0, 2.0]
+    elif case == "container" and rank == 0:
+        outs = torch.full((ws, 2, 3), 7.0)
+    return outs, ins
+
+
+def job_bad_list(rank, ws):
+    """Bad ``all_to_all`` lists on one rank: every rank raises, nobody waits. torch's own
+    ``all_to_all`` checks list types and dtypes itself, on the calling rank only, before
+    the backend sees the call: those cases go through pwd."""
+    res = {}
+    for case, call in (("dtype", pwd.all_to_all), ("count", dist.all_to_all),
+                       ("type", pwd.all_to_all), ("container", pwd.all_to_all)):
+        outs, ins = _bad_list(rank, ws, case)
+        try:
+            call(outs, ins)
+            res[case] = ("no error", "", False)
+        except (ValueError, TypeError) as exc:
+            kept = all(bool((t == 7.0).all()) for t in outs if isinstance(t, torch.Tensor))
+            res[case] = (type(exc).__name__, str(exc), kept)
+    outs = [torch.zeros(2) for _ in range(ws)]
+    dist.all_to_all(outs, [torch.full((2,), float(rank)) for _ in range(ws)])
+    res["after"] = [t[0].item() for t in outs] == [float(r) for r in range(ws)]
+    return res
+
+
+def test_bad_lists_raise_the_same_error_everywhere():
+    results = run_local(job_bad_list, 4, timeout_s=120, backend="pathweave", env=FORCED4)
+    expect = {
+        "dtype": ("TypeError", "all_to_all: rank 1: input_tensors[2] has dtype float64 but "
+                               "input_tensors[0] has float32"),
+        "count": ("ValueError", "all_to_all: rank 2: output_tensors has 3 tensors, expected 4"),
+        "type": ("TypeError", "all_to_all: rank 3: input_tensors[0] must be a torch.Tensor, "
+                              "got list"),
+        "container": ("TypeError", "all_to_all: rank 0: output_tensors must be a sequence of "
+                                   "tensors, got Tensor"),
+    }
+    for case, (etype, part) in expect.items():
+        assert len({r[case][1] for r in results}) == 1, (case, [r[case] for r in results])
+        for rank, r in enumerate(results):
+            assert r[case][0] == etype and part in r[case][1], (case, rank, r[case])
+            assert r[case][2], f"{case}: rank {rank}'s output was written"
+    assert all(r["after"] for r in results)
+
+
 # -------------------------------------------------------- point to point
 def job_pair(rank, ws):
     """Ranks 0 and 1 talk; 2 and 3 talk; nobody else joins (a join would hang)."""

@@ -467,6 +467,50 @@ def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
 
 
 # ------------------------------------------------------- given split matrix
+def job_p2p_bad(rank, ws):
+    """A bad op on one rank: every rank raises its problem, then the group still works."""
+    o = _orch(MESH4)
+    t = torch.zeros(4)
+    cases = {
+        "not an op": {2: ["isend"]},
+        "bad tag": {1: [pwd.P2POp(pwd.isend, t, 0, tag=-5)]},
+        "self peer": {3: [pwd.P2POp(pwd.irecv, t, 3)]},
+        "outside": {0: [pwd.P2POp(pwd.isend, t, 1), pwd.P2POp(pwd.isend, t, 9)]},
+    }
+    res = {}
+    for name, ops in cases.items():
+        try:
+            pwd.batch_isend_irecv(ops.get(rank, []), orchestrator=o)
+            res[name] = "no error"
+        except (TypeError, ValueError) as exc:
+            res[name] = f"{type(exc).__name__}: {exc}"
+    got = torch.zeros(4)
+    ops = [pwd.P2POp(pwd.isend, torch.full((4,), float(rank)), (rank + 1) % ws),
+           pwd.P2POp(pwd.irecv, got, (rank - 1) % ws)]
+    for h in pwd.batch_isend_irecv(ops, orchestrator=o):
+        h.wait()
+    res["after"] = got.tolist() == [float((rank - 1) % ws)] * 4
+    return res
+
+
+def test_a_bad_op_on_one_rank_raises_on_every_rank():
+    results = run_local(job_p2p_bad, 4, timeout_s=120)
+    expect = {
+        "not an op": "TypeError: batch_isend_irecv: rank 2: ops[0] is not a "
+                     "torch.distributed.P2POp",
+        "bad tag": "ValueError: batch_isend_irecv: rank 1: ops[0] has tag -5; tags must be in "
+                   "[0, 2**31)",
+        "self peer": "ValueError: batch_isend_irecv: rank 3: ops[0] has itself (rank 3) as its "
+                     "peer",
+    }
+    for res in results:
+        for name, msg in expect.items():
+            assert res[name] == msg, (name, res[name])
+        assert res["outside"].startswith("ValueError: batch_isend_irecv: rank 0: ops[1] ")
+        assert res["outside"] == results[0]["outside"]
+        assert res["after"]
+
+
 def job_split_matrix(rank, ws):
     """``split_matrix=``: one configuration check, then no metadata exchange; same bytes as
     torch; local checks raise."""

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import pathweave as pw
 import pathweave.distributed as pwd
+from pathweave.runtime import _validate as V
 from pathweave.runtime.launch import run_local
 
 #: Every value of ``Orchestrator(enabled=...)``: torch's path, the automatic choice, multi-path.
@@ -275,8 +276,6 @@ def test_batch_isend_irecv_refreshes_its_cache_entries():
 
 # ------------------------------------------------------ fingerprint codec
 def test_fingerprint_names_the_setting_and_both_values():
-    from pathweave.runtime import _validate as V
-
     base = {"fabric": "h100-2x4 (content f0fe40f5)", "chunk_bytes": 4096}
     same = np.stack([V.fingerprint(base)] * 3)
     V.check_fingerprints(same, "op")  # no error
@@ -295,6 +294,37 @@ def test_fingerprint_names_the_setting_and_both_values():
     with pytest.raises(ValueError, match=r"rank 1 uses \+6 fields"):
         V.check_fingerprints(rows, "op")
     assert V.fingerprint(many).shape == V.fingerprint({}).shape == (V.FP_WORDS,)
+
+
+def _raiser(code):
+    """The function an op decodes its rows with: every rank calls it on the same rows."""
+    from pathweave.moe import _checks as C
+
+    _, op, _ = V.PROBLEMS[code]
+    if op.startswith("MoEAllToAll"):
+        fields = {"k": 2, "E": 8, "H": 32, "max_m": 8, "cap": 16}
+        return lambda words: C.raise_first(words[None, :], fields)
+    if op == "batch_isend_irecv":
+        return lambda words: V.raise_problem(3, words[:4])
+    width = V.meta_width(4)
+    return lambda words: V.decode_a2a(np.tile(np.r_[words, np.zeros(width - words.size,
+                                                                     np.int64)], (4, 1)))
+
+
+@pytest.mark.parametrize("code", sorted(V.PROBLEMS))
+def test_every_problem_code_formats_through_its_ops_decoder(code):
+    """One table for every op: each code's template gets every name it uses, and its
+    message names its op and the reporting rank."""
+    exc_type, op, _ = V.PROBLEMS[code]
+    words = V.ArgProblem(code, 1, 2, 3).words()
+    with pytest.raises(exc_type) as info:
+        _raiser(code)(words)
+    msg = str(info.value)
+    rank = "rank 3" if op == "batch_isend_irecv" else "rank 0"
+    assert msg.startswith(f"{op}: {rank}: "), msg
+    assert "{" not in msg and "problem code" not in msg, msg
+    with pytest.raises(KeyError, match="unknown problem code 999"):
+        V.ArgProblem(999)
 
 
 def job_call_config(rank, ws):

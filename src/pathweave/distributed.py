@@ -208,21 +208,22 @@ def all_to_all(
     """Send ``input_tensor_list[j]`` to rank ``j``; rank ``i``'s lands in ``output_tensor_list[i]``.
 
     Same semantics as :func:`torch.distributed.all_to_all` (tensors of any
-    shape, one dtype, as many as ranks), run as one
+    shape, one dtype, one device, as many as ranks), run as one
     :meth:`~pathweave.Orchestrator.all_to_all_single` of the flattened
     tensors (a copy of the inputs in and of the outputs out), so it plans,
     validates and accounts exactly like it. A tensor whose size does not
     match its peer's raises the same ``ValueError`` on every rank before
-    data moves (the split sizes it names are element counts).
+    data moves (the split sizes it names are element counts), and so do
+    lists that break the rules above on any rank.
 
     Returns
     -------
     None, or a handle with ``wait()`` when ``async_op`` is true.
     """
-    outs, ins = list(output_tensor_list), list(input_tensor_list)
-    device = (ins or outs)[0].device if (ins or outs) else "cpu"
+    device = _backend.list_device(input_tensor_list, output_tensor_list)
     orch, group = _resolve(orchestrator, group, device)
-    work = _backend.all_to_all_list(orch, outs, ins, group, async_op=async_op)
+    work = _backend.all_to_all_list(orch, output_tensor_list, input_tensor_list, group,
+                                    async_op=async_op)
     return work if async_op else None
 
 

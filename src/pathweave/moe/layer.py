@@ -50,8 +50,8 @@ from pathweave.moe import _checks as C
 from pathweave.moe import _pack as P
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
-    ERR_FIELDS,
-    MoEArgError,
+    PROBLEM_WORDS,
+    ArgProblem,
     check_config,
     check_handle_ids,
     check_same_layer,
@@ -286,7 +286,7 @@ class MoEAllToAll:
         ]).cpu().numpy()
         if counts[0]:
             code, i, j, v = (int(c) for c in counts[:4])
-            raise MoEArgError(8 if code == 1 else 9, i, j, v)
+            raise ArgProblem(108 if code == 1 else 109, i, j, v)
         return plan, counts
 
     # ------------------------------------------------------------ dispatch
@@ -344,23 +344,23 @@ class MoEAllToAll:
         self._check_config()
         n = self.num_ranks
         E = self.num_experts
-        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
         cols, plan, counts = -1, None, None
         try:
             cols = C.check_dispatch(self, x, topk_idx, x_scale)
             plan, counts = self._local_plan(x, topk_idx)
-        except MoEArgError as exc:
-            err = exc.row()
+        except ArgProblem as exc:
+            err = exc.words()
             plan = None
         # Row: error | layer digest, m, routing digest, scale columns, needs grad |
         # pairs per expert | rows per rank.
-        c0 = ERR_FIELDS + 5
+        c0 = PROBLEM_WORDS + 5
         row = np.zeros(c0 + E + n, dtype=np.int64)
-        row[:ERR_FIELDS] = err
-        row[ERR_FIELDS] = self._config_digest
+        row[:PROBLEM_WORDS] = err
+        row[PROBLEM_WORDS] = self._config_digest
         if plan is not None and counts is not None:
             grad = torch.is_grad_enabled() and x.requires_grad
-            row[ERR_FIELDS + 1 : c0] = (int(x.shape[0]), counts[4], cols, int(grad))
+            row[PROBLEM_WORDS + 1 : c0] = (int(x.shape[0]), counts[4], cols, int(grad))
             row[c0:] = counts[5:]
             plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
         wait = self._exchange(row)
@@ -368,14 +368,14 @@ class MoEAllToAll:
             None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
         )
         meta = wait()
-        check_same_layer(meta[:, ERR_FIELDS], "dispatch")
+        check_same_layer(meta[:, PROBLEM_WORDS], "dispatch")
         raise_first(meta, self._fields)
-        ms, digests, scols = (meta[:, ERR_FIELDS + i] for i in (1, 2, 3))
+        ms, digests, scols = (meta[:, PROBLEM_WORDS + i] for i in (1, 2, 3))
         pairs = meta[:, c0 : c0 + E]  # [src, expert]
         rows = meta[:, c0 + E :]  # [src, dst]
         C.check_global(self, ms, digests, scols, pairs)
         assert plan is not None and packed is not None
-        grad = bool(meta[:, ERR_FIELDS + 4].any())  # every rank joins the backward, or none
+        grad = bool(meta[:, PROBLEM_WORDS + 4].any())  # every rank joins the backward, or none
         return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad)
 
     def _dispatch_data(
@@ -595,31 +595,31 @@ class MoEAllToAll:
             ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
         """
         self._check_config()
-        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
         try:
             w = C.check_combine(self, expert_y, handle, topk_weights, weighted)
-        except MoEArgError as exc:
-            err = exc.row()
+        except ArgProblem as exc:
+            err = exc.words()
             w = None
         # Row: error | expert_y dtype | layer digest | the handle's dispatch call id | needs grad.
-        row = np.zeros(ERR_FIELDS + 4, dtype=np.int64)
-        row[:ERR_FIELDS] = err
-        row[ERR_FIELDS + 1] = self._config_digest
+        row = np.zeros(PROBLEM_WORDS + 4, dtype=np.int64)
+        row[:PROBLEM_WORDS] = err
+        row[PROBLEM_WORDS + 1] = self._config_digest
         grad = False
         if not err[0]:
-            row[ERR_FIELDS] = dtype_code(expert_y.dtype)
-            row[ERR_FIELDS + 2] = handle.call_id
+            row[PROBLEM_WORDS] = dtype_code(expert_y.dtype)
+            row[PROBLEM_WORDS + 2] = handle.call_id
             grad = torch.is_grad_enabled() and (
                 expert_y.requires_grad or (w is not None and w.requires_grad)
             )
-            row[ERR_FIELDS + 3] = int(grad)
+            row[PROBLEM_WORDS + 3] = int(grad)
         wait = self._exchange(row)
         send = None if err[0] else P.pack_combine(self, expert_y, handle, grad)
         meta = wait()
-        check_same_layer(meta[:, ERR_FIELDS + 1], "combine")
+        check_same_layer(meta[:, PROBLEM_WORDS + 1], "combine")
         raise_first(meta, self._fields)
-        check_handle_ids(meta[:, ERR_FIELDS + 2])
-        codes = meta[:, ERR_FIELDS]
+        check_handle_ids(meta[:, PROBLEM_WORDS + 2])
+        codes = meta[:, PROBLEM_WORDS]
         if (codes != codes[0]).any():
             r = int(np.flatnonzero(codes != codes[0])[0])
             raise TypeError(
@@ -628,7 +628,7 @@ class MoEAllToAll:
             )
         assert send is not None
         handle.combined = True
-        if bool(meta[:, ERR_FIELDS + 3].any()) and not grad:
+        if bool(meta[:, PROBLEM_WORDS + 3].any()) and not grad:
             # A peer needs the backward: join its graph with a stand-in leaf.
             send = send.detach().clone().requires_grad_()
             grad = True

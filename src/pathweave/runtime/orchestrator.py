@@ -590,6 +590,7 @@ class Orchestrator:
         *,
         split_matrix: Any = None,
         config: Mapping[str, Any] | None = None,
+        problem: V.ArgProblem | None = None,
     ) -> Any:
         """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
 
@@ -615,13 +616,19 @@ class Orchestrator:
         fingerprint (:func:`pathweave.runtime._validate.fingerprint`), e.g. a
         layer's ``{"moe.num_experts": 64}``; names must not clash with the
         orchestrator's own.
+
+        ``problem`` (keyword only): a problem an adapter found in this rank's
+        own arguments (the list form's, :func:`pathweave.runtime.backend.all_to_all_list`);
+        it travels in the metadata row instead of the tensors' facts, so every
+        rank raises it.
         """
         t0 = time.perf_counter()
         st = self._state(group)
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         words = self._fingerprint(st, config)
-        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words)
+        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words,
+                           problem)
         if split_matrix is not None:
             given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
             if words.tobytes() not in st.checked_configs:
@@ -687,7 +694,7 @@ class Orchestrator:
         meta = exchange(8)
         bad = np.flatnonzero(meta[:, 0])
         if bad.size:
-            V.raise_p2p_local(int(bad[0]), meta[int(bad[0])])
+            V.raise_problem(int(bad[0]), meta[int(bad[0]), :4])
         counts = meta[:, 3]
         if int(counts.max(initial=0)) > 8:
             meta = exchange(int(counts.max()))
