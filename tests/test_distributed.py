@@ -9,6 +9,7 @@ on in the parent.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -511,13 +512,58 @@ def test_a_bad_op_on_one_rank_raises_on_every_rank():
         assert res["after"]
 
 
+def _gathered_digests(orch, config=None):
+    """Every rank's config digest, gathered as a split_matrix caller's own collective would."""
+    mine = torch.tensor([pwd.config_digest(orchestrator=orch, config=config)])
+    got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, mine)
+    return torch.cat(got).numpy()
+
+
+def job_split_matrix_config_change(rank, ws):
+    """A configuration that changes on one rank only between split_matrix calls: every rank
+    raises the same ValueError at once (not CommError at the timeout), with and without
+    digests, and the group still works."""
+    res = {}
+    rows = _rows(ws, 4)
+    inp = torch.ones(int(rows[rank].sum()), 2)
+    in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+    for vouched in (False, True):
+        o = _orch(MESH4, timeout_s=30)
+        for step, value in enumerate((1, 1, 3 if rank == 2 else 1, 1)):
+            config = {"moe.experts": value}
+            digests = _gathered_digests(o, config) if vouched else None
+            out = torch.full((int(rows[:, rank].sum()), 2), 7.0)
+            try:
+                pwd.all_to_all_single(out, inp, out_s, in_s, orchestrator=o, split_matrix=rows,
+                                      config=config, config_digests=digests)
+                res[vouched, step] = "ok" if bool((out == 1.0).all()) else "wrong"
+            except Exception as exc:
+                res[vouched, step] = (f"{type(exc).__name__}: {exc}", bool((out == 7.0).all()))
+    return res
+
+
+def test_a_config_change_on_one_rank_raises_at_once_everywhere():
+    results = run_local(job_split_matrix_config_change, 4, timeout_s=120)
+    want = ("ValueError: all_to_all_single: rank 2 uses moe.experts 3 but rank 0 uses 1; "
+            "every rank of the group must use the same configuration")
+    for res in results:
+        for vouched in (False, True):
+            assert [res[vouched, s] for s in (0, 1, 3)] == ["ok"] * 3, res
+            msg, untouched = res[vouched, 2]
+            assert msg.startswith(want) and untouched, (vouched, msg)
+
+
 def job_split_matrix(rank, ws):
-    """``split_matrix=``: one configuration check, then no metadata exchange; same bytes as
-    torch; local checks raise."""
+    """``split_matrix=``: the configuration checked by an exchange per call, or by the
+    caller's digests without one; same bytes as torch; local checks raise."""
     out = {}
-    for name, policy, enabled in (("relay", _forced(("relay",)), True), ("mwu", "mwu", True),
-                                  ("torch", "mwu", False)):
+    for (name, policy, enabled), vouched in itertools.product(
+        (("relay", _forced(("relay",)), True), ("mwu", "mwu", True), ("torch", "mwu", False)),
+        (False, True),
+    ):
         o = _orch(MESH4, policy, enabled=enabled, chunk_bytes=4096, window=2)
+        digests = _gathered_digests(o) if vouched else None
         tr = o._state(None).transport
         exchanges = []
 
@@ -533,10 +579,10 @@ def job_split_matrix(rank, ws):
             res = torch.zeros((int(rows[:, rank].sum()), 40), dtype=torch.bfloat16)
             in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
             mat = torch.from_numpy(rows) if seed == 2 else rows
-            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat)
+            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat,
+                                  config_digests=digests)
             oks.append(_same_bits(res, _reference(res, inp, out_s, in_s)))
-        # one exchange checks the configuration the first time; then none
-        out[name] = (oks, o.stats.multipath_calls, o.stats.cache_hits, len(exchanges))
+        out[name, vouched] = (oks, o.stats.multipath_calls, o.stats.cache_hits, len(exchanges))
     # bad matrices every rank detects on its own: no rank waits for another
     rows = _rows(ws, 3)
     inp = torch.zeros(int(rows[rank].sum()), 2)
@@ -560,10 +606,12 @@ def job_split_matrix(rank, ws):
 def test_given_split_matrix_skips_the_exchange_and_checks_locally():
     results = run_local(job_split_matrix, 4, timeout_s=120)
     for rank, res in enumerate(results):
-        for name in ("relay", "mwu", "torch"):
-            oks, multipath, hits, exchanges = res[name]
+        for key in [k for k in res if isinstance(k, tuple)]:
+            name, vouched = key
+            oks, multipath, hits, exchanges = res[key]
             assert oks == [True] * 3, (rank, name)
-            assert exchanges == 1, (rank, name)
+            # digests from the caller's own collective stand for the exchange
+            assert exchanges == (0 if vouched else 3), (rank, name, vouched)
             assert multipath == (0 if name == "torch" else 3), (rank, name)
             assert hits >= 1, (rank, name)
         shape, neg, diag, floats = res["errors"]

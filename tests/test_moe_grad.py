@@ -244,7 +244,7 @@ def test_only_counts_cross_to_the_host() -> None:
     from pathweave.moe._checks import PROBLEM_WORDS
 
     n = WORLD
-    count_matrix = n * (PROBLEM_WORDS + 5 + E + n)
+    count_matrix = n * (PROBLEM_WORDS + 6 + E + n)
     assert count_matrix < 64 * 4  # the bound would catch a routing table read back
     for layout in LAYOUTS:
         seen = run_local(_host_job, WORLD, (layout,), timeout_s=120)

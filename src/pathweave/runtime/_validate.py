@@ -22,8 +22,8 @@ from pathweave import _check
 
 __all__ = [
     "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "check_fingerprints",
-    "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint", "raise_first_problem",
-    "raise_problem", "type_code", "type_name",
+    "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint", "fingerprint_digest",
+    "raise_first_problem", "raise_problem", "same_digests", "type_code", "type_name",
 ]
 
 # ------------------------------------------------------------------ dtypes
@@ -514,6 +514,35 @@ def fingerprint(fields: Mapping[str, Any]) -> np.ndarray:
         words[i, 0] = _hash64(text)
         words[i, 1:] = np.frombuffer(raw, dtype="<i8")
     return words.reshape(-1)
+
+
+def fingerprint_digest(words: np.ndarray) -> int:
+    """A 63-bit digest of :func:`fingerprint` words (one ``int64`` for a caller's row)."""
+    raw = hashlib.blake2b(np.ascontiguousarray(words, dtype="<i8").tobytes(), digest_size=8)
+    return int.from_bytes(raw.digest(), "little") >> 1
+
+
+def same_digests(digests: Any, words: np.ndarray, rank: int) -> bool:
+    """Whether every rank's :func:`fingerprint_digest` in ``digests`` is the same.
+
+    ``digests`` (``int64[N]``) come from the caller's own collective, so the
+    answer is the same on every rank. Raises (on this rank only: a caller's
+    bug) if they are equal but not this rank's own ``words``' digest.
+    """
+    if hasattr(digests, "detach"):
+        digests = digests.detach().cpu().numpy()
+    d = np.asarray(digests)
+    if d.ndim != 1 or d.dtype.kind not in "iu" or not 0 <= rank < d.size:
+        raise TypeError(f"config_digests must be a 1-D integer array with one digest per rank, "
+                        f"got {type(digests).__name__} of shape {d.shape}")
+    if (d != d[0]).any():
+        return False
+    mine = fingerprint_digest(words)
+    if int(d[rank]) != mine:
+        raise ValueError(f"config_digests[{rank}] = {int(d[rank])} but this call's configuration "
+                         f"digest on rank {rank} is {mine}; gather config_digest() of the same "
+                         "group and config")
+    return True
 
 
 def _fp_text(slot: np.ndarray) -> tuple[str, str]:

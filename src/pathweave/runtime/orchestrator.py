@@ -259,8 +259,6 @@ class _GroupState:
         self.next_ident = 1
         self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
         self.fingerprints = _LRU(cache_size)  # field values -> words
-        # fingerprints already checked by an exchange (split_matrix calls skip theirs)
-        self.checked_configs = _LRU(cache_size)
         self._scratch: Any = None
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
@@ -590,6 +588,7 @@ class Orchestrator:
         *,
         split_matrix: Any = None,
         config: Mapping[str, Any] | None = None,
+        config_digests: Any = None,
         problem: V.ArgProblem | None = None,
     ) -> Any:
         """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
@@ -604,13 +603,22 @@ class Orchestrator:
         ``split_matrix`` (keyword only): ``int[N, N]``, the rows every rank
         sends to every rank (``split_matrix[s, d]``), for a caller that already
         holds it from a collective of its own, hence identical on every rank.
-        The call then skips its metadata exchange, except the first time a
-        configuration is used this way on the group, which exchanges once to
-        check it. Otherwise only this rank's arguments can be checked (its
-        splits against its row and column of the matrix, its tensors' sums,
-        dtypes and row shapes): they raise here, before any data moves, but
-        only on this rank. Dtype and row shape must be the same on every
-        rank, as the caller's own exchange should ensure.
+        Only this rank's arguments are checked against it (its splits against
+        its row and column of the matrix, its tensors' sums, dtypes and row
+        shapes): they raise here, before any data moves, but only on this
+        rank. Dtype and row shape must be the same on every rank, as the
+        caller's own exchange should ensure. The configuration is still
+        checked on every rank: by a metadata exchange, or, with
+        ``config_digests``, without one.
+
+        ``config_digests`` (keyword only, with ``split_matrix``): ``int64[N]``,
+        every rank's :meth:`config_digest` of this call (``group`` and
+        ``config``), gathered by the caller's own collective along with the
+        matrix (the same on every rank). The call then skips its metadata
+        exchange; if the digests differ, every rank exchanges once and raises
+        the same ``ValueError`` naming the setting and both values. A
+        configuration that changes on some ranks only is therefore caught at
+        once on every rank, never by a timeout.
 
         ``config`` (keyword only): more named settings for the configuration
         fingerprint (:func:`pathweave.runtime._validate.fingerprint`), e.g. a
@@ -631,9 +639,10 @@ class Orchestrator:
                            problem)
         if split_matrix is not None:
             given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
-            if words.tobytes() not in st.checked_configs:
-                self._check_config_once(st, row, given, deadline)
-                st.checked_configs.put(words.tobytes(), True)
+            if config_digests is None or not V.same_digests(config_digests, words, tr.rank):
+                # Without digests, or with digests that differ (every rank holds the
+                # same ones, so every rank is here): the exchange checks, and names.
+                self._check_config(st, row, given, deadline)
             # The key stands for what every rank would have exchanged: all splits,
             # the row size (dtype and row shape only enter through it), the config.
             mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
@@ -893,14 +902,23 @@ class Orchestrator:
             st.fingerprints.put(key, words)
         return words
 
-    def _check_config_once(
+    def config_digest(self, group: Any = None, config: Mapping[str, Any] | None = None) -> int:
+        """A 63-bit digest of this rank's configuration of a call on ``group`` with ``config``.
+
+        What a ``split_matrix`` caller gathers in its own collective and
+        passes as ``config_digests`` (:meth:`all_to_all_single`): equal
+        digests on every rank mean equal fingerprints.
+        """
+        return V.fingerprint_digest(self._fingerprint(self._state(group), config))
+
+    def _check_config(
         self, st: _GroupState, row: np.ndarray, given: V.A2ALayout, deadline: float
     ) -> None:
-        """A ``split_matrix`` call with a configuration not yet checked: exchange once.
+        """A ``split_matrix`` call whose configuration no digests vouch for: exchange.
 
         The row is the one a call without the matrix would exchange, so a
         rank that passed no matrix still meets this one in the same
-        collective.
+        collective, and a configuration that differs raises on every rank.
         """
         layout = V.decode_a2a(st.transport.exchange(row, deadline))
         if not np.array_equal(layout.in_rows, given.in_rows):
