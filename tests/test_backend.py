@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import pathweave.distributed as pwd
-from pathweave.errors import FabricError, RankError
+from pathweave.errors import RankError
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import DEFAULT_POLICY, policies
 from pathweave.runtime import backend as B
@@ -143,14 +143,35 @@ def _others(rank, ws, gloo):
         dist.all_reduce(t, group=sub)
         res["subgroup all_reduce"] = t.tolist() == [12.0, 12.0]
         res["subgroup orchestrator"] = pwd.default_orchestrator(sub) is sub.orchestrator
-        # PATHWEAVE_FABRIC names the 8-rank world: a 4-rank subgroup's all-to-all
-        # refuses it on every member before data moves.
-        out = torch.full((4,), 7.0)
-        try:
-            dist.all_to_all_single(out, torch.ones(4), group=sub)
-            res["subgroup a2a"] = ("no error", False)
-        except FabricError as exc:
-            res["subgroup a2a"] = (str(exc), bool((out == 7.0).all()))
+    res.update(_subgroup_a2a(rank, ws))
+    return res
+
+
+def _subgroup_a2a(rank, ws):
+    """PATHWEAVE_FABRIC names the 8-rank world. A subgroup whose nodes hold equal numbers
+    of members plans on its part of that fabric; one whose nodes differ runs torch's
+    collective after one warning. Both against the same call on gloo subgroups."""
+    import warnings
+
+    res = {}
+    for name, members in (("even", [0, 2, 4, 6]), ("uneven", [1, 2, 3, 4])):
+        sub, gsub = dist.new_group(members), dist.new_group(members, backend="gloo")
+        if rank not in members:
+            continue
+        me, n = members.index(rank), len(members)
+        rows = _rows(n, 60 + len(name), hot=1)
+        inp = _data(torch.float32, (int(rows[me].sum()), 3), 70 + rank)
+        outs, ins = rows[:, me].tolist(), rows[me].tolist()
+        out, ref = torch.zeros(sum(outs), 3), torch.ones(sum(outs), 3)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                dist.all_to_all_single(out, inp, outs, ins, group=sub)
+        dist.all_to_all_single(ref, inp, outs, ins, group=gsub)
+        stats = sub.orchestrator.stats
+        res[f"subgroup {name}"] = (
+            _same(out, ref), sub.orchestrator.fabric.num_ranks, stats.multipath_calls,
+            sorted(stats.bytes_per_path_kind), [str(w.message) for w in seen])
     return res
 
 
@@ -199,8 +220,14 @@ def test_every_other_operation_is_gloos(eight):
         assert res["subgroup type"] == "ProcessGroupPathweave"
         if rank % 2 == 0:
             assert res["subgroup all_reduce"] is True and res["subgroup orchestrator"]
-            msg, untouched = res["subgroup a2a"]
-            assert "has 8 ranks but the process group has 4" in msg and untouched, msg
+            same, ranks, multipath, kinds, warned = res["subgroup even"]
+            assert same and ranks == 4 and multipath == 2 and "torch" not in kinds, res
+            assert warned == []
+        if rank in (1, 2, 3, 4):
+            same, ranks, multipath, kinds, warned = res["subgroup uneven"]
+            assert same and ranks == 4 and multipath == 0 and kinds == ["torch"], res
+            assert len(warned) == 1 and "ranks [1, 2, 3, 4] of PATHWEAVE_FABRIC='h100-2x4'" in \
+                warned[0] and "torch's own collective" in warned[0], warned
         assert res["calls after others"] == res["stats"]["calls"]
 
 

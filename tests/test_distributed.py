@@ -625,3 +625,28 @@ def test_given_split_matrix_skips_the_exchange_and_checks_locally():
         assert floats == "TypeError: all_to_all_single: split_matrix must hold integers, " \
                          "got dtype float64"
         assert res["untouched"]
+
+
+def job_subgroup_of_the_job_fabric(rank, ws):
+    """PATHWEAVE_FABRIC describes the whole job: a subgroup's default orchestrator plans on
+    its members' part of it (here one GPU per node: rail paths only), against gloo."""
+    members = [1, 3]
+    sub = dist.new_group(members)
+    if rank not in members:
+        return None
+    me = members.index(rank)
+    rows = np.array([[0, 900], [700, 0]])
+    inp = _tensor(torch.float32, (int(rows[me].sum()), 5), 40 + rank)
+    outs, ins = rows[:, me].tolist(), rows[me].tolist()
+    out, ref = torch.zeros(sum(outs), 5), torch.ones(sum(outs), 5)
+    pwd.all_to_all_single(out, inp, outs, ins, group=sub)
+    dist.all_to_all_single(ref, inp, outs, ins, group=sub)
+    fab = pwd.default_orchestrator(sub)._state(sub).fabric
+    return _same_bits(out, ref), fab.num_ranks, fab.num_nodes
+
+
+def test_a_subgroup_plans_on_its_part_of_the_job_fabric():
+    env = {"PATHWEAVE_FABRIC": "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"}
+    results = run_local(job_subgroup_of_the_job_fabric, 4, timeout_s=120, env=env)
+    assert results[0] is None and results[2] is None
+    assert results[1] == results[3] == (True, 2, 2)

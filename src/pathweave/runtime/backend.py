@@ -165,6 +165,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         super().__init__(rank, size)
         self._store = store
         self._is_world = len(global_ranks) == 0
+        self._global_ranks = list(global_ranks)
         self._backends: dict[str, tuple[Any, Any, str]] = {}
         gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, timeout=timeout)
         self._add("cpu", _BT.GLOO, gloo, "gloo")
@@ -230,7 +231,8 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         """
         orch = self.orchestrator
         if orch.fabric is None:
-            orch.fabric = default_fabric(self.size(), is_world=False)
+            orch.fabric = default_fabric(self.size(), is_world=False,
+                                         global_ranks=self._global_ranks)
         return orch, self.inner_group(device)
 
     def shutdown(self) -> None:

@@ -178,10 +178,27 @@ def quantise(pair_bytes: np.ndarray) -> np.ndarray:
     return np.minimum(q.astype(np.int64), x)
 
 
-def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
+#: Fabric meta key of a stand-in fabric: the group runs torch's own all-to-all
+#: (the reason as its value).
+TORCH_ONLY = "torch_only"
+
+
+class SubgroupWarning(UserWarning):
+    """A subgroup's ranks cannot form a fabric; its all-to-alls run torch's collective."""
+
+
+def default_fabric(
+    group_size: int, *, is_world: bool = True, global_ranks: Sequence[int] | None = None,
+) -> Fabric:
     """The fabric a job runs on when none is given.
 
-    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; otherwise
+    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; for a
+    subgroup (``global_ranks``: its members' ranks in the default group) of
+    a job whose ``PATHWEAVE_FABRIC`` describes the whole job, the part of
+    that fabric its members hold (:meth:`~pathweave.fabric.Fabric.subset`),
+    or, where their nodes hold different numbers of members, a stand-in
+    fabric on which the group always runs torch's own all-to-all (a
+    :class:`SubgroupWarning` says so, once per group); otherwise
     DGX H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
     GPU on its own rail) of ``LOCAL_WORLD_SIZE`` GPUs each (as ``torchrun``
     sets it; one node of the whole group if unset or if the group is not the
@@ -194,6 +211,9 @@ def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
     if spec:
         fab = resolve(spec)
         where = f"{FABRIC_ENV}={spec!r}"
+        ranks = None if is_world or global_ranks is None else list(global_ranks)
+        if ranks and fab.num_ranks != group_size and max(ranks) < fab.num_ranks:
+            return _subgroup_fabric(fab, ranks, where)
     else:
         from pathweave.fabric import preset
 
@@ -209,6 +229,27 @@ def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
             f"group has {group_size}"
         )
     return fab
+
+
+def _subgroup_fabric(fab: Fabric, ranks: list[int], where: str) -> Fabric:
+    """The part of the job's fabric a subgroup holds, or a torch-only stand-in."""
+    try:
+        return fab.subset(ranks, name=f"{fab.name}[{','.join(map(str, ranks))}]")
+    except FabricError as exc:
+        import warnings
+
+        from pathweave.fabric import preset
+
+        reason = (f"subgroup of ranks {ranks} of {where}: {exc}; its all-to-alls run torch's "
+                  "own collective")
+        warnings.warn(reason, SubgroupWarning, stacklevel=3)
+        stand_in = preset("dgx-h100", nodes=1, gpus_per_node=len(ranks))
+        return Fabric(name=f"torch-only[{','.join(map(str, ranks))}]",
+                      vertex_names=stand_in.vertex_names, vertex_kind=stand_in.vertex_kind,
+                      vertex_node=stand_in.vertex_node, link_src=stand_in.link_src,
+                      link_dst=stand_in.link_dst, link_kind=stand_in.link_kind,
+                      capacity_Bps=stand_in.capacity_Bps, latency_s=stand_in.latency_s,
+                      meta={TORCH_ONLY: reason})
 
 
 # ------------------------------------------------------------ group state
@@ -473,7 +514,7 @@ class Orchestrator:
                     f"has {tr.size}"
                 )
         else:
-            fab = default_fabric(tr.size, is_world=group is None)
+            fab = default_fabric(tr.size, is_world=group is None, global_ranks=tr.global_ranks)
         from pathweave.plan.registry import COMMON_OPTIONS
 
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
@@ -547,7 +588,7 @@ class Orchestrator:
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
-        if self.enabled is False:
+        if self.enabled is False or TORCH_ONLY in st.fabric.meta:
             return self._fallback(st, 0.0), True
         q = quantise(pair_bytes)
         np.fill_diagonal(q, 0)
