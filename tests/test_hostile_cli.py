@@ -227,3 +227,30 @@ def test_topology_files_work_wherever_a_fabric_is_named(source, tmp_path):
     result = runner.invoke(app, ["plan", "-f", spec, "-w", "hotspot:0.5", "-p", "static,mwu",
                                  "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("argv", [
+    ["emulate", "up", "--prefix", "pwrb"],
+    ["emulate", "run", "--prefix", "pwrb", "--policy", "static"],
+    ["emulate", "status"],
+    ["emulate", "down", "--prefix", "pwrb"],
+    ["bench", "emulate", "--prefix", "pwrb", "--out", "{tmp}/out"],
+], ids=["up", "run", "status", "down", "bench-emulate"])
+def test_the_emulator_without_root_says_so_in_one_line(argv, places, monkeypatch):
+    """Nothing else is printed: no 'emulator up' for an emulator that never came up."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with hang_guard(HANG_S):
+        result = runner.invoke(app, [a.format(**places) for a in argv])
+    line = check_one_error(result, 2)
+    assert "needs root" in line and "uid 1000" in line, line
+    assert result.output.strip().splitlines() == [line], result.output
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ("hotspot:2", "workload 'hotspot:ratio=2"), ("zipf:-1", "workload 'zipf:alpha=-1"),
+    ("moe:tokens=-1,hidden=4", "workload 'moe:tokens=-1,hidden=4'"),
+])
+def test_a_workload_value_error_names_the_workload(spec, named):
+    result = runner.invoke(app, ["plan", "-f", "h100-2x4", "-w", spec, "-p", "static"])
+    line = check_one_error(result, 2)
+    assert named in line, line
