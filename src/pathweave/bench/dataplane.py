@@ -521,6 +521,25 @@ def _record(case: Case, per_rank: Sequence[dict], world_size: int) -> dict[str, 
 
 
 
+def job_fabric(
+    spec: str | pwfabric.Fabric, world_size: int, what: str = "multipath_fabric"
+) -> pwfabric.Fabric:
+    """``spec`` resolved and checked to have one rank per local process.
+
+    Raises
+    ------
+    FabricError
+        ``spec`` is unknown, or its rank count is not ``world_size`` (the
+        message names ``what``, both counts and the fabric).
+    """
+    fab = pwfabric.resolve(spec)
+    if fab.num_ranks != world_size:
+        raise FabricError(
+            f"{what} {fab.name!r} has {fab.num_ranks} ranks, but the benchmark runs {world_size}"
+        )
+    return fab
+
+
 def run(
     *,
     quick: bool = False,
@@ -591,12 +610,7 @@ def run(
     """
     from pathweave.runtime.launch import run_local
 
-    fab = pwfabric.resolve(multipath_fabric)
-    if fab.num_ranks != world_size:
-        raise FabricError(
-            f"multipath_fabric {fab.name!r} has {fab.num_ranks} ranks, but the benchmark "
-            f"runs {world_size}"
-        )
+    fab = job_fabric(multipath_fabric, world_size)
     todo = cases(quick, repeat, sizes_per_pair, overhead_repeat)
     job = _Job(tuple(todo), fab, all_to_all)
     with _progress_relay(on_progress, len(todo)) as queue:
