@@ -259,3 +259,29 @@ def test_a_workload_value_error_names_the_workload(spec, named):
     result = runner.invoke(app, ["plan", "-f", "h100-2x4", "-w", spec, "-p", "static"])
     line = check_one_error(result, 2)
     assert named in line, line
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"PATHWEAVE_FABRIC": "nosuch"}, "PATHWEAVE_FABRIC='nosuch'"),
+    ({"PATHWEAVE_FABRIC": "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"},
+     "PATHWEAVE_FABRIC 'cluster"),
+    ({"PATHWEAVE_MULTIPATH": "yes"}, "PATHWEAVE_MULTIPATH='yes'"),
+])
+def test_bench_dataplane_refuses_a_bad_environment_before_any_rank_starts(env, named,
+                                                                          monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with hang_guard(HANG_S):
+        result = runner.invoke(app, ["bench", "dataplane", "--quick", "--repeat", "1"])
+    line = check_one_error(result, 2)
+    assert named in line and "rank 0 failed" not in line, line
+
+
+@pytest.mark.parametrize("argv", [["demo", "--out", "/proc/pathweave-demo"],
+                                  [*PLAN, "--json", "/proc/x.json"]], ids=["demo", "plan"])
+def test_an_output_folder_root_cannot_write_is_refused_first(argv):
+    """os.access says yes to root even under /proc; the folder is tried before any work."""
+    result = runner.invoke(app, argv)
+    line = check_one_error(result, 2)
+    assert "folder /proc is not writable" in line, line
+    assert result.output.strip().splitlines() == [line], result.output

@@ -94,7 +94,7 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import traffic
 from pathweave.bench._report import Check, Progress
-from pathweave.errors import FabricError
+from pathweave.errors import FabricError, InputError, PathweaveError
 from pathweave.traffic.pattern import pattern_bytes
 
 WORLD_SIZE = 8
@@ -526,12 +526,29 @@ def job_fabric(
 ) -> pwfabric.Fabric:
     """``spec`` resolved and checked to have one rank per local process.
 
+    The ranks' own ``pathweave`` backend groups read ``PATHWEAVE_*`` from the
+    environment: those are checked here too, so a bad one is one error
+    before any rank starts, not a traceback from each.
+
     Raises
     ------
     FabricError
-        ``spec`` is unknown, or its rank count is not ``world_size`` (the
-        message names ``what``, both counts and the fabric).
+        ``spec`` or ``PATHWEAVE_FABRIC`` is unknown, or its rank count is not
+        ``world_size`` (the message names ``what``, both counts and the fabric).
+    InputError
+        Another ``PATHWEAVE_*`` variable has a bad value.
     """
+    from pathweave.runtime.backend import config_from_env
+    from pathweave.runtime.orchestrator import FABRIC_ENV
+
+    try:
+        env = config_from_env()
+    except ValueError as exc:
+        if isinstance(exc, PathweaveError):
+            raise
+        raise InputError(str(exc)) from None
+    if env.fabric_spec is not None and what != FABRIC_ENV:
+        job_fabric(env.fabric_spec, world_size, FABRIC_ENV)
     fab = pwfabric.resolve(spec)
     if fab.num_ranks != world_size:
         raise FabricError(
