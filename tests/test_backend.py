@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import pathweave.distributed as pwd
-from pathweave.errors import FabricError, RankError
+from pathweave.errors import RankError
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import DEFAULT_POLICY, policies
 from pathweave.runtime import backend as B
@@ -143,14 +143,35 @@ def _others(rank, ws, gloo):
         dist.all_reduce(t, group=sub)
         res["subgroup all_reduce"] = t.tolist() == [12.0, 12.0]
         res["subgroup orchestrator"] = pwd.default_orchestrator(sub) is sub.orchestrator
-        # PATHWEAVE_FABRIC names the 8-rank world: a 4-rank subgroup's all-to-all
-        # refuses it on every member before data moves.
-        out = torch.full((4,), 7.0)
-        try:
-            dist.all_to_all_single(out, torch.ones(4), group=sub)
-            res["subgroup a2a"] = ("no error", False)
-        except FabricError as exc:
-            res["subgroup a2a"] = (str(exc), bool((out == 7.0).all()))
+    res.update(_subgroup_a2a(rank, ws))
+    return res
+
+
+def _subgroup_a2a(rank, ws):
+    """PATHWEAVE_FABRIC names the 8-rank world. A subgroup whose nodes hold equal numbers
+    of members plans on its part of that fabric; one whose nodes differ runs torch's
+    collective after one warning. Both against the same call on gloo subgroups."""
+    import warnings
+
+    res = {}
+    for name, members in (("even", [0, 2, 4, 6]), ("uneven", [1, 2, 3, 4])):
+        sub, gsub = dist.new_group(members), dist.new_group(members, backend="gloo")
+        if rank not in members:
+            continue
+        me, n = members.index(rank), len(members)
+        rows = _rows(n, 60 + len(name), hot=1)
+        inp = _data(torch.float32, (int(rows[me].sum()), 3), 70 + rank)
+        outs, ins = rows[:, me].tolist(), rows[me].tolist()
+        out, ref = torch.zeros(sum(outs), 3), torch.ones(sum(outs), 3)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                dist.all_to_all_single(out, inp, outs, ins, group=sub)
+        dist.all_to_all_single(ref, inp, outs, ins, group=gsub)
+        stats = sub.orchestrator.stats
+        res[f"subgroup {name}"] = (
+            _same(out, ref), sub.orchestrator.fabric.num_ranks, stats.multipath_calls,
+            sorted(stats.bytes_per_path_kind), [str(w.message) for w in seen])
     return res
 
 
@@ -199,8 +220,14 @@ def test_every_other_operation_is_gloos(eight):
         assert res["subgroup type"] == "ProcessGroupPathweave"
         if rank % 2 == 0:
             assert res["subgroup all_reduce"] is True and res["subgroup orchestrator"]
-            msg, untouched = res["subgroup a2a"]
-            assert "has 8 ranks but the process group has 4" in msg and untouched, msg
+            same, ranks, multipath, kinds, warned = res["subgroup even"]
+            assert same and ranks == 4 and multipath == 2 and "torch" not in kinds, res
+            assert warned == []
+        if rank in (1, 2, 3, 4):
+            same, ranks, multipath, kinds, warned = res["subgroup uneven"]
+            assert same and ranks == 4 and multipath == 0 and kinds == ["torch"], res
+            assert len(warned) == 1 and "ranks [1, 2, 3, 4] of PATHWEAVE_FABRIC='h100-2x4'" in \
+                warned[0] and "torch's own collective" in warned[0], warned
         assert res["calls after others"] == res["stats"]["calls"]
 
 
@@ -244,6 +271,59 @@ def test_bad_input_through_plain_torch_raises_the_same_error_everywhere():
               "length": ("ValueError", "output_split_sizes has 3 entries, expected 4")}
     for case, (etype, part) in expect.items():
         assert len({r[case][1] for r in results}) == 1, case
+        for rank, r in enumerate(results):
+            assert r[case][0] == etype and part in r[case][1], (case, rank, r[case])
+            assert r[case][2], f"{case}: rank {rank}'s output was written"
+    assert all(r["after"] for r in results)
+
+
+def _bad_list(rank, ws, case):
+    ins = [torch.full((2, 3), float(rank)) for _ in range(ws)]
+    outs = [torch.full((2, 3), 7.0) for _ in range(ws)]
+    if case == "dtype" and rank == 1:
+        ins[2] = ins[2].double()
+    elif case == "count" and rank == 2:
+        outs = outs[:-1]
+    elif case == "type" and rank == 3:
+        ins[0] = [1.0, 2.0]
+    elif case == "container" and rank == 0:
+        outs = torch.full((ws, 2, 3), 7.0)
+    return outs, ins
+
+
+def job_bad_list(rank, ws):
+    """Bad ``all_to_all`` lists on one rank: every rank raises, nobody waits. torch's own
+    ``all_to_all`` checks list types and dtypes itself, on the calling rank only, before
+    the backend sees the call: those cases go through pwd."""
+    res = {}
+    for case, call in (("dtype", pwd.all_to_all), ("count", dist.all_to_all),
+                       ("type", pwd.all_to_all), ("container", pwd.all_to_all)):
+        outs, ins = _bad_list(rank, ws, case)
+        try:
+            call(outs, ins)
+            res[case] = ("no error", "", False)
+        except (ValueError, TypeError) as exc:
+            kept = all(bool((t == 7.0).all()) for t in outs if isinstance(t, torch.Tensor))
+            res[case] = (type(exc).__name__, str(exc), kept)
+    outs = [torch.zeros(2) for _ in range(ws)]
+    dist.all_to_all(outs, [torch.full((2,), float(rank)) for _ in range(ws)])
+    res["after"] = [t[0].item() for t in outs] == [float(r) for r in range(ws)]
+    return res
+
+
+def test_bad_lists_raise_the_same_error_everywhere():
+    results = run_local(job_bad_list, 4, timeout_s=120, backend="pathweave", env=FORCED4)
+    expect = {
+        "dtype": ("TypeError", "all_to_all: rank 1: input_tensors[2] has dtype float64 but "
+                               "input_tensors[0] has float32"),
+        "count": ("ValueError", "all_to_all: rank 2: output_tensors has 3 tensors, expected 4"),
+        "type": ("TypeError", "all_to_all: rank 3: input_tensors[0] must be a torch.Tensor, "
+                              "got list"),
+        "container": ("TypeError", "all_to_all: rank 0: output_tensors must be a sequence of "
+                                   "tensors, got Tensor"),
+    }
+    for case, (etype, part) in expect.items():
+        assert len({r[case][1] for r in results}) == 1, (case, [r[case] for r in results])
         for rank, r in enumerate(results):
             assert r[case][0] == etype and part in r[case][1], (case, rank, r[case])
             assert r[case][2], f"{case}: rank {rank}'s output was written"

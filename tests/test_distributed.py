@@ -9,6 +9,7 @@ on in the parent.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -467,13 +468,102 @@ def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
 
 
 # ------------------------------------------------------- given split matrix
+def job_p2p_bad(rank, ws):
+    """A bad op on one rank: every rank raises its problem, then the group still works."""
+    o = _orch(MESH4)
+    t = torch.zeros(4)
+    cases = {
+        "not an op": {2: ["isend"]},
+        "bad tag": {1: [pwd.P2POp(pwd.isend, t, 0, tag=-5)]},
+        "self peer": {3: [pwd.P2POp(pwd.irecv, t, 3)]},
+        "outside": {0: [pwd.P2POp(pwd.isend, t, 1), pwd.P2POp(pwd.isend, t, 9)]},
+    }
+    res = {}
+    for name, ops in cases.items():
+        try:
+            pwd.batch_isend_irecv(ops.get(rank, []), orchestrator=o)
+            res[name] = "no error"
+        except (TypeError, ValueError) as exc:
+            res[name] = f"{type(exc).__name__}: {exc}"
+    got = torch.zeros(4)
+    ops = [pwd.P2POp(pwd.isend, torch.full((4,), float(rank)), (rank + 1) % ws),
+           pwd.P2POp(pwd.irecv, got, (rank - 1) % ws)]
+    for h in pwd.batch_isend_irecv(ops, orchestrator=o):
+        h.wait()
+    res["after"] = got.tolist() == [float((rank - 1) % ws)] * 4
+    return res
+
+
+def test_a_bad_op_on_one_rank_raises_on_every_rank():
+    results = run_local(job_p2p_bad, 4, timeout_s=120)
+    expect = {
+        "not an op": "TypeError: batch_isend_irecv: rank 2: ops[0] is not a "
+                     "torch.distributed.P2POp",
+        "bad tag": "ValueError: batch_isend_irecv: rank 1: ops[0] has tag -5; tags must be in "
+                   "[0, 2**31)",
+        "self peer": "ValueError: batch_isend_irecv: rank 3: ops[0] has itself (rank 3) as its "
+                     "peer",
+    }
+    for res in results:
+        for name, msg in expect.items():
+            assert res[name] == msg, (name, res[name])
+        assert res["outside"].startswith("ValueError: batch_isend_irecv: rank 0: ops[1] ")
+        assert res["outside"] == results[0]["outside"]
+        assert res["after"]
+
+
+def _gathered_digests(orch, config=None):
+    """Every rank's config digest, gathered as a split_matrix caller's own collective would."""
+    mine = torch.tensor([pwd.config_digest(orchestrator=orch, config=config)])
+    got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, mine)
+    return torch.cat(got).numpy()
+
+
+def job_split_matrix_config_change(rank, ws):
+    """A configuration that changes on one rank only between split_matrix calls: every rank
+    raises the same ValueError at once (not CommError at the timeout), with and without
+    digests, and the group still works."""
+    res = {}
+    rows = _rows(ws, 4)
+    inp = torch.ones(int(rows[rank].sum()), 2)
+    in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+    for vouched in (False, True):
+        o = _orch(MESH4, timeout_s=30)
+        for step, value in enumerate((1, 1, 3 if rank == 2 else 1, 1)):
+            config = {"moe.experts": value}
+            digests = _gathered_digests(o, config) if vouched else None
+            out = torch.full((int(rows[:, rank].sum()), 2), 7.0)
+            try:
+                pwd.all_to_all_single(out, inp, out_s, in_s, orchestrator=o, split_matrix=rows,
+                                      config=config, config_digests=digests)
+                res[vouched, step] = "ok" if bool((out == 1.0).all()) else "wrong"
+            except Exception as exc:
+                res[vouched, step] = (f"{type(exc).__name__}: {exc}", bool((out == 7.0).all()))
+    return res
+
+
+def test_a_config_change_on_one_rank_raises_at_once_everywhere():
+    results = run_local(job_split_matrix_config_change, 4, timeout_s=120)
+    want = ("ValueError: all_to_all_single: rank 2 uses moe.experts 3 but rank 0 uses 1; "
+            "every rank of the group must use the same configuration")
+    for res in results:
+        for vouched in (False, True):
+            assert [res[vouched, s] for s in (0, 1, 3)] == ["ok"] * 3, res
+            msg, untouched = res[vouched, 2]
+            assert msg.startswith(want) and untouched, (vouched, msg)
+
+
 def job_split_matrix(rank, ws):
-    """``split_matrix=``: one configuration check, then no metadata exchange; same bytes as
-    torch; local checks raise."""
+    """``split_matrix=``: the configuration checked by an exchange per call, or by the
+    caller's digests without one; same bytes as torch; local checks raise."""
     out = {}
-    for name, policy, enabled in (("relay", _forced(("relay",)), True), ("mwu", "mwu", True),
-                                  ("torch", "mwu", False)):
+    for (name, policy, enabled), vouched in itertools.product(
+        (("relay", _forced(("relay",)), True), ("mwu", "mwu", True), ("torch", "mwu", False)),
+        (False, True),
+    ):
         o = _orch(MESH4, policy, enabled=enabled, chunk_bytes=4096, window=2)
+        digests = _gathered_digests(o) if vouched else None
         tr = o._state(None).transport
         exchanges = []
 
@@ -489,10 +579,10 @@ def job_split_matrix(rank, ws):
             res = torch.zeros((int(rows[:, rank].sum()), 40), dtype=torch.bfloat16)
             in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
             mat = torch.from_numpy(rows) if seed == 2 else rows
-            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat)
+            pwd.all_to_all_single(res, inp, out_s, in_s, orchestrator=o, split_matrix=mat,
+                                  config_digests=digests)
             oks.append(_same_bits(res, _reference(res, inp, out_s, in_s)))
-        # one exchange checks the configuration the first time; then none
-        out[name] = (oks, o.stats.multipath_calls, o.stats.cache_hits, len(exchanges))
+        out[name, vouched] = (oks, o.stats.multipath_calls, o.stats.cache_hits, len(exchanges))
     # bad matrices every rank detects on its own: no rank waits for another
     rows = _rows(ws, 3)
     inp = torch.zeros(int(rows[rank].sum()), 2)
@@ -516,10 +606,12 @@ def job_split_matrix(rank, ws):
 def test_given_split_matrix_skips_the_exchange_and_checks_locally():
     results = run_local(job_split_matrix, 4, timeout_s=120)
     for rank, res in enumerate(results):
-        for name in ("relay", "mwu", "torch"):
-            oks, multipath, hits, exchanges = res[name]
+        for key in [k for k in res if isinstance(k, tuple)]:
+            name, vouched = key
+            oks, multipath, hits, exchanges = res[key]
             assert oks == [True] * 3, (rank, name)
-            assert exchanges == 1, (rank, name)
+            # digests from the caller's own collective stand for the exchange
+            assert exchanges == (0 if vouched else 3), (rank, name, vouched)
             assert multipath == (0 if name == "torch" else 3), (rank, name)
             assert hits >= 1, (rank, name)
         shape, neg, diag, floats = res["errors"]
@@ -533,3 +625,28 @@ def test_given_split_matrix_skips_the_exchange_and_checks_locally():
         assert floats == "TypeError: all_to_all_single: split_matrix must hold integers, " \
                          "got dtype float64"
         assert res["untouched"]
+
+
+def job_subgroup_of_the_job_fabric(rank, ws):
+    """PATHWEAVE_FABRIC describes the whole job: a subgroup's default orchestrator plans on
+    its members' part of it (here one GPU per node: rail paths only), against gloo."""
+    members = [1, 3]
+    sub = dist.new_group(members)
+    if rank not in members:
+        return None
+    me = members.index(rank)
+    rows = np.array([[0, 900], [700, 0]])
+    inp = _tensor(torch.float32, (int(rows[me].sum()), 5), 40 + rank)
+    outs, ins = rows[:, me].tolist(), rows[me].tolist()
+    out, ref = torch.zeros(sum(outs), 5), torch.ones(sum(outs), 5)
+    pwd.all_to_all_single(out, inp, outs, ins, group=sub)
+    dist.all_to_all_single(ref, inp, outs, ins, group=sub)
+    fab = pwd.default_orchestrator(sub)._state(sub).fabric
+    return _same_bits(out, ref), fab.num_ranks, fab.num_nodes
+
+
+def test_a_subgroup_plans_on_its_part_of_the_job_fabric():
+    env = {"PATHWEAVE_FABRIC": "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"}
+    results = run_local(job_subgroup_of_the_job_fabric, 4, timeout_s=120, env=env)
+    assert results[0] is None and results[2] is None
+    assert results[1] == results[3] == (True, 2, 2)

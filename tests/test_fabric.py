@@ -219,3 +219,43 @@ def test_role_codes_match_rail_role():
     for fab in (preset("h100-2x4"), cluster(2, 4, "nvlink-mesh", spines=2)):
         ps = pw.fabric.candidate_paths(fab)
         assert [ROLES[c] for c in ps.role_code] == [ps.rail_role(p) for p in range(ps.num_paths)]
+
+
+@pytest.mark.parametrize("ranks", [[0, 2, 4, 6], [4, 5, 6, 7], [1, 5], [0, 1, 2, 3, 4, 5, 6, 7]])
+def test_subset_keeps_the_members_and_every_link_between_what_stays(ranks):
+    """Against the original: each kept vertex maps back to one original vertex (GPUs by
+    rank order), the links are exactly the original links between kept vertices."""
+    fab = preset("h100-2x4")
+    sub = fab.subset(ranks)
+    assert sub.num_ranks == len(ranks)
+    orig = {}  # sub vertex -> original vertex
+    for v, name in enumerate(sub.vertex_names):
+        if sub.vertex_kind[v] == VertexKind.GPU:
+            orig[v] = int(fab.rank_vertex[sorted(ranks)[int(sub.vertex_rank[v])]])
+        else:
+            node = int(sub.vertex_node[v])
+            old_node = sorted({r // fab.gpus_per_node for r in ranks})[node] if node >= 0 else -1
+            old_name = name if node < 0 else f"n{old_node}." + name.split(".", 1)[1]
+            orig[v] = fab.vertex_id(old_name)
+    kept = set(orig.values())
+    assert len(kept) == sub.num_vertices
+    want = {(int(u), int(v)): (float(c), float(t)) for u, v, c, t in zip(
+        fab.link_src, fab.link_dst, fab.capacity_Bps, fab.latency_s, strict=True)
+        if int(u) in kept and int(v) in kept}
+    got = {(orig[int(u)], orig[int(v)]): (float(c), float(t)) for u, v, c, t in zip(
+        sub.link_src, sub.link_dst, sub.capacity_Bps, sub.latency_s, strict=True)}
+    assert got == want
+    gpus = {int(fab.vertex_rank[v]) for v in kept if fab.vertex_kind[v] == VertexKind.GPU}
+    assert gpus == set(ranks)  # no GPU outside the group: nothing relays through one
+    pw.fabric.candidate_paths(sub)  # every pair of members is reachable
+
+
+@pytest.mark.parametrize(("ranks", "match"), [
+    ([0, 1, 4], r"different numbers of GPUs per node \(node 0: 2, node 1: 1\)"),
+    ([0, 8], "rank 8 is outside fabric 'h100-2x4' \\(8 ranks\\)"),
+    ([2, 2], "distinct ranks"),
+    ([], "distinct ranks"),
+])
+def test_subset_refuses_ranks_it_cannot_describe(ranks, match):
+    with pytest.raises(FabricError, match=match):
+        preset("h100-2x4").subset(ranks)

@@ -98,6 +98,9 @@ CASES = [
     ("bench-paper-out-dev-null", ["bench", "paper", "fig6", "--out", "/dev/null"], 2),
     ("bench-paper-json-dir", ["bench", "paper", "fig6", "--json", "{tmp}"], 2),
     ("bench-dataplane-json-dev-full", ["bench", "dataplane", "--json", "/dev/full"], 2),
+    ("bench-dataplane-fabric-ranks", ["bench", "dataplane", "--ranks", "4"], 2),
+    ("bench-moe-fabric-ranks", ["bench", "moe", "--quick", "--ranks", "4", "--fabric",
+                                "h100-2x4"], 2),
     ("bench-emulate-out-dev-null", ["bench", "emulate", "--out", "/dev/null"], 2),
     ("bench-emulate-scale-nan", ["bench", "emulate", "--scale", "nan"], 2),
     ("demo-out-dev-null", ["demo", "--out", "/dev/null"], 2),
@@ -173,7 +176,9 @@ def test_hostile_command_line(argv, code, places, monkeypatch):
     args = [a.format(**places) for a in argv]
     with hang_guard(HANG_S):
         result = runner.invoke(app, args)
-    check_one_error(result, code)
+    line = check_one_error(result, code)
+    if argv[0] == "bench" and argv[1] in ("dataplane", "moe"):
+        assert result.output.strip("\n").splitlines() == [line], result.output  # no bar drawn
 
 
 def test_device_nodes_stay_devices(tmp_path):
@@ -227,3 +232,56 @@ def test_topology_files_work_wherever_a_fabric_is_named(source, tmp_path):
     result = runner.invoke(app, ["plan", "-f", spec, "-w", "hotspot:0.5", "-p", "static,mwu",
                                  "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("argv", [
+    ["emulate", "up", "--prefix", "pwrb"],
+    ["emulate", "run", "--prefix", "pwrb", "--policy", "static"],
+    ["emulate", "status"],
+    ["emulate", "down", "--prefix", "pwrb"],
+    ["bench", "emulate", "--prefix", "pwrb", "--out", "{tmp}/out"],
+], ids=["up", "run", "status", "down", "bench-emulate"])
+def test_the_emulator_without_root_says_so_in_one_line(argv, places, monkeypatch):
+    """Nothing else is printed: no 'emulator up' for an emulator that never came up."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with hang_guard(HANG_S):
+        result = runner.invoke(app, [a.format(**places) for a in argv])
+    line = check_one_error(result, 2)
+    assert "needs root" in line and "uid 1000" in line, line
+    assert result.output.strip().splitlines() == [line], result.output
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ("hotspot:2", "workload 'hotspot:ratio=2"), ("zipf:-1", "workload 'zipf:alpha=-1"),
+    ("moe:tokens=-1,hidden=4", "workload 'moe:tokens=-1,hidden=4'"),
+])
+def test_a_workload_value_error_names_the_workload(spec, named):
+    result = runner.invoke(app, ["plan", "-f", "h100-2x4", "-w", spec, "-p", "static"])
+    line = check_one_error(result, 2)
+    assert named in line, line
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"PATHWEAVE_FABRIC": "nosuch"}, "PATHWEAVE_FABRIC='nosuch'"),
+    ({"PATHWEAVE_FABRIC": "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"},
+     "PATHWEAVE_FABRIC 'cluster"),
+    ({"PATHWEAVE_MULTIPATH": "yes"}, "PATHWEAVE_MULTIPATH='yes'"),
+])
+def test_bench_dataplane_refuses_a_bad_environment_before_any_rank_starts(env, named,
+                                                                          monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with hang_guard(HANG_S):
+        result = runner.invoke(app, ["bench", "dataplane", "--quick", "--repeat", "1"])
+    line = check_one_error(result, 2)
+    assert named in line and "rank 0 failed" not in line, line
+
+
+@pytest.mark.parametrize("argv", [["demo", "--out", "/proc/pathweave-demo"],
+                                  [*PLAN, "--json", "/proc/x.json"]], ids=["demo", "plan"])
+def test_an_output_folder_root_cannot_write_is_refused_first(argv):
+    """os.access says yes to root even under /proc; the folder is tried before any work."""
+    result = runner.invoke(app, argv)
+    line = check_one_error(result, 2)
+    assert "folder /proc is not writable" in line, line
+    assert result.output.strip().splitlines() == [line], result.output

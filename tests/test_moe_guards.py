@@ -106,6 +106,15 @@ def _guards(rank: int, world: int, layout: str) -> list[tuple[str, str, str]]:
     exo, _, ho = other.dispatch(mine["x"], mine["idx"])
     attempt("foreign-one-rank", lambda: moe.combine(y3, ho if rank == 3 else h3, mine["w"]))
     attempt("foreign-all", lambda: moe.combine(y3, ho, mine["w"]))
+    # The data plane's configuration changes on one rank between calls (its default
+    # orchestrator): the digest in dispatch's row makes every rank raise at once.
+    import pathweave as pw
+    import pathweave.distributed as pwd
+
+    if rank == 2:
+        pwd.set_default_orchestrator(pw.Orchestrator(chunk_bytes=1 << 16))
+    attempt("orchestrator-one-rank", lambda: moe.dispatch(mine["x"], mine["idx"]))
+    pwd.set_default_orchestrator(None)
     # The layer is still usable, every open handle still combines once, and the bytes agree
     # with the dense reference.
     outs = [out1, moe.combine(y3, h3, mine["w"]), moe.combine(y2, h2, mine["w"]),
@@ -130,7 +139,14 @@ EXPECT_HANDLES = {
 }
 
 
-WANT = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES}
+EXPECT_PLANE = {
+    "orchestrator-one-rank": ("ValueError", "all_to_all_single: rank 2 uses chunk_bytes 65536 "
+                                            "but rank 0 uses 1048576"),
+}
+
+
+WANT = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES,
+        **EXPECT_PLANE}
 
 
 # One 4-rank launch per layout runs every case (launches are the cost); each case

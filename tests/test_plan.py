@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pathweave as pw
-from pathweave.errors import PlanError, WorkloadError
+from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.plan._mwu_kernel import route_kernel, route_reference
 from pathweave.plan.optimal import round_within_pairs
 
@@ -225,7 +225,7 @@ def test_unknown_policy_and_option():
         pw.plan.make(H100, D, "mwu", lam=0.3)
     with pytest.raises(PlanError, match=r"mwu option fraction must be in \(0.0, 1.0\], got 1.5"):
         pw.plan.make(H100, D, "mwu", fraction=1.5)
-    with pytest.raises(PlanError, match="time_limit_s=0"):
+    with pytest.raises(PlanError, match="time_limit_s must be positive, got 0"):
         pw.plan.make(H100, D, "optimal", time_limit_s=0)
 
 
@@ -237,13 +237,31 @@ def test_orchestrator_checks_policy_options_at_construction(policy):
         pw.Orchestrator(fabric="h100-2x4", policy=policy, lam=0.5)
 
 
-@pytest.mark.parametrize(("policy", "option", "value"), [
-    ("mwu", "fraction", 1.5), ("mwu_time", "refine", -1), ("mintime", "margin", 1.0),
-    ("mintime", "tie", 2.0),
-])
-def test_orchestrator_refuses_bad_option_values_at_construction(policy, option, value):
-    with pytest.raises(PlanError, match=option):
-        pw.Orchestrator(fabric="h100-2x4", policy=policy, **{option: value})
+#: A bad value of each policy's own options; a policy with options missing here fails
+#: the test below. (Options every policy takes are checked for every policy.)
+BAD_OPTION_VALUES = {
+    "mwu": {"fraction": 1.5, "refine": -1, "hop_penalty_s": "0.1"},
+    "mwu_time": {"refine": -1, "fraction": 0.0},
+    "mintime": {"margin": 1.0, "tie": 2.0},
+    "optimal": {"time_limit_s": 0, "method": "simplex"},
+    "hscore": {"spray_delta": -1.0, "order": "random"},
+}
+COMMON_BAD_VALUES = {"kinds": "relay", "max_hops": 0}
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies())
+def test_orchestrator_refuses_bad_option_values_at_construction(policy):
+    """Every policy with options checks their values where they are set (a registry
+    ``check=`` hook), not at the first plan."""
+    info = pw.plan.policy_info(policy)
+    own = BAD_OPTION_VALUES.get(policy, {})
+    assert set(own) <= set(info.options), (policy, sorted(info.options))
+    if info.options:
+        assert info.check is not None, f"{policy} takes options but registers no check"
+        assert own, f"{policy} takes options {sorted(info.options)}: add a bad value"
+    for option, value in {**own, **COMMON_BAD_VALUES}.items():
+        with pytest.raises((PlanError, FabricError, TypeError), match=option):
+            pw.Orchestrator(fabric="h100-2x4", policy=policy, **{option: value})
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -36,6 +37,13 @@ def _check_folder(folder: Path, shown: str) -> None:
         raise OutputFileError(f"{shown}: {base} is not a directory")
     if not os.access(base, os.W_OK | os.X_OK):
         raise OutputFileError(f"{shown}: folder {base} is not writable")
+    # os.access says yes to root everywhere, /proc and read-only mounts included:
+    # making (and removing) a folder there is the only sure test.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pathweave-probe-", dir=base))
+    except OSError as exc:
+        raise OutputFileError(f"{shown}: folder {base} is not writable "
+                              f"({exc.strerror or exc})") from None
 
 
 def _check_existing(p: Path) -> None:

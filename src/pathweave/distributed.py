@@ -54,6 +54,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "batch_isend_irecv",
+    "config_digest",
     "default_orchestrator",
     "irecv",
     "isend",
@@ -134,6 +135,7 @@ def all_to_all_single(
     orchestrator: Orchestrator | None = None,
     split_matrix: Any = None,
     config: Any = None,
+    config_digests: Any = None,
 ) -> Any:
     """Split ``input``, scatter the pieces to all ranks, gather theirs into ``output``.
 
@@ -163,16 +165,22 @@ def all_to_all_single(
         ``int[N, N]`` (array or tensor): rows rank ``s`` sends to rank ``d``
         for every pair, for a caller that already holds every rank's splits
         from a collective of its own (so the matrix is the same on every
-        rank). The call then skips its metadata exchange (one small
-        collective), except the first time a configuration is used this
-        way, when one exchange checks it. Only this rank's arguments are checked (its splits
+        rank). Only this rank's arguments are checked against it (its splits
         against row ``rank`` and column ``rank``, sums, dtype and row shape
         of its tensors); a mismatch raises on this rank only, before any data
         moves, and its peers then fail with ``CommError`` at the timeout.
-        Every rank must pass it or none.
+        The configuration is still checked on every rank by a metadata
+        exchange (one small collective), unless ``config_digests`` vouch for
+        it. Every rank must pass it or none.
     config
         More named settings (``{"moe.num_experts": 64}``) for the
         configuration fingerprint every rank checks against rank 0's.
+    config_digests
+        With ``split_matrix``: ``int64[N]``, every rank's :func:`config_digest`
+        of this call, gathered by the caller's own collective with the
+        matrix. The call then skips its metadata exchange; digests that
+        differ make every rank exchange once and raise the same
+        ``ValueError`` naming the setting.
 
     Returns
     -------
@@ -193,8 +201,25 @@ def all_to_all_single(
     orch, group = _resolve(orchestrator, group, getattr(input, "device", "cpu"))
     return orch.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op,
-        split_matrix=split_matrix, config=config,
+        split_matrix=split_matrix, config=config, config_digests=config_digests,
     )
+
+
+def config_digest(
+    group: Any = None, *, orchestrator: Orchestrator | None = None, config: Any = None,
+    device: Any = "cpu",
+) -> int:
+    """This rank's configuration digest of an :func:`all_to_all_single` on ``group``.
+
+    A caller that gathers the split matrix in a collective of its own
+    gathers this number with it and passes every rank's as
+    ``config_digests``: the call then needs no exchange of its own, and a
+    configuration that differs on some rank still raises on every rank at
+    once. ``device``: the tensors' device (a ``pathweave`` group runs its
+    orchestrator on the inner group of that device).
+    """
+    orch, group = _resolve(orchestrator, group, device)
+    return orch.config_digest(group, config)
 
 
 def all_to_all(
@@ -208,21 +233,22 @@ def all_to_all(
     """Send ``input_tensor_list[j]`` to rank ``j``; rank ``i``'s lands in ``output_tensor_list[i]``.
 
     Same semantics as :func:`torch.distributed.all_to_all` (tensors of any
-    shape, one dtype, as many as ranks), run as one
+    shape, one dtype, one device, as many as ranks), run as one
     :meth:`~pathweave.Orchestrator.all_to_all_single` of the flattened
     tensors (a copy of the inputs in and of the outputs out), so it plans,
     validates and accounts exactly like it. A tensor whose size does not
     match its peer's raises the same ``ValueError`` on every rank before
-    data moves (the split sizes it names are element counts).
+    data moves (the split sizes it names are element counts), and so do
+    lists that break the rules above on any rank.
 
     Returns
     -------
     None, or a handle with ``wait()`` when ``async_op`` is true.
     """
-    outs, ins = list(output_tensor_list), list(input_tensor_list)
-    device = (ins or outs)[0].device if (ins or outs) else "cpu"
+    device = _backend.list_device(input_tensor_list, output_tensor_list)
     orch, group = _resolve(orchestrator, group, device)
-    work = _backend.all_to_all_list(orch, outs, ins, group, async_op=async_op)
+    work = _backend.all_to_all_list(orch, output_tensor_list, input_tensor_list, group,
+                                    async_op=async_op)
     return work if async_op else None
 
 

@@ -94,7 +94,7 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import traffic
 from pathweave.bench._report import Check, Progress
-from pathweave.errors import FabricError
+from pathweave.errors import FabricError, InputError, PathweaveError
 from pathweave.traffic.pattern import pattern_bytes
 
 WORLD_SIZE = 8
@@ -521,6 +521,42 @@ def _record(case: Case, per_rank: Sequence[dict], world_size: int) -> dict[str, 
 
 
 
+def job_fabric(
+    spec: str | pwfabric.Fabric, world_size: int, what: str = "multipath_fabric"
+) -> pwfabric.Fabric:
+    """``spec`` resolved and checked to have one rank per local process.
+
+    The ranks' own ``pathweave`` backend groups read ``PATHWEAVE_*`` from the
+    environment: those are checked here too, so a bad one is one error
+    before any rank starts, not a traceback from each.
+
+    Raises
+    ------
+    FabricError
+        ``spec`` or ``PATHWEAVE_FABRIC`` is unknown, or its rank count is not
+        ``world_size`` (the message names ``what``, both counts and the fabric).
+    InputError
+        Another ``PATHWEAVE_*`` variable has a bad value.
+    """
+    from pathweave.runtime.backend import config_from_env
+    from pathweave.runtime.orchestrator import FABRIC_ENV
+
+    try:
+        env = config_from_env()
+    except ValueError as exc:
+        if isinstance(exc, PathweaveError):
+            raise
+        raise InputError(str(exc)) from None
+    if env.fabric_spec is not None and what != FABRIC_ENV:
+        job_fabric(env.fabric_spec, world_size, FABRIC_ENV)
+    fab = pwfabric.resolve(spec)
+    if fab.num_ranks != world_size:
+        raise FabricError(
+            f"{what} {fab.name!r} has {fab.num_ranks} ranks, but the benchmark runs {world_size}"
+        )
+    return fab
+
+
 def run(
     *,
     quick: bool = False,
@@ -591,12 +627,7 @@ def run(
     """
     from pathweave.runtime.launch import run_local
 
-    fab = pwfabric.resolve(multipath_fabric)
-    if fab.num_ranks != world_size:
-        raise FabricError(
-            f"multipath_fabric {fab.name!r} has {fab.num_ranks} ranks, but the benchmark "
-            f"runs {world_size}"
-        )
+    fab = job_fabric(multipath_fabric, world_size)
     todo = cases(quick, repeat, sizes_per_pair, overhead_repeat)
     job = _Job(tuple(todo), fab, all_to_all)
     with _progress_relay(on_progress, len(todo)) as queue:

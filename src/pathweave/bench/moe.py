@@ -421,6 +421,10 @@ def run(
         )
     if not 1 <= k <= num_experts:
         raise ValueError(f"k must be in [1, num_experts={num_experts}], got {k}")
+    if fabric is not None:
+        from pathweave.bench.dataplane import job_fabric
+
+        job_fabric(fabric, world_size, "fabric")  # every rank would refuse it, with a traceback
     specs = list(specs) if specs is not None else cases(quick)
     opts = {
         "num_experts": num_experts, "k": k, "dtype": dtype, "fabric": fabric,

@@ -203,6 +203,8 @@ def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, w
                     sizes: str | None, multipath_fabric: str) -> None:
     from pathweave.bench import dataplane
 
+    # Before the progress bar: a refused fabric is one line, with nothing drawn above it.
+    dataplane.job_fabric(multipath_fabric, world_size, "--fabric")
     sizes_per_pair = None
     if sizes is not None:
         sizes_per_pair = [parse_bytes(s, "--sizes") for s in sizes.split(",") if s.strip()]

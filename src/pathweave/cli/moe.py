@@ -144,6 +144,10 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
         fail(f"--experts {experts} must be a multiple of --ranks {ranks}")
     if topk > experts:
         fail(f"--topk {topk} must be <= --experts {experts}")
+    if fabric is not None:
+        from pathweave.bench.dataplane import job_fabric
+
+        job_fabric(fabric, ranks, "--fabric")
     out = console()
     with console(stderr=True).status(f"running {len(moe.cases(quick))} cases on {ranks} ranks"):
         records = moe.run(quick=quick, world_size=ranks, num_experts=experts, k=topk,

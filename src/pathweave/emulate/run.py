@@ -378,9 +378,9 @@ def run_workloads(
     sfab = emu.layout.scaled_fabric()
     lay = emu.layout
     if own:
+        emu.__enter__()  # raises (not root, tools missing) before anything is said or made
         say(f"emulator up: {fab.name} x {scale:g} ({len(lay.namespaces)} namespaces, "
             f"{len(lay.shaped)} shaped links)")
-        emu.__enter__()
     try:
         with emu.temp_dir() as work:
             os.chmod(work, 0o755)

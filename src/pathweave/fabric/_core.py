@@ -491,6 +491,76 @@ class Fabric:
             meta={**self._meta, "derived_from": self._name},
         )
 
+    def subset(self, ranks: Iterable[int], *, name: str | None = None) -> Fabric:
+        """The part of the fabric that a process group of ``ranks`` runs on.
+
+        Every shared switch, every NIC and NVSwitch of a node that holds a
+        member, and the member GPUs stay with the links between what stays;
+        the other GPUs go (no path may relay through a rank outside the
+        group), and so do nodes without a member. Nodes and GPUs are then
+        numbered densely in the old order, so group rank ``i`` (torch
+        numbers a group's ranks in ascending global order) is rank ``i`` of
+        the result.
+
+        Raises
+        ------
+        FabricError
+            A rank out of range or given twice, or nodes that hold different
+            numbers of members (a fabric has the same GPUs on every node).
+
+        Examples
+        --------
+        >>> import pathweave as pw
+        >>> sub = pw.fabric.preset("h100-2x4").subset([0, 2, 4, 6])
+        >>> sub.num_ranks, sub.num_nodes, sub.vertex_name(sub.rank_vertex[3])
+        (4, 2, 'n1.gpu1')
+        """
+        r = np.array([int(v) for v in ranks], dtype=np.int64)
+        if r.size == 0 or np.unique(r).size != r.size:
+            raise FabricError(f"subset needs distinct ranks, got {r.tolist()}")
+        bad = r[(r < 0) | (r >= self.num_ranks)]
+        if bad.size:
+            raise FabricError(f"rank {int(bad[0])} is outside fabric {self._name!r} "
+                              f"({self.num_ranks} ranks)")
+        r.sort()
+        nodes, per_node = np.unique(r // self._gpus_per_node, return_counts=True)
+        if (per_node != per_node[0]).any():
+            held = ", ".join(f"node {int(n)}: {int(c)}" for n, c in zip(nodes, per_node,
+                                                                       strict=True))
+            raise FabricError(f"ranks {r.tolist()} hold different numbers of GPUs per node "
+                              f"({held}); a fabric has the same number on every node")
+        new_node = {int(n): i for i, n in enumerate(nodes)}
+        members = set(r.tolist())
+        names, kinds, vnodes, old_ids = [], [], [], []
+        gpu = int(VertexKind.GPU)
+        for v, (vn, k, node) in enumerate(zip(self._vertex_names, self._vertex_kind.tolist(),
+                                              self._vertex_node.tolist(), strict=True)):
+            if node >= 0 and node not in new_node:
+                continue
+            if k == gpu:
+                rank = int(self._vertex_rank[v])
+                if rank not in members:
+                    continue
+                first = np.searchsorted(r, node * self._gpus_per_node)
+                vn = f"n{new_node[node]}.gpu{int(np.searchsorted(r, rank) - first)}"
+            elif node >= 0 and vn.startswith(f"n{node}."):
+                vn = f"n{new_node[node]}." + vn[len(f"n{node}."):]
+            names.append(vn)
+            kinds.append(k)
+            vnodes.append(new_node.get(node, -1) if node >= 0 else -1)
+            old_ids.append(v)
+        remap = np.full(self.num_vertices, -1, dtype=np.int64)
+        remap[old_ids] = np.arange(len(old_ids))
+        keep = (remap[self._link_src] >= 0) & (remap[self._link_dst] >= 0)
+        return Fabric(
+            name=name or f"{self._name}-ranks{len(r)}",
+            vertex_names=names, vertex_kind=kinds, vertex_node=vnodes,
+            link_src=remap[self._link_src[keep]], link_dst=remap[self._link_dst[keep]],
+            link_kind=self._link_kind[keep], capacity_Bps=self._capacity[keep],
+            latency_s=self._latency[keep],
+            meta={**self._meta, "derived_from": self._name, "ranks": r.tolist()},
+        )
+
     # ---------------------------------------------------------------- output
     def summary(self) -> dict[str, Any]:
         """Counts and capacities by kind, for display and tests."""

@@ -36,10 +36,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
+from pathweave import _check as _args
 from pathweave.errors import FabricError
 from pathweave.fabric._core import Fabric, LinkKind, VertexKind
 
@@ -376,6 +377,29 @@ def _rail_segments(
     return src_seg, src_len, dst_seg, dst_len
 
 
+def check_rules(kinds: Any, max_hops: Any) -> tuple[str, ...]:
+    """``kinds`` as a tuple in rule order, after checking both path-rule options.
+
+    Raises
+    ------
+    FabricError
+        ``kinds`` is not a sequence of known rule names, or ``max_hops`` is
+        below 1.
+    TypeError
+        ``max_hops`` is neither ``None`` nor an integer.
+    """
+    if isinstance(kinds, (str, bytes)) or not isinstance(kinds, (tuple, list, set, frozenset)):
+        raise FabricError(f"kinds must be a sequence of path kinds from {list(ALL_KINDS)}, "
+                          f"got {kinds!r}")
+    unknown = set(kinds) - set(ALL_KINDS)
+    if unknown:
+        raise FabricError(f"unknown path kinds {sorted(map(str, unknown))}; known: "
+                          f"{list(ALL_KINDS)}")
+    if max_hops is not None:
+        _args.integer("max_hops", max_hops, minimum=1, error=FabricError)
+    return tuple(sorted(set(kinds), key=ALL_KINDS.index))
+
+
 def compile_paths(
     fab: Fabric,
     kinds: tuple[str, ...] | list[str] = ALL_KINDS,
@@ -413,12 +437,7 @@ def compile_paths(
     >>> ps.describe(ps.pair_paths(0, 5)[1])
     'rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic1 -> n1.gpu1'
     """
-    kinds = tuple(sorted(set(kinds), key=ALL_KINDS.index))
-    unknown = set(kinds) - set(ALL_KINDS)
-    if unknown:
-        raise FabricError(f"unknown path kinds {sorted(unknown)}; known: {list(ALL_KINDS)}")
-    if max_hops is not None and max_hops < 1:
-        raise FabricError(f"max_hops must be >= 1, got {max_hops}")
+    kinds = check_rules(kinds, max_hops)
     g = fab.gpus_per_node
     nr = fab.num_ranks
     nrails = len(fab.rails)

@@ -1,8 +1,10 @@
 """Guardrails of dispatch and combine that raise the same error on every rank.
 
 A rank that finds a problem in its own arguments does not raise on the spot:
-its peers would wait forever in the next collective. It writes an error code
-and a few numbers into its metadata row instead; after the one metadata
+its peers would wait forever in the next collective. The check raises an
+:class:`~pathweave.runtime._validate.ArgProblem` (the data plane's one table of
+rank-consistent errors) and the layer writes its words into its metadata row
+instead; after the one metadata
 exchange every rank holds every row and raises the error of the lowest
 failing rank, with the same message, before any data moves. Checks that need
 several ranks' facts (scales on some ranks only, DP replicas that differ,
@@ -19,20 +21,23 @@ import torch
 
 from pathweave.moe._work import MoEHandle
 
-# One numbering of dtypes and types, and one configuration fingerprint, for every
-# metadata row pathweave exchanges.
+# One numbering of dtypes and types, one table of rank-consistent errors and one
+# configuration fingerprint for every metadata row pathweave exchanges.
 from pathweave.runtime._validate import (
+    PROBLEM_WORDS,
+    ArgProblem,
     check_fingerprints,
     dtype_code,
     dtype_name,
     fingerprint,
+    raise_problem,
     type_code,
     type_name,
 )
 
 __all__ = [
-    "ERR_FIELDS",
-    "MoEArgError",
+    "PROBLEM_WORDS",
+    "ArgProblem",
     "check_config",
     "check_handle_ids",
     "check_same_layer",
@@ -45,27 +50,9 @@ __all__ = [
     "type_name",
 ]
 
-#: Error code plus this many numbers per row.
-ERR_FIELDS = 8
-
 #: Integer dtypes accepted for ``topk_idx``; floating dtypes accepted for outputs and weights.
 INDEX_DTYPES = ("int64", "int32", "int16", "uint8", "int8")
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-class MoEArgError(Exception):
-    """A local problem found on this rank: an error code and up to 7 numbers."""
-
-    def __init__(self, code: int, *nums: int):
-        super().__init__(code, *nums)
-        self.code = code
-        self.nums = tuple(int(v) for v in nums)
-
-    def row(self) -> np.ndarray:
-        out = np.zeros(ERR_FIELDS, dtype=np.int64)
-        out[0] = self.code
-        out[1 : 1 + len(self.nums)] = self.nums
-        return out
 
 
 def _shape(nums: tuple[int, ...]) -> str:
@@ -75,76 +62,7 @@ def _shape(nums: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(v) for v in nums[1 : 1 + nd]) + "]"
 
 
-# code -> (exception type, message template). Templates get ``rank``, the
-# numbers ``a..g``, the layer's fields (``k``, ``E``, ``H``, ``max_m``) and
-# preformatted helpers (``dt_a`` dtype name of a, ``ty_a`` type name of a,
-# ``shape`` a shape from the numbers, ``expected`` another).
-_MESSAGES: dict[int, tuple[type[Exception], str]] = {
-    1: (TypeError, "rank {rank}: x must be a torch.Tensor, got {ty_a}"),
-    2: (TypeError, "rank {rank}: x has dtype {dt_a}, expected {dt_b} (the layer's dtype)"),
-    3: (ValueError, "rank {rank}: x has shape {shape}, expected [m, hidden_dim={H}]"),
-    4: (ValueError, "rank {rank}: x has {a} tokens, more than max_num_tokens={max_m}"),
-    5: (TypeError, "rank {rank}: topk_idx must be a torch.Tensor, got {ty_a}"),
-    6: (TypeError, "rank {rank}: topk_idx has dtype {dt_a}, expected an integer dtype"),
-    7: (
-        ValueError,
-        "rank {rank}: topk_idx has shape {shape}, expected [{g}, experts_per_token={k}] "
-        "(one row per token of x)",
-    ),
-    8: (ValueError, "rank {rank}: topk_idx[{a}, {b}] = {c} is out of range [-1, {E})"),
-    9: (
-        ValueError,
-        "rank {rank}: token {a} is routed to expert {c} twice (topk_idx[{a}, {b}] repeats an "
-        "earlier slot)",
-    ),
-    10: (TypeError, "rank {rank}: x_scale must be a torch.Tensor or None, got {ty_a}"),
-    11: (TypeError, "rank {rank}: x_scale has dtype {dt_a}, expected float32"),
-    12: (
-        ValueError,
-        "rank {rank}: x_scale has shape {shape}, expected [{g}, S] (one row of block scales "
-        "per token)",
-    ),
-    13: (ValueError, "rank {rank}: x and {which} are on different devices"),
-    20: (TypeError, "rank {rank}: handle must be the handle of a dispatch of this layer, "
-                    "got {ty_a}"),
-    21: (TypeError, "rank {rank}: expert_y must be a torch.Tensor, got {ty_a}"),
-    22: (
-        TypeError,
-        "rank {rank}: expert_y has dtype {dt_a}, expected a floating dtype "
-        "(float32, float64, float16, bfloat16)",
-    ),
-    23: (ValueError, "rank {rank}: expert_y has shape {shape}, expected {expected}"),
-    24: (TypeError, "rank {rank}: topk_weights must be a torch.Tensor (weighted=True), got {ty_a}"),
-    25: (TypeError, "rank {rank}: topk_weights has dtype {dt_a}, expected a floating dtype"),
-    26: (
-        ValueError,
-        "rank {rank}: topk_weights has shape {shape}, expected [{g}, experts_per_token={k}]",
-    ),
-    27: (ValueError, "rank {rank}: expert_y and topk_weights are on different devices"),
-    28: (
-        ValueError,
-        "rank {rank}: handle comes from another MoEAllToAll layer; combine takes the handle "
-        "of a dispatch of this layer",
-    ),
-    29: (
-        ValueError,
-        "rank {rank}: the handle of dispatch call {a} was already combined (a stale or reused "
-        "handle); each dispatch's handle serves exactly one combine",
-    ),
-}
 _WHICH = {1: "topk_idx", 2: "x_scale"}
-
-
-def message(code: int, rank: int, nums: np.ndarray, fields: dict[str, Any]) -> tuple[type, str]:
-    exc, tmpl = _MESSAGES[code]
-    a, b, c, d, e, f, g = (int(v) for v in nums[:7])
-    text = tmpl.format(
-        rank=rank, a=a, b=b, c=c, d=d, e=e, f=f, g=g,
-        dt_a=dtype_name(a), dt_b=dtype_name(b), ty_a=type_name(a),
-        shape=_shape((a, b, c, d)), expected=_expected(e, f, fields),
-        which=_WHICH.get(a, "?"), **fields,
-    )  # fmt: skip
-    return exc, text
 
 
 def _expected(rows: int, compact: int, fields: dict[str, Any]) -> str:
@@ -154,12 +72,18 @@ def _expected(rows: int, compact: int, fields: dict[str, Any]) -> str:
 
 
 def raise_first(meta: np.ndarray, fields: dict[str, Any]) -> None:
-    """Raise the error of the lowest rank whose row reports one (columns ``0..ERR_FIELDS``)."""
+    """Raise the problem of the lowest rank whose row reports one (columns ``0..PROBLEM_WORDS``).
+
+    The problems are :data:`pathweave.runtime._validate.PROBLEMS` 101 to 129;
+    their templates get the layer's ``fields`` (``k``, ``E``, ``H``,
+    ``max_m``, ``cap``) and the shapes their numbers describe.
+    """
     bad = np.flatnonzero(meta[:, 0])
     if bad.size:
         r = int(bad[0])
-        exc, text = message(int(meta[r, 0]), r, meta[r, 1:ERR_FIELDS], fields)
-        raise exc(text)
+        a, b, c, d, e, f = (int(v) for v in meta[r, 1:7])
+        raise_problem(r, meta[r, :PROBLEM_WORDS], shape=_shape((a, b, c, d)),
+                      expected=_expected(e, f, fields), which=_WHICH.get(a, "?"), **fields)
 
 
 def shape_nums(t: Any) -> tuple[int, int, int, int]:
@@ -268,32 +192,32 @@ def check_dispatch(
     (:func:`pathweave.moe._routing.check_topk`), with the counts.
     """
     if not isinstance(x, torch.Tensor):
-        raise MoEArgError(1, type_code(x))
+        raise ArgProblem(101, type_code(x))
     if x.dtype != layer.dtype:
-        raise MoEArgError(2, dtype_code(x.dtype), dtype_code(layer.dtype))
+        raise ArgProblem(102, dtype_code(x.dtype), dtype_code(layer.dtype))
     if x.dim() != 2 or x.shape[1] != layer.hidden_dim:
-        raise MoEArgError(3, *shape_nums(x))
+        raise ArgProblem(103, *shape_nums(x))
     m = int(x.shape[0])
     if m > layer.max_num_tokens:
-        raise MoEArgError(4, m)
+        raise ArgProblem(104, m)
     if not isinstance(topk_idx, torch.Tensor):
-        raise MoEArgError(5, type_code(topk_idx))
+        raise ArgProblem(105, type_code(topk_idx))
     if not dtype_ok(topk_idx, INDEX_DTYPES):
-        raise MoEArgError(6, dtype_code(topk_idx.dtype))
+        raise ArgProblem(106, dtype_code(topk_idx.dtype))
     if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (m, layer.experts_per_token):
-        raise MoEArgError(7, *shape_nums(topk_idx), 0, 0, m)
+        raise ArgProblem(107, *shape_nums(topk_idx), 0, 0, m)
     if topk_idx.device != x.device:
-        raise MoEArgError(13, 1)
+        raise ArgProblem(113, 1)
     cols = -1
     if x_scale is not None:
         if not isinstance(x_scale, torch.Tensor):
-            raise MoEArgError(10, type_code(x_scale))
+            raise ArgProblem(110, type_code(x_scale))
         if x_scale.dtype != torch.float32:
-            raise MoEArgError(11, dtype_code(x_scale.dtype))
+            raise ArgProblem(111, dtype_code(x_scale.dtype))
         if x_scale.dim() != 2 or x_scale.shape[0] != m or x_scale.shape[1] < 1:
-            raise MoEArgError(12, *shape_nums(x_scale), 0, 0, m)
+            raise ArgProblem(112, *shape_nums(x_scale), 0, 0, m)
         if x_scale.device != x.device:
-            raise MoEArgError(13, 2)
+            raise ArgProblem(113, 2)
         cols = int(x_scale.shape[1])
     return cols
 
@@ -338,15 +262,15 @@ def check_combine(
     layer: Any, expert_y: Any, handle: Any, topk_weights: Any, weighted: bool
 ) -> torch.Tensor | None:
     if not isinstance(handle, MoEHandle):
-        raise MoEArgError(20, type_code(handle))
+        raise ArgProblem(120, type_code(handle))
     if handle.owner is not layer:
-        raise MoEArgError(28)
+        raise ArgProblem(128)
     if handle.combined:
-        raise MoEArgError(29, handle.call_id)
+        raise ArgProblem(129, handle.call_id)
     if not isinstance(expert_y, torch.Tensor):
-        raise MoEArgError(21, type_code(expert_y))
+        raise ArgProblem(121, type_code(expert_y))
     if not dtype_ok(expert_y, FLOAT_DTYPES):
-        raise MoEArgError(22, dtype_code(expert_y.dtype))
+        raise ArgProblem(122, dtype_code(expert_y.dtype))
     H = layer.hidden_dim
     if layer.layout == "compact":
         want: tuple[int, ...] = (handle.num_pairs, H)
@@ -355,16 +279,16 @@ def check_combine(
         want = (layer.num_local_experts, layer.expert_capacity, H)
         exp_nums = (layer.num_local_experts, 0)
     if tuple(expert_y.shape) != want:
-        raise MoEArgError(23, *shape_nums(expert_y), *exp_nums)
+        raise ArgProblem(123, *shape_nums(expert_y), *exp_nums)
     if not weighted:
         return None
     m = handle.num_tokens
     if not isinstance(topk_weights, torch.Tensor):
-        raise MoEArgError(24, type_code(topk_weights))
+        raise ArgProblem(124, type_code(topk_weights))
     if not dtype_ok(topk_weights, FLOAT_DTYPES):
-        raise MoEArgError(25, dtype_code(topk_weights.dtype))
+        raise ArgProblem(125, dtype_code(topk_weights.dtype))
     if tuple(topk_weights.shape) != (m, layer.experts_per_token):
-        raise MoEArgError(26, *shape_nums(topk_weights), 0, 0, m)
+        raise ArgProblem(126, *shape_nums(topk_weights), 0, 0, m)
     if topk_weights.device != expert_y.device:
-        raise MoEArgError(27)
+        raise ArgProblem(127)
     return topk_weights.to(torch.float32)

@@ -74,6 +74,9 @@ class MoEHandle:
     send_splits: list[int] = field(default_factory=list)
     recv_splits: list[int] = field(default_factory=list)
     split_matrix: np.ndarray | None = None
+    # every rank's configuration digest of the data plane's calls (dispatch's; combine's)
+    config_digests: np.ndarray | None = None
+    ret_digests: np.ndarray | None = None
     send_slot_row: torch.Tensor | None = None  # [m, k]: send row of each slot, -1 for none
     positions_t: torch.Tensor | None = None
     #: Set by the combine that consumed this handle; a second combine raises.

@@ -50,8 +50,8 @@ from pathweave.moe import _checks as C
 from pathweave.moe import _pack as P
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
-    ERR_FIELDS,
-    MoEArgError,
+    PROBLEM_WORDS,
+    ArgProblem,
     check_config,
     check_handle_ids,
     check_same_layer,
@@ -246,15 +246,24 @@ class MoEAllToAll:
     def _a2a(
         self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
         in_splits: list[int], async_op: bool, split_matrix: np.ndarray | None = None,
+        digests: np.ndarray | None = None,
     ) -> Any:
         from pathweave import distributed as pwd
 
-        # The split matrix comes from this layer's own metadata exchange (the
-        # same on every rank): the data plane skips its exchange.
+        # The split matrix and every rank's config digest come from this layer's
+        # own metadata exchange (the same on every rank): the data plane skips its
+        # exchange, and still raises on every rank if the configurations differ.
         return pwd.all_to_all_single(
             out, inp, out_splits, in_splits, group=self.group, async_op=async_op,
-            orchestrator=self.orchestrator, split_matrix=split_matrix,
+            orchestrator=self.orchestrator, split_matrix=split_matrix, config_digests=digests,
         )
+
+    def _plane_digest(self, like: Any) -> int:
+        """This rank's config digest of the data plane's calls (tensors on ``like``'s device)."""
+        from pathweave import distributed as pwd
+
+        dev = like.device if isinstance(like, torch.Tensor) else "cpu"
+        return pwd.config_digest(self.group, orchestrator=self.orchestrator, device=dev)
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Placement, local index and expert order as ``int64`` tensors on ``dev`` (cached)."""
@@ -286,7 +295,7 @@ class MoEAllToAll:
         ]).cpu().numpy()
         if counts[0]:
             code, i, j, v = (int(c) for c in counts[:4])
-            raise MoEArgError(8 if code == 1 else 9, i, j, v)
+            raise ArgProblem(108 if code == 1 else 109, i, j, v)
         return plan, counts
 
     # ------------------------------------------------------------ dispatch
@@ -344,23 +353,25 @@ class MoEAllToAll:
         self._check_config()
         n = self.num_ranks
         E = self.num_experts
-        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
         cols, plan, counts = -1, None, None
         try:
             cols = C.check_dispatch(self, x, topk_idx, x_scale)
             plan, counts = self._local_plan(x, topk_idx)
-        except MoEArgError as exc:
-            err = exc.row()
+        except ArgProblem as exc:
+            err = exc.words()
             plan = None
-        # Row: error | layer digest, m, routing digest, scale columns, needs grad |
-        # pairs per expert | rows per rank.
-        c0 = ERR_FIELDS + 5
+        # Row: problem | layer digest, m, routing digest, scale columns, needs grad, data
+        # plane's config digest | pairs per expert | rows per rank.
+        c0 = PROBLEM_WORDS + 6
         row = np.zeros(c0 + E + n, dtype=np.int64)
-        row[:ERR_FIELDS] = err
-        row[ERR_FIELDS] = self._config_digest
+        row[:PROBLEM_WORDS] = err
+        row[PROBLEM_WORDS] = self._config_digest
+        row[PROBLEM_WORDS + 5] = self._plane_digest(x)
         if plan is not None and counts is not None:
             grad = torch.is_grad_enabled() and x.requires_grad
-            row[ERR_FIELDS + 1 : c0] = (int(x.shape[0]), counts[4], cols, int(grad))
+            row[PROBLEM_WORDS + 1 : PROBLEM_WORDS + 5] = (int(x.shape[0]), counts[4], cols,
+                                                          int(grad))
             row[c0:] = counts[5:]
             plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
         wait = self._exchange(row)
@@ -368,19 +379,22 @@ class MoEAllToAll:
             None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
         )
         meta = wait()
-        check_same_layer(meta[:, ERR_FIELDS], "dispatch")
+        check_same_layer(meta[:, PROBLEM_WORDS], "dispatch")
         raise_first(meta, self._fields)
-        ms, digests, scols = (meta[:, ERR_FIELDS + i] for i in (1, 2, 3))
+        ms, digests, scols = (meta[:, PROBLEM_WORDS + i] for i in (1, 2, 3))
         pairs = meta[:, c0 : c0 + E]  # [src, expert]
         rows = meta[:, c0 + E :]  # [src, dst]
         C.check_global(self, ms, digests, scols, pairs)
         assert plan is not None and packed is not None
-        grad = bool(meta[:, ERR_FIELDS + 4].any())  # every rank joins the backward, or none
-        return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad)
+        grad = bool(meta[:, PROBLEM_WORDS + 4].any())  # every rank joins the backward, or none
+        digests = meta[:, PROBLEM_WORDS + 5].copy()
+        return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad,
+                                   digests)
 
     def _dispatch_data(
         self, x: torch.Tensor, topk_idx: torch.Tensor, plan: R.SendPlan, pairs: np.ndarray,
         rows: np.ndarray, cols: int, send: torch.Tensor, async_op: bool, grad: bool,
+        digests: np.ndarray,
     ) -> Any:
         n, H = self.num_ranks, self.hidden_dim
         dev = x.device
@@ -402,6 +416,7 @@ class MoEAllToAll:
             expert_num_tokens=expert_num_tokens,
             recv_src_rank=np.repeat(np.arange(n, dtype=np.int64), recv_counts),
             send_splits=send_splits, recv_splits=recv_splits, split_matrix=rows.copy(),
+            config_digests=digests,
             send_slot_row=plan.slot_row,
         )
         self._dispatches += 1
@@ -473,7 +488,8 @@ class MoEAllToAll:
         np.add.at(member_sum, grp, to_rank)  # [group first, expert rank]
         handle.ret_matrix = member_sum[grp].T.copy()  # [expert rank r, destination t]
         handle.ret_recv_splits = [int(v) for v in handle.ret_matrix[:, self.rank]]
-        work = self._a2a(recv, send, recv_splits, send_splits, async_op, split_matrix=rows)
+        work = self._a2a(recv, send, recv_splits, send_splits, async_op, split_matrix=rows,
+                         digests=digests)
         if not async_op:
             return finish()
         self._pool.busy.update(("d_send", "d_recv"))
@@ -492,7 +508,7 @@ class MoEAllToAll:
         back = torch.empty(sum(handle.send_splits), H, dtype=grad.dtype, device=dev)
         assert handle.split_matrix is not None
         self._a2a(back, rows, handle.send_splits, handle.recv_splits, False,
-                  split_matrix=handle.split_matrix.T.copy())
+                  split_matrix=handle.split_matrix.T.copy(), digests=handle.config_digests)
         assert handle.send_slot_row is not None
         return _slot_sum(back, handle.send_slot_row, None, handle.num_tokens, H).to(self.dtype)
 
@@ -595,31 +611,33 @@ class MoEAllToAll:
             ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
         """
         self._check_config()
-        err = np.zeros(ERR_FIELDS, dtype=np.int64)
+        err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
         try:
             w = C.check_combine(self, expert_y, handle, topk_weights, weighted)
-        except MoEArgError as exc:
-            err = exc.row()
+        except ArgProblem as exc:
+            err = exc.words()
             w = None
-        # Row: error | expert_y dtype | layer digest | the handle's dispatch call id | needs grad.
-        row = np.zeros(ERR_FIELDS + 4, dtype=np.int64)
-        row[:ERR_FIELDS] = err
-        row[ERR_FIELDS + 1] = self._config_digest
+        # Row: problem | expert_y dtype | layer digest | the handle's dispatch call id | needs
+        # grad | data plane's config digest.
+        row = np.zeros(PROBLEM_WORDS + 5, dtype=np.int64)
+        row[:PROBLEM_WORDS] = err
+        row[PROBLEM_WORDS + 1] = self._config_digest
+        row[PROBLEM_WORDS + 4] = self._plane_digest(expert_y)
         grad = False
         if not err[0]:
-            row[ERR_FIELDS] = dtype_code(expert_y.dtype)
-            row[ERR_FIELDS + 2] = handle.call_id
+            row[PROBLEM_WORDS] = dtype_code(expert_y.dtype)
+            row[PROBLEM_WORDS + 2] = handle.call_id
             grad = torch.is_grad_enabled() and (
                 expert_y.requires_grad or (w is not None and w.requires_grad)
             )
-            row[ERR_FIELDS + 3] = int(grad)
+            row[PROBLEM_WORDS + 3] = int(grad)
         wait = self._exchange(row)
         send = None if err[0] else P.pack_combine(self, expert_y, handle, grad)
         meta = wait()
-        check_same_layer(meta[:, ERR_FIELDS + 1], "combine")
+        check_same_layer(meta[:, PROBLEM_WORDS + 1], "combine")
         raise_first(meta, self._fields)
-        check_handle_ids(meta[:, ERR_FIELDS + 2])
-        codes = meta[:, ERR_FIELDS]
+        check_handle_ids(meta[:, PROBLEM_WORDS + 2])
+        codes = meta[:, PROBLEM_WORDS]
         if (codes != codes[0]).any():
             r = int(np.flatnonzero(codes != codes[0])[0])
             raise TypeError(
@@ -628,10 +646,11 @@ class MoEAllToAll:
             )
         assert send is not None
         handle.combined = True
-        if bool(meta[:, ERR_FIELDS + 3].any()) and not grad:
+        if bool(meta[:, PROBLEM_WORDS + 3].any()) and not grad:
             # A peer needs the backward: join its graph with a stand-in leaf.
             send = send.detach().clone().requires_grad_()
             grad = True
+        handle.ret_digests = meta[:, PROBLEM_WORDS + 4].copy()
         return self._combine_data(expert_y, handle, w, send, async_op, grad)
 
     def _combine_data(
@@ -661,14 +680,14 @@ class MoEAllToAll:
             if grad:
                 ys = attach(recv, send, handle.ret_recv_splits, handle.ret_send_splits,
                             self.group, orchestrator=self.orchestrator,
-                            split_matrix=handle.ret_matrix)
+                            split_matrix=handle.ret_matrix, config_digests=handle.ret_digests)
                 out = _slot_sum(ys, handle.slot_pos, w, m, H)
             else:
                 out = _slot_sum(padded, handle.slot_pos, w, m, H, self._pool, zero_row=n_recv)
             return out if dt == torch.float32 else out.to(dt)
 
         work = self._a2a(recv, send.detach(), handle.ret_recv_splits, handle.ret_send_splits,
-                         async_op, split_matrix=handle.ret_matrix)
+                         async_op, split_matrix=handle.ret_matrix, digests=handle.ret_digests)
         if not async_op:
             return finish()
         self._pool.busy.update(("c_send", "c_recv"))

@@ -38,6 +38,7 @@ class _Exchange:
     group: Any
     orchestrator: Any
     split_matrix: np.ndarray | None
+    config_digests: np.ndarray | None
     done: bool  # the forward bytes already moved (an async exchange the caller waited for)
 
     def run(self, output: torch.Tensor, inp: torch.Tensor, transpose: bool) -> None:
@@ -49,7 +50,8 @@ class _Exchange:
             out_s, in_s = in_s, out_s
             sm = None if sm is None else sm.T.copy()
         pwd.all_to_all_single(output, inp, out_s, in_s, group=self.group,
-                              orchestrator=self.orchestrator, split_matrix=sm)
+                              orchestrator=self.orchestrator, split_matrix=sm,
+                              config_digests=self.config_digests)
 
 
 class _AllToAllSingle(torch.autograd.Function):
@@ -72,7 +74,7 @@ class _AllToAllSingle(torch.autograd.Function):
 def _exchange(
     output: torch.Tensor, output_split_sizes: Sequence[int] | None,
     input_split_sizes: Sequence[int] | None, group: Any, orchestrator: Any,
-    split_matrix: Any, done: bool,
+    split_matrix: Any, done: bool, config_digests: Any = None,
 ) -> _Exchange:
     def as_list(s: Sequence[int] | None) -> list[int] | None:
         return None if s is None else [int(v) for v in s]
@@ -82,7 +84,7 @@ def _exchange(
         dtype=np.int64,
     )
     return _Exchange(output, as_list(output_split_sizes), as_list(input_split_sizes), group,
-                     orchestrator, sm, done)
+                     orchestrator, sm, config_digests, done)
 
 
 def all_to_all_single(
@@ -94,6 +96,7 @@ def all_to_all_single(
     *,
     orchestrator: Any = None,
     split_matrix: Any = None,
+    config_digests: Any = None,
 ) -> torch.Tensor:
     """:func:`pathweave.distributed.all_to_all_single` that autograd can differentiate.
 
@@ -118,6 +121,10 @@ def all_to_all_single(
         ``int[N, N]`` rows rank ``s`` sends rank ``d`` (the same on every
         rank), as in :func:`pathweave.distributed.all_to_all_single`; the
         backward uses its transpose, so neither direction exchanges sizes.
+    config_digests
+        With ``split_matrix``: every rank's configuration digest, as in
+        :func:`pathweave.distributed.all_to_all_single`; both directions use
+        them, so neither exchanges metadata.
 
     Returns
     -------
@@ -125,21 +132,21 @@ def all_to_all_single(
         ``output``, part of the autograd graph of ``input``.
     """
     ex = _exchange(output, output_split_sizes, input_split_sizes, group, orchestrator,
-                   split_matrix, done=False)
+                   split_matrix, done=False, config_digests=config_digests)
     return _AllToAllSingle.apply(input, ex)
 
 
 def attach(
     output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int] | None,
     input_split_sizes: Sequence[int] | None, group: Any = None, *, orchestrator: Any = None,
-    split_matrix: Any = None,
+    split_matrix: Any = None, config_digests: Any = None,
 ) -> torch.Tensor:
     """``output`` of an exchange that already ran (async, waited for), joined to ``input``'s graph.
 
     The backward is the same transposed exchange as :func:`all_to_all_single`'s.
     """
     ex = _exchange(output, output_split_sizes, input_split_sizes, group, orchestrator,
-                   split_matrix, done=True)
+                   split_matrix, done=True, config_digests=config_digests)
     return _AllToAllSingle.apply(input, ex)
 
 

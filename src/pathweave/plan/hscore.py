@@ -153,6 +153,7 @@ def _check_options(spray_delta: object, order: object) -> float:
     "hscore",
     options={"spray_delta": None, "order": "size"},
     baseline=True,
+    check=_check_options,
     summary=(
         "h-score rail routing: rd/dr by h-ratio, drd via remote-rail theorem, "
         "best-fit rail by binary search, optional spraying"

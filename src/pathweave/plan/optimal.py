@@ -30,6 +30,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from pathweave import _check as _args
 from pathweave.errors import PlanError, SolverError
 from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._flows import matching_paths, nonzero_pairs, plan_from_flows
@@ -78,10 +79,24 @@ def round_within_pairs(which: np.ndarray, x_bytes: np.ndarray, totals: np.ndarra
     return fl + (rank_in_pair < short[which])
 
 
+#: HiGHS methods ``optimal`` accepts.
+METHODS = ("highs", "highs-ds", "highs-ipm")
+
+
+def _check_options(*, time_limit_s: float, method: str) -> None:
+    """Both options in range; PlanError (TypeError for a non-number) naming the first that
+    is not."""
+    _args.real("optimal option time_limit_s", time_limit_s, low=0.0, low_open=True,
+               error=PlanError)
+    if method not in METHODS:
+        raise PlanError(f"optimal option method={method!r}: use {', '.join(METHODS)}")
+
+
 @register(
     "optimal",
     options={"time_limit_s": 120.0, "method": "highs"},
     summary="LP optimum (HiGHS) of min-congestion over the same candidate paths",
+    check=_check_options,
 )
 def optimal(
     fabric: Fabric,
@@ -92,10 +107,7 @@ def optimal(
     method: str = "highs",
 ) -> Plan:
     """Solve the min-congestion LP; see the module docstring."""
-    if not (time_limit_s > 0):
-        raise PlanError(f"optimal option time_limit_s={time_limit_s!r} must be positive")
-    if method not in ("highs", "highs-ds", "highs-ipm"):
-        raise PlanError(f"optimal option method={method!r}: use highs, highs-ds or highs-ipm")
+    _check_options(time_limit_s=time_limit_s, method=method)
     pairs, nbytes = nonzero_pairs(demand)
     if pairs.size == 0:
         return plan_from_flows(

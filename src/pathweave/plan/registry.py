@@ -11,6 +11,7 @@ import numpy as np
 
 from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
+from pathweave.fabric.paths import check_rules
 from pathweave.plan._flows import whole_bytes
 from pathweave.plan._plan import Plan
 from pathweave.traffic import validate_demand
@@ -103,6 +104,9 @@ def check_options(policy: str, options: dict[str, Any]) -> None:
     PlanError
         Unknown policy, unknown option (the message lists the valid ones) or
         an option value out of range.
+    FabricError
+        A bad value of a path-rule option every policy takes (``kinds``,
+        ``max_hops``: :func:`pathweave.fabric.paths.check_rules`).
     TypeError
         An option value of the wrong type.
     """
@@ -114,6 +118,8 @@ def check_options(policy: str, options: dict[str, Any]) -> None:
             f"policy {policy!r} got unknown option {unknown[0]!r}; valid options: "
             + ", ".join(sorted(valid))
         )
+    check_rules(options.get("kinds", COMMON_OPTIONS["kinds"]),
+                options.get("max_hops", COMMON_OPTIONS["max_hops"]))
     if pol.check is not None:
         pol.check(**{k: options.get(k, v) for k, v in pol.options.items()})
 

@@ -21,8 +21,9 @@ import numpy as np
 from pathweave import _check
 
 __all__ = [
-    "A2ALayout", "check_fingerprints", "check_split_matrix", "decode_a2a", "encode_a2a",
-    "fingerprint", "type_code", "type_name",
+    "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "check_fingerprints",
+    "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint", "fingerprint_digest",
+    "raise_first_problem", "raise_problem", "same_digests", "type_code", "type_name",
 ]
 
 # ------------------------------------------------------------------ dtypes
@@ -64,33 +65,151 @@ def dtype_name(code: int) -> str:
     return _NAMES[code - 1] if 0 < code <= len(_NAMES) else f"<dtype code {code}>"
 
 
-# ------------------------------------------------------------- error codes
-# Local errors found on one rank: (exception type, message template). The
-# template gets the reporting rank and the three numbers a, b, c.
+# ------------------------------------------------- rank-consistent errors
+# One mechanism for every op that exchanges a metadata row (all_to_all_single
+# and its list form, batch_isend_irecv, MoEAllToAll dispatch and combine): a
+# local check raises ArgProblem(code, numbers); the op catches it and writes
+# its words into the row instead of raising alone (its peers would wait in
+# the exchange); after the exchange every rank calls raise_problem on the
+# lowest failing rank's words, so every rank raises the same exception with
+# the same message before any data moves.
+
+#: Words of a problem in a metadata row: its code and up to 7 numbers.
+PROBLEM_WORDS = 8
+
+
+class ArgProblem(Exception):
+    """A problem in this rank's own arguments: a :data:`PROBLEMS` code and its numbers."""
+
+    def __init__(self, code: int, *nums: int):
+        super().__init__(code, *nums)
+        if code not in PROBLEMS:
+            raise KeyError(f"unknown problem code {code}")
+        self.code = code
+        self.nums = tuple(int(v) for v in nums)
+
+    def words(self, width: int = PROBLEM_WORDS) -> np.ndarray:
+        """The problem as ``int64[width]`` row words: the code, then the numbers."""
+        if len(self.nums) >= width:
+            raise ValueError(f"problem {self.code} has {len(self.nums)} numbers; "
+                             f"{width - 1} fit in the row")
+        out = np.zeros(width, dtype=np.int64)
+        out[0] = self.code
+        out[1 : 1 + len(self.nums)] = self.nums
+        return out
+
+
+_A2A, _A2A_LIST, _P2P = "all_to_all_single", "all_to_all", "batch_isend_irecv"
+_MOE_D, _MOE_C = "MoEAllToAll.dispatch", "MoEAllToAll.combine"
+#: code -> (exception type, op, message template). Templates get ``rank``, the
+#: numbers ``a`` to ``g``, their dtype names ``dt_a`` .. (:func:`dtype_name`),
+#: their type names ``ty_a`` .. (:func:`type_name`) and what the op's caller
+#: of :func:`raise_problem` adds (``which``, shapes, a layer's parameters).
+#: Codes: 1-19 all_to_all_single, 20-29 its list form, 40-49
+#: batch_isend_irecv, 101-129 MoEAllToAll.
+PROBLEMS: dict[int, tuple[type[Exception], str, str]] = {
+    1: (TypeError, _A2A, "rank {rank}: {which} must be a torch.Tensor, got {ty_b}"),
+    2: (TypeError, _A2A, "rank {rank}: {which}_split_sizes must be a sequence of ints, got "
+                         "{ty_b}"),
+    3: (ValueError, _A2A, "rank {rank}: {which}_split_sizes has {b} entries, expected {c} "
+                          "(group size)"),
+    4: (ValueError, _A2A, "rank {rank}: {which}_split_sizes[{b}] = {c} is negative"),
+    5: (ValueError, _A2A, "rank {rank}: {which}_split_sizes add up to {b} rows but {which} has "
+                          "{c} rows (size of dim 0)"),
+    6: (ValueError, _A2A, "rank {rank}: {which} has {b} rows, not divisible by the group size "
+                          "{c}; pass {which}_split_sizes"),
+    7: (ValueError, _A2A, "rank {rank}: {which} is a 0-dimensional tensor; it needs a first "
+                          "dimension"),
+    8: (ValueError, _A2A, "rank {rank}: input and output are on different devices"),
+    9: (TypeError, _A2A, "rank {rank}: input has dtype {dt_b} but output has dtype {dt_c}"),
+    10: (ValueError, _A2A, "rank {rank}: input rows have shape {in_shape} but output rows have "
+                           "shape {out_shape}"),
+    20: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors must be a sequence of tensors, "
+                               "got {ty_b}"),
+    21: (ValueError, _A2A_LIST, "rank {rank}: {which}_tensors has {b} tensors, expected {c} "
+                                "(group size)"),
+    22: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] must be a torch.Tensor, got "
+                               "{ty_c}"),
+    23: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] has dtype {dt_c} but "
+                               "input_tensors[0] has {dt_d}; all tensors must share one dtype"),
+    24: (ValueError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] is on another device than "
+                                "input_tensors[0]"),
+    41: (TypeError, _P2P, "rank {rank}: ops[{a}] is not a torch.distributed.P2POp"),
+    42: (ValueError, _P2P, "rank {rank}: ops[{a}] uses another op; only isend and irecv are "
+                           "supported"),
+    43: (ValueError, _P2P, "rank {rank}: ops[{a}] has peer {b}, outside the group of {c} ranks"),
+    44: (ValueError, _P2P, "rank {rank}: ops[{a}] has itself (rank {b}) as its peer"),
+    45: (ValueError, _P2P, "rank {rank}: ops[{a}] belongs to another process group"),
+    46: (ValueError, _P2P, "rank {rank}: ops[{a}] has a tensor on another device than ops[0]"),
+    47: (ValueError, _P2P, "rank {rank}: ops[{a}] has tag {b}; tags must be in [0, 2**31)"),
+    101: (TypeError, _MOE_D, "rank {rank}: x must be a torch.Tensor, got {ty_a}"),
+    102: (TypeError, _MOE_D, "rank {rank}: x has dtype {dt_a}, expected {dt_b} (the layer's "
+                             "dtype)"),
+    103: (ValueError, _MOE_D, "rank {rank}: x has shape {shape}, expected [m, hidden_dim={H}]"),
+    104: (ValueError, _MOE_D, "rank {rank}: x has {a} tokens, more than max_num_tokens={max_m}"),
+    105: (TypeError, _MOE_D, "rank {rank}: topk_idx must be a torch.Tensor, got {ty_a}"),
+    106: (TypeError, _MOE_D, "rank {rank}: topk_idx has dtype {dt_a}, expected an integer "
+                             "dtype"),
+    107: (ValueError, _MOE_D, "rank {rank}: topk_idx has shape {shape}, expected "
+                              "[{g}, experts_per_token={k}] (one row per token of x)"),
+    108: (ValueError, _MOE_D, "rank {rank}: topk_idx[{a}, {b}] = {c} is out of range [-1, {E})"),
+    109: (ValueError, _MOE_D, "rank {rank}: token {a} is routed to expert {c} twice "
+                              "(topk_idx[{a}, {b}] repeats an earlier slot)"),
+    110: (TypeError, _MOE_D, "rank {rank}: x_scale must be a torch.Tensor or None, got {ty_a}"),
+    111: (TypeError, _MOE_D, "rank {rank}: x_scale has dtype {dt_a}, expected float32"),
+    112: (ValueError, _MOE_D, "rank {rank}: x_scale has shape {shape}, expected [{g}, S] (one "
+                              "row of block scales per token)"),
+    113: (ValueError, _MOE_D, "rank {rank}: x and {which} are on different devices"),
+    120: (TypeError, _MOE_C, "rank {rank}: handle must be the handle of a dispatch of this "
+                             "layer, got {ty_a}"),
+    121: (TypeError, _MOE_C, "rank {rank}: expert_y must be a torch.Tensor, got {ty_a}"),
+    122: (TypeError, _MOE_C, "rank {rank}: expert_y has dtype {dt_a}, expected a floating dtype "
+                             "(float32, float64, float16, bfloat16)"),
+    123: (ValueError, _MOE_C, "rank {rank}: expert_y has shape {shape}, expected {expected}"),
+    124: (TypeError, _MOE_C, "rank {rank}: topk_weights must be a torch.Tensor "
+                             "(weighted=True), got {ty_a}"),
+    125: (TypeError, _MOE_C, "rank {rank}: topk_weights has dtype {dt_a}, expected a floating "
+                             "dtype"),
+    126: (ValueError, _MOE_C, "rank {rank}: topk_weights has shape {shape}, expected "
+                              "[{g}, experts_per_token={k}]"),
+    127: (ValueError, _MOE_C, "rank {rank}: expert_y and topk_weights are on different "
+                              "devices"),
+    128: (ValueError, _MOE_C, "rank {rank}: handle comes from another MoEAllToAll layer; "
+                              "combine takes the handle of a dispatch of this layer"),
+    129: (ValueError, _MOE_C, "rank {rank}: the handle of dispatch call {a} was already "
+                              "combined (a stale or reused handle); each dispatch's handle "
+                              "serves exactly one combine"),
+}  # fmt: skip
+
+
+def raise_problem(rank: int, words: np.ndarray, **extra: Any) -> None:
+    """Raise the problem in ``words`` (:meth:`ArgProblem.words`) that ``rank`` reported.
+
+    ``extra`` fills the template's op-specific names. Every rank holds the
+    same words after the exchange, so every rank raises the same exception
+    with the same message.
+    """
+    code = int(words[0])
+    exc, op, template = PROBLEMS.get(
+        code, (ValueError, "pathweave", "rank {rank}: invalid arguments (problem code {code})"))
+    nums = [int(v) for v in words[1:PROBLEM_WORDS]]
+    letters = dict(zip("abcdefg", nums + [0] * (7 - len(nums)), strict=True))
+    names: dict[str, Any] = {"rank": rank, "code": code, **letters}
+    for k, v in letters.items():
+        names[f"dt_{k}"] = dtype_name(v)
+        names[f"ty_{k}"] = type_name(v)
+    names.update(extra)
+    raise exc(f"{op}: " + template.format(**names))
+
+
+def raise_first_problem(rows: np.ndarray, **extra: Any) -> None:
+    """Raise the problem of the lowest rank whose row (problem words first) reports one."""
+    bad = np.flatnonzero(rows[:, 0])
+    if bad.size:
+        raise_problem(int(bad[0]), rows[int(bad[0])], **extra)
+
+
 _WHICH = ("input", "output")
-_ERRORS: dict[int, tuple[type[Exception], str]] = {
-    1: (TypeError, "rank {rank}: {which} must be a torch.Tensor, got {typename}"),
-    2: (TypeError, "rank {rank}: {which}_split_sizes must be a sequence of ints, got {typename}"),
-    3: (ValueError, "rank {rank}: {which}_split_sizes has {b} entries, expected {c} (group size)"),
-    4: (ValueError, "rank {rank}: {which}_split_sizes[{b}] = {c} is negative"),
-    5: (
-        ValueError,
-        "rank {rank}: {which}_split_sizes add up to {b} rows but {which} has {c} rows "
-        "(size of dim 0)",
-    ),
-    6: (
-        ValueError,
-        "rank {rank}: {which} has {b} rows, not divisible by the group size {c}; "
-        "pass {which}_split_sizes",
-    ),
-    7: (ValueError, "rank {rank}: {which} is a 0-dimensional tensor; it needs a first dimension"),
-    8: (ValueError, "rank {rank}: input and output are on different devices"),
-    9: (TypeError, "rank {rank}: input has dtype {b_dtype} but output has dtype {c_dtype}"),
-    10: (
-        ValueError,
-        "rank {rank}: input rows have shape {in_shape} but output rows have shape {out_shape}",
-    ),
-}
 #: Type names a row can carry: ``type_code(x)`` is the index of ``type(x).__name__``.
 _TYPE_NAMES = ("None", "list", "tuple", "int", "float", "str", "ndarray", "Tensor")
 
@@ -107,12 +226,11 @@ def type_name(code: int) -> str:
 
 
 _MAX_TRAIL = 6
-# Row layout: header fields, then trailing shapes, then the two split lists.
-_ERR, _EA, _EB, _EC = 0, 1, 2, 3
-_IN_DT, _IN_ES, _OUT_DT, _OUT_ES = 4, 5, 6, 7
-_IN_ROWS, _OUT_ROWS, _IN_ND, _OUT_ND = 8, 9, 10, 11
-_IN_ROWEL, _OUT_ROWEL = 12, 13
-_IN_TRAIL = 14
+# Row layout: problem words, header fields, trailing shapes, the two split lists.
+_IN_DT, _IN_ES, _OUT_DT, _OUT_ES = (PROBLEM_WORDS + i for i in range(4))
+_IN_ROWS, _OUT_ROWS, _IN_ND, _OUT_ND = (PROBLEM_WORDS + i for i in range(4, 8))
+_IN_ROWEL, _OUT_ROWEL = PROBLEM_WORDS + 8, PROBLEM_WORDS + 9
+_IN_TRAIL = PROBLEM_WORDS + 10
 _OUT_TRAIL = _IN_TRAIL + _MAX_TRAIL
 _HEADER = _OUT_TRAIL + _MAX_TRAIL
 
@@ -170,20 +288,25 @@ def _trail(t: Any, row: np.ndarray, col: int) -> None:
 
 def encode_a2a(
     output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, num_ranks: int,
-    config: np.ndarray | None = None,
+    config: np.ndarray | None = None, problem: ArgProblem | None = None,
 ) -> np.ndarray:
     """This rank's metadata row for ``all_to_all_single`` (``int64[meta_width(n)]``).
 
     ``config`` is the call's :func:`fingerprint` (default: no fields); it
     travels at the end of the row. Never raises on bad arguments: it records
-    the first problem in the row.
+    the first problem in the row, or ``problem``, one its caller found (the
+    list form's).
     """
     n = num_ranks
     row = np.zeros(meta_width(n), dtype=np.int64)
     row[_HEADER + 2 * n :] = fingerprint({}) if config is None else config
 
     def fail(code: int, which: int, b: int = 0, c: int = 0) -> np.ndarray:
-        row[_ERR], row[_EA], row[_EB], row[_EC] = code, which, b, c
+        row[:PROBLEM_WORDS] = ArgProblem(code, which, b, c).words()
+        return row
+
+    if problem is not None:
+        row[:PROBLEM_WORDS] = problem.words()
         return row
 
     for which, t in ((0, input), (1, output)):
@@ -244,25 +367,14 @@ def _shape_text(row: np.ndarray, col: int, nd: int) -> str:
 
 
 def _raise_local(rank: int, row: np.ndarray) -> None:
-    code, a, b, c = (int(v) for v in row[_ERR : _EC + 1])
-    exc, template = _ERRORS.get(code, (ValueError, "rank {rank}: invalid arguments (code {c})"))
-    names = {
-        "rank": rank,
-        "which": _WHICH[a] if a in (0, 1) else a,
-        "b": b,
-        "c": c,
-        "typename": type_name(b),
-        "b_dtype": dtype_name(b),
-        "c_dtype": dtype_name(c),
-        "in_shape": "?",
-        "out_shape": "?",
-    }
-    if code == 10:
-        in_nd = int((row[_IN_TRAIL : _IN_TRAIL + _MAX_TRAIL] >= 0).sum()) + 1
-        out_nd = int((row[_OUT_TRAIL : _OUT_TRAIL + _MAX_TRAIL] >= 0).sum()) + 1
-        names["in_shape"] = _shape_text(row, _IN_TRAIL, in_nd)
-        names["out_shape"] = _shape_text(row, _OUT_TRAIL, out_nd)
-    raise exc("all_to_all_single: " + template.format(**names))
+    """Raise the problem an ``all_to_all_single`` row of ``rank`` reports."""
+    which = int(row[1])
+    shapes = {}
+    for key, col in (("in_shape", _IN_TRAIL), ("out_shape", _OUT_TRAIL)):
+        nd = int((row[col : col + _MAX_TRAIL] >= 0).sum()) + 1
+        shapes[key] = _shape_text(row, col, nd)
+    raise_problem(rank, row[:PROBLEM_WORDS], which=_WHICH[which] if which in (0, 1) else which,
+                  **shapes)
 
 
 def decode_a2a(meta: np.ndarray) -> A2ALayout:
@@ -273,7 +385,7 @@ def decode_a2a(meta: np.ndarray) -> A2ALayout:
     """
     n = meta.shape[0]
     check_fingerprints(meta[:, _HEADER + 2 * n :], "all_to_all_single")
-    bad = np.flatnonzero(meta[:, _ERR])
+    bad = np.flatnonzero(meta[:, 0])
     if bad.size:
         _raise_local(int(bad[0]), meta[int(bad[0])])
     for col, what in ((_IN_DT, "dtype"), (_IN_ES, "element size")):
@@ -323,7 +435,7 @@ def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int) 
     the entry and the numbers.
     """
     n = num_ranks
-    if row[_ERR]:
+    if row[0]:
         _raise_local(rank, row)
     if hasattr(matrix, "detach"):
         matrix = matrix.detach().cpu().numpy()
@@ -404,6 +516,35 @@ def fingerprint(fields: Mapping[str, Any]) -> np.ndarray:
     return words.reshape(-1)
 
 
+def fingerprint_digest(words: np.ndarray) -> int:
+    """A 63-bit digest of :func:`fingerprint` words (one ``int64`` for a caller's row)."""
+    raw = hashlib.blake2b(np.ascontiguousarray(words, dtype="<i8").tobytes(), digest_size=8)
+    return int.from_bytes(raw.digest(), "little") >> 1
+
+
+def same_digests(digests: Any, words: np.ndarray, rank: int) -> bool:
+    """Whether every rank's :func:`fingerprint_digest` in ``digests`` is the same.
+
+    ``digests`` (``int64[N]``) come from the caller's own collective, so the
+    answer is the same on every rank. Raises (on this rank only: a caller's
+    bug) if they are equal but not this rank's own ``words``' digest.
+    """
+    if hasattr(digests, "detach"):
+        digests = digests.detach().cpu().numpy()
+    d = np.asarray(digests)
+    if d.ndim != 1 or d.dtype.kind not in "iu" or not 0 <= rank < d.size:
+        raise TypeError(f"config_digests must be a 1-D integer array with one digest per rank, "
+                        f"got {type(digests).__name__} of shape {d.shape}")
+    if (d != d[0]).any():
+        return False
+    mine = fingerprint_digest(words)
+    if int(d[rank]) != mine:
+        raise ValueError(f"config_digests[{rank}] = {int(d[rank])} but this call's configuration "
+                         f"digest on rank {rank} is {mine}; gather config_digest() of the same "
+                         "group and config")
+    return True
+
+
 def _fp_text(slot: np.ndarray) -> tuple[str, str]:
     raw = slot[1:].astype("<i8").tobytes().rstrip(b"\0").decode(errors="ignore")
     name, _, value = raw.partition("=")
@@ -441,19 +582,8 @@ def check_fingerprints(
 # ----------------------------------------------------------- p2p op lists
 #: Fields per op in a batch_isend_irecv row: kind (1 send, 2 recv), peer, bytes, tag, dtype.
 P2P_FIELDS = 5
-_P2P_ERRORS: dict[int, tuple[type[Exception], str]] = {
-    1: (TypeError, "rank {rank}: ops[{a}] is not a torch.distributed.P2POp"),
-    2: (ValueError, "rank {rank}: ops[{a}] uses op {b!r}; only isend and irecv are supported"),
-    3: (ValueError, "rank {rank}: ops[{a}] has peer {b}, outside the group of {c} ranks"),
-    4: (ValueError, "rank {rank}: ops[{a}] has itself (rank {b}) as its peer"),
-    5: (ValueError, "rank {rank}: ops[{a}] belongs to another process group"),
-    6: (ValueError, "rank {rank}: ops[{a}] has a tensor on another device than ops[0]"),
-    7: (ValueError, "rank {rank}: ops[{a}] has tag {b}; tags must be in [0, 2**31)"),
-}
-
-
 def encode_p2p(ops: Any, group_rank_of: Any, num_ranks: int, width: int) -> np.ndarray:
-    """This rank's row for ``batch_isend_irecv``: ``[error, a, b, count, ops...]``.
+    """This rank's row for ``batch_isend_irecv``: ``[problem, a, b, count, ops...]``.
 
     ``group_rank_of(op)`` returns the op's peer as a group rank, or raises
     ValueError if the peer is not in the group. ``width`` ops fit in the row;
@@ -468,25 +598,24 @@ def encode_p2p(ops: Any, group_rank_of: Any, num_ranks: int, width: int) -> np.n
     for i, op in enumerate(ops):
         code, b, c = 0, 0, 0
         if not isinstance(op, dist.P2POp) or not _tensor(op.tensor):
-            code = 1
+            code = 41
         elif op.op not in (dist.isend, dist.irecv):
-            code, b = 2, 0
+            code = 42
         else:
             peer = group_rank_of(op)
             if peer is None:
-                code = 5
+                code = 45
             elif not 0 <= peer < num_ranks:
-                code, b, c = 3, peer, num_ranks
+                code, b, c = 43, peer, num_ranks
             elif peer == group_rank_of(None):
-                code, b = 4, peer
+                code, b = 44, peer
             elif device is not None and op.tensor.device != device:
-                code = 6
+                code = 46
             elif not 0 <= int(op.tag) < (1 << 31):
-                code, b = 7, int(op.tag)
+                code, b = 47, int(op.tag)
             device = op.tensor.device if device is None else device
         if code:
-            row[0], row[1], row[2] = code, i, b
-            row[3] = c
+            row[:4] = ArgProblem(code, i, b, c).words(4)  # the count gives way to c
             return row
         if i < width:
             t = op.tensor
@@ -499,12 +628,6 @@ def encode_p2p(ops: Any, group_rank_of: Any, num_ranks: int, width: int) -> np.n
                 dtype_code(t.dtype),
             )
     return row
-
-
-def raise_p2p_local(rank: int, row: np.ndarray) -> None:
-    code, a, b, c = (int(v) for v in row[:4])
-    exc, template = _P2P_ERRORS.get(code, (ValueError, "rank {rank}: invalid op {a}"))
-    raise exc("batch_isend_irecv: " + template.format(rank=rank, a=a, b=b, c=c))
 
 
 def match_p2p(tables: list[np.ndarray]) -> list[tuple[int, int, int, int, int]]:

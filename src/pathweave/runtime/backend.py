@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
+from pathweave.runtime._validate import ArgProblem, dtype_code, type_code
 from pathweave.runtime.orchestrator import FABRIC_ENV, Orchestrator, default_fabric
 
 __all__ = [
@@ -164,6 +165,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         super().__init__(rank, size)
         self._store = store
         self._is_world = len(global_ranks) == 0
+        self._global_ranks = list(global_ranks)
         self._backends: dict[str, tuple[Any, Any, str]] = {}
         gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, timeout=timeout)
         self._add("cpu", _BT.GLOO, gloo, "gloo")
@@ -229,7 +231,8 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         """
         orch = self.orchestrator
         if orch.fabric is None:
-            orch.fabric = default_fabric(self.size(), is_world=False)
+            orch.fabric = default_fabric(self.size(), is_world=False,
+                                         global_ranks=self._global_ranks)
         return orch, self.inner_group(device)
 
     def shutdown(self) -> None:
@@ -266,12 +269,48 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         opts: Any = None,
     ) -> dist.Work:
         """c10d ``alltoall``: :func:`all_to_all_list` on the inner group."""
-        device = (input_tensors or output_tensors or [torch.empty(0)])[0].device
-        orch, inner = self.route(device)
+        orch, inner = self.route(list_device(input_tensors, output_tensors))
         return all_to_all_list(
             orch, output_tensors, input_tensors, inner,
             async_op=bool(getattr(opts, "asyncOp", False)),
         )
+
+
+def _list_problem(outs: Any, ins: Any, num_ranks: int) -> tuple[Any, Any, ArgProblem | None]:
+    """The two lists as lists, and the first problem with them (``None``: fine).
+
+    Found problems travel in the metadata row (:class:`ArgProblem`) instead of
+    being raised here: a rank that raised alone would leave its peers waiting.
+    """
+    lists = []
+    for which, given in ((0, ins), (1, outs)):
+        if isinstance(given, (str, bytes, torch.Tensor)) or not isinstance(given, Sequence):
+            return [], [], ArgProblem(20, which, type_code(given))
+        lists.append(list(given))
+    ins, outs = lists
+    first = ins[0] if ins and isinstance(ins[0], torch.Tensor) else None
+    for which, tensors in ((0, ins), (1, outs)):
+        if len(tensors) != num_ranks:
+            return outs, ins, ArgProblem(21, which, len(tensors), num_ranks)
+        for j, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                return outs, ins, ArgProblem(22, which, j, type_code(t))
+            first = t if first is None else first
+            if t.dtype != first.dtype:
+                return outs, ins, ArgProblem(23, which, j, dtype_code(t.dtype),
+                                             dtype_code(first.dtype))
+            if t.device != first.device:
+                return outs, ins, ArgProblem(24, which, j)
+    return outs, ins, None
+
+
+def list_device(*lists: Any) -> torch.device:
+    """The device of the first tensor in ``lists`` (the CPU if none holds one)."""
+    for tensors in lists:
+        for t in tensors if isinstance(tensors, Sequence) else ():
+            if isinstance(t, torch.Tensor):
+                return t.device
+    return torch.device("cpu")
 
 
 def all_to_all_list(
@@ -284,25 +323,25 @@ def all_to_all_list(
 ) -> dist.Work:
     """``torch.distributed.all_to_all`` as one ``all_to_all_single`` of the orchestrator.
 
-    The tensors (any shapes, one dtype) are flattened: ``input_tensors[j]``
-    becomes the elements sent to rank ``j``; the received elements are copied
-    into ``output_tensors`` when the exchange completes. Splits in elements,
-    so a size that does not match its peer's raises the orchestrator's error
-    on every rank before data moves. Returns a work whose ``wait()`` finishes
-    the exchange (already finished unless ``async_op``).
+    The tensors (any shapes, one dtype, one device, as many per list as
+    ranks) are flattened: ``input_tensors[j]`` becomes the elements sent to
+    rank ``j``; the received elements are copied into ``output_tensors``
+    when the exchange completes. Splits in elements, so a size that does not
+    match its peer's raises the orchestrator's error on every rank before
+    data moves; so do lists that break those rules on any rank (they ride
+    the metadata row as an :class:`~pathweave.runtime._validate.ArgProblem`).
+    Returns a work whose ``wait()`` finishes the exchange (already finished
+    unless ``async_op``).
     """
-    outs, ins = list(output_tensors), list(input_tensors)
-    tensors = ins + outs
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) > 1:
-        raise TypeError(
-            "all_to_all: tensors must share one dtype, got "
-            + ", ".join(sorted(str(d) for d in dtypes))
-        )
-    device = tensors[0].device if tensors else torch.device("cpu")
-    dtype = tensors[0].dtype if tensors else torch.uint8
-    flat_in = (torch.cat([t.reshape(-1) for t in ins]) if ins
-               else torch.empty(0, dtype=dtype, device=device))
+    n = dist.get_world_size(group)
+    outs, ins, problem = _list_problem(output_tensors, input_tensors, n)
+    if problem is not None:
+        # Still meet the peers in the metadata exchange, which raises everywhere.
+        empty = torch.empty(0)
+        orchestrator.all_to_all_single(empty, empty, group=group, problem=problem)
+        raise AssertionError("the metadata exchange raises the problem")  # pragma: no cover
+    device, dtype = ins[0].device, ins[0].dtype
+    flat_in = torch.cat([t.reshape(-1) for t in ins])
     out_sizes = [t.numel() for t in outs]
     flat_out = torch.empty(sum(out_sizes), dtype=dtype, device=device)
 

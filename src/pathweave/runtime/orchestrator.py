@@ -178,10 +178,27 @@ def quantise(pair_bytes: np.ndarray) -> np.ndarray:
     return np.minimum(q.astype(np.int64), x)
 
 
-def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
+#: Fabric meta key of a stand-in fabric: the group runs torch's own all-to-all
+#: (the reason as its value).
+TORCH_ONLY = "torch_only"
+
+
+class SubgroupWarning(UserWarning):
+    """A subgroup's ranks cannot form a fabric; its all-to-alls run torch's collective."""
+
+
+def default_fabric(
+    group_size: int, *, is_world: bool = True, global_ranks: Sequence[int] | None = None,
+) -> Fabric:
     """The fabric a job runs on when none is given.
 
-    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; otherwise
+    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; for a
+    subgroup (``global_ranks``: its members' ranks in the default group) of
+    a job whose ``PATHWEAVE_FABRIC`` describes the whole job, the part of
+    that fabric its members hold (:meth:`~pathweave.fabric.Fabric.subset`),
+    or, where their nodes hold different numbers of members, a stand-in
+    fabric on which the group always runs torch's own all-to-all (a
+    :class:`SubgroupWarning` says so, once per group); otherwise
     DGX H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
     GPU on its own rail) of ``LOCAL_WORLD_SIZE`` GPUs each (as ``torchrun``
     sets it; one node of the whole group if unset or if the group is not the
@@ -194,6 +211,9 @@ def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
     if spec:
         fab = resolve(spec)
         where = f"{FABRIC_ENV}={spec!r}"
+        ranks = None if is_world or global_ranks is None else list(global_ranks)
+        if ranks and fab.num_ranks != group_size and max(ranks) < fab.num_ranks:
+            return _subgroup_fabric(fab, ranks, where)
     else:
         from pathweave.fabric import preset
 
@@ -209,6 +229,27 @@ def default_fabric(group_size: int, *, is_world: bool = True) -> Fabric:
             f"group has {group_size}"
         )
     return fab
+
+
+def _subgroup_fabric(fab: Fabric, ranks: list[int], where: str) -> Fabric:
+    """The part of the job's fabric a subgroup holds, or a torch-only stand-in."""
+    try:
+        return fab.subset(ranks, name=f"{fab.name}[{','.join(map(str, ranks))}]")
+    except FabricError as exc:
+        import warnings
+
+        from pathweave.fabric import preset
+
+        reason = (f"subgroup of ranks {ranks} of {where}: {exc}; its all-to-alls run torch's "
+                  "own collective")
+        warnings.warn(reason, SubgroupWarning, stacklevel=3)
+        stand_in = preset("dgx-h100", nodes=1, gpus_per_node=len(ranks))
+        return Fabric(name=f"torch-only[{','.join(map(str, ranks))}]",
+                      vertex_names=stand_in.vertex_names, vertex_kind=stand_in.vertex_kind,
+                      vertex_node=stand_in.vertex_node, link_src=stand_in.link_src,
+                      link_dst=stand_in.link_dst, link_kind=stand_in.link_kind,
+                      capacity_Bps=stand_in.capacity_Bps, latency_s=stand_in.latency_s,
+                      meta={TORCH_ONLY: reason})
 
 
 # ------------------------------------------------------------ group state
@@ -259,8 +300,6 @@ class _GroupState:
         self.next_ident = 1
         self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
         self.fingerprints = _LRU(cache_size)  # field values -> words
-        # fingerprints already checked by an exchange (split_matrix calls skip theirs)
-        self.checked_configs = _LRU(cache_size)
         self._scratch: Any = None
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
@@ -497,7 +536,7 @@ class Orchestrator:
                     f"has {tr.size}"
                 )
         else:
-            fab = default_fabric(tr.size, is_world=group is None)
+            fab = default_fabric(tr.size, is_world=group is None, global_ranks=tr.global_ranks)
         from pathweave.plan.registry import COMMON_OPTIONS
 
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
@@ -568,7 +607,7 @@ class Orchestrator:
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
-        if self.enabled is False:
+        if self.enabled is False or TORCH_ONLY in st.fabric.meta:
             return self._fallback(st, 0.0), True
         q = quantise(pair_bytes)
         np.fill_diagonal(q, 0)
@@ -609,6 +648,8 @@ class Orchestrator:
         *,
         split_matrix: Any = None,
         config: Mapping[str, Any] | None = None,
+        config_digests: Any = None,
+        problem: V.ArgProblem | None = None,
     ) -> Any:
         """``torch.distributed.all_to_all_single`` over many paths; same arguments and result.
 
@@ -622,30 +663,46 @@ class Orchestrator:
         ``split_matrix`` (keyword only): ``int[N, N]``, the rows every rank
         sends to every rank (``split_matrix[s, d]``), for a caller that already
         holds it from a collective of its own, hence identical on every rank.
-        The call then skips its metadata exchange, except the first time a
-        configuration is used this way on the group, which exchanges once to
-        check it. Otherwise only this rank's arguments can be checked (its
-        splits against its row and column of the matrix, its tensors' sums,
-        dtypes and row shapes): they raise here, before any data moves, but
-        only on this rank. Dtype and row shape must be the same on every
-        rank, as the caller's own exchange should ensure.
+        Only this rank's arguments are checked against it (its splits against
+        its row and column of the matrix, its tensors' sums, dtypes and row
+        shapes): they raise here, before any data moves, but only on this
+        rank. Dtype and row shape must be the same on every rank, as the
+        caller's own exchange should ensure. The configuration is still
+        checked on every rank: by a metadata exchange, or, with
+        ``config_digests``, without one.
+
+        ``config_digests`` (keyword only, with ``split_matrix``): ``int64[N]``,
+        every rank's :meth:`config_digest` of this call (``group`` and
+        ``config``), gathered by the caller's own collective along with the
+        matrix (the same on every rank). The call then skips its metadata
+        exchange; if the digests differ, every rank exchanges once and raises
+        the same ``ValueError`` naming the setting and both values. A
+        configuration that changes on some ranks only is therefore caught at
+        once on every rank, never by a timeout.
 
         ``config`` (keyword only): more named settings for the configuration
         fingerprint (:func:`pathweave.runtime._validate.fingerprint`), e.g. a
         layer's ``{"moe.num_experts": 64}``; names must not clash with the
         orchestrator's own.
+
+        ``problem`` (keyword only): a problem an adapter found in this rank's
+        own arguments (the list form's, :func:`pathweave.runtime.backend.all_to_all_list`);
+        it travels in the metadata row instead of the tensors' facts, so every
+        rank raises it.
         """
         t0 = time.perf_counter()
         st = self._state(group)
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         words = self._fingerprint(st, config)
-        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words)
+        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words,
+                           problem)
         if split_matrix is not None:
             given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
-            if words.tobytes() not in st.checked_configs:
-                self._check_config_once(st, row, given, deadline)
-                st.checked_configs.put(words.tobytes(), True)
+            if config_digests is None or not V.same_digests(config_digests, words, tr.rank):
+                # Without digests, or with digests that differ (every rank holds the
+                # same ones, so every rank is here): the exchange checks, and names.
+                self._check_config(st, row, given, deadline)
             # The key stands for what every rank would have exchanged: all splits,
             # the row size (dtype and row shape only enter through it), the config.
             mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
@@ -706,7 +763,7 @@ class Orchestrator:
         meta = exchange(8)
         bad = np.flatnonzero(meta[:, 0])
         if bad.size:
-            V.raise_p2p_local(int(bad[0]), meta[int(bad[0])])
+            V.raise_problem(int(bad[0]), meta[int(bad[0]), :4])
         counts = meta[:, 3]
         if int(counts.max(initial=0)) > 8:
             meta = exchange(int(counts.max()))
@@ -905,14 +962,23 @@ class Orchestrator:
             st.fingerprints.put(key, words)
         return words
 
-    def _check_config_once(
+    def config_digest(self, group: Any = None, config: Mapping[str, Any] | None = None) -> int:
+        """A 63-bit digest of this rank's configuration of a call on ``group`` with ``config``.
+
+        What a ``split_matrix`` caller gathers in its own collective and
+        passes as ``config_digests`` (:meth:`all_to_all_single`): equal
+        digests on every rank mean equal fingerprints.
+        """
+        return V.fingerprint_digest(self._fingerprint(self._state(group), config))
+
+    def _check_config(
         self, st: _GroupState, row: np.ndarray, given: V.A2ALayout, deadline: float
     ) -> None:
-        """A ``split_matrix`` call with a configuration not yet checked: exchange once.
+        """A ``split_matrix`` call whose configuration no digests vouch for: exchange.
 
         The row is the one a call without the matrix would exchange, so a
         rank that passed no matrix still meets this one in the same
-        collective.
+        collective, and a configuration that differs raises on every rank.
         """
         layout = V.decode_a2a(st.transport.exchange(row, deadline))
         if not np.array_equal(layout.in_rows, given.in_rows):

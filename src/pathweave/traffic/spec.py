@@ -381,10 +381,14 @@ class WorkloadSpec:
         params = dict(self.params)
         if seed is not None and "seed" in kind.keys:
             params.setdefault("seed", seed)
-        if not kind.sized:
-            return kind.func(num_ranks, **params)
         size = bytes_per_rank if self.bytes_per_rank is None else self.bytes_per_rank
-        return kind.func(num_ranks, size, **params)
+        try:
+            if not kind.sized:
+                return kind.func(num_ranks, **params)
+            return kind.func(num_ranks, size, **params)
+        except (WorkloadError, ValueError, TypeError) as exc:
+            # The generator names the parameter and value; the spec says which workload.
+            raise type(exc)(f"workload {str(self)!r}: {exc}") from None
 
     def __str__(self) -> str:
         items = [f"{k}={_format_value(v)}" for k, v in self.params.items()]
