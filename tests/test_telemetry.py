@@ -121,13 +121,13 @@ def _synthetic_observe(true_ratio):
 
     real = Adaptation.observe
 
-    def observe(self, fpath, link_bytes, recv_times):
+    def observe(self, recv_times):
+        fpath, link_bytes = self._last
         link_s = np.asarray(link_bytes) / (self.nominal.capacity_Bps * 1e-4 * true_ratio)
         streams = stream_links(self.paths, fpath, self.n)
-        me = int(__import__("torch.distributed").distributed.get_rank())
-        fake = [(s, last, float(link_s[streams[(s * self.n + last) * self.n + me]].max()))
+        fake = [(s, last, float(link_s[streams[(s * self.n + last) * self.n + self.rank]].max()))
                 for s, last, _ in recv_times]
-        real(self, fpath, link_bytes, fake)
+        real(self, fake)
 
     return observe
 
@@ -183,3 +183,72 @@ def test_runtime_estimates_and_plans_are_the_same_on_every_rank(slow_rail):
     elif slow_rail is False:
         # A steady fabric: the plan of the first call stays (hysteresis).
         assert all(p == plans[0] for p in plans) and res[0]["switches"] == 0
+
+
+# ------------------------------------- metadata rows: width and adapt mismatch
+def _width_job(rank, ws):
+    import torch
+
+    from pathweave.runtime import _validate as V
+
+    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    row, col = d[rank].tolist(), d[:, rank].tolist()
+    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
+    ref = torch.empty(sum(col), dtype=torch.uint8)
+    torch.distributed.all_to_all_single(ref, inp, col, row)
+    out = {}
+    for adapt in (False, True):
+        orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
+                               min_split_bytes=0, timeout_s=30, adapt=adapt)
+        st = orch._state(None)
+        widths = []
+
+        def spy(r, deadline, _real=st.transport.exchange, _seen=widths):
+            _seen.append(int(np.asarray(r).size))
+            return _real(r, deadline)
+
+        st.transport.exchange = spy
+        ok, streams = True, []
+        for _ in range(3):
+            res = torch.empty_like(ref)
+            orch.all_to_all_single(res, inp, col, row)
+            ok = ok and bool(torch.equal(res, ref))
+            # Streams into each rank of the plan just run: (source, last forwarder) of
+            # every path it uses, counted from the routes.
+            fp = np.unique(st.current.flow_path)
+            into = {}
+            for p in fp.tolist():
+                hops = [int(x) for x in st.routes[p] if x >= 0]
+                into.setdefault(hops[-1], set()).add((hops[0], hops[-2]))
+            streams.append(max(len(v) for v in into.values()))
+        out[adapt] = {"ok": ok, "widths": widths, "base": V.meta_width(ws), "streams": streams}
+    # A rank that adapts and ranks that do not: the same clear error on every rank,
+    # call after call (rows of one width: nothing hangs, nothing is misread).
+    orch = pw.Orchestrator(fabric=FAB, policy="mwu", timeout_s=30, adapt=rank == 0)
+    errs = []
+    for _ in range(2):
+        try:
+            orch.all_to_all_single(torch.empty_like(ref), inp, col, row)
+            errs.append(None)
+        except ValueError as exc:
+            errs.append(str(exc))
+    out["mismatch"] = errs
+    return out
+
+
+def test_rows_carry_telemetry_only_when_adapting_one_word_per_stream_into_a_rank():
+    from pathweave.runtime.launch import run_local
+
+    res = run_local(_width_job, N, (), timeout_s=240)
+    for r in res:
+        off, on = r[False], r[True]
+        assert off["ok"] and on["ok"]
+        assert off["widths"] == [off["base"]] * 3                 # no telemetry words
+        # The first call has no previous call to report; then one word per stream
+        # into the rank that receives the most streams of the previous call's plan.
+        assert on["widths"] == [on["base"]] + [on["base"] + s for s in on["streams"][:-1]]
+        assert 0 < max(on["streams"]) < N * N                    # not N * N words
+        assert r["mismatch"] == [
+            "all_to_all_single: rank 1 uses adapt False but rank 0 uses True; every rank of "
+            "the group must use the same configuration (fabric, policy, chunk_bytes, ...)"] * 2

@@ -39,8 +39,9 @@ __all__ = [
     "decode_times",
     "encode_times",
     "link_ratios",
-    "ratios_from_times",
     "stream_links",
+    "stream_times",
+    "streams_into",
 ]
 
 #: Time words are microseconds; 0 means "no observation".
@@ -271,20 +272,37 @@ class SwitchPolicy:
         return bool((f >= self.probe_threshold).any())
 
 
-def ratios_from_times(
-    paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
-    words: Sequence[np.ndarray], num_ranks: int, streams: dict[int, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
+def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
+    """Per destination, the keys of the :func:`stream_links` streams into it, ascending.
+
+    Every rank derives it from the same plan, so the position of a stream
+    in its destination's list names it in the telemetry words without
+    sending the key: rank ``d``'s word ``i`` is the time of stream
+    ``streams_into(...)[d][i]``.
+
+    Examples
+    --------
+    >>> streams = {(0 * 3 + 0) * 3 + 2: None, (1 * 3 + 0) * 3 + 2: None, (2 * 3 + 2) * 3 + 1: None}
+    >>> [k.tolist() for k in streams_into(streams, 3)]
+    [[], [25], [2, 11]]
+    """
     n = int(num_ranks)
-    if streams is None:
-        streams = stream_links(paths, flow_path, n)
-    times: dict[int, float] = {}
-    for d, w in enumerate(words):
-        t = decode_times(np.asarray(w)[: n * n]).reshape(n, n)
-        for s, last in zip(*np.nonzero(np.isfinite(t)), strict=True):
-            times[(int(s) * n + int(last)) * n + d] = float(t[s, last])
-    return link_ratios(streams, times, link_bytes, nominal_Bps)
+    keys = np.array(sorted(streams), dtype=np.int64)
+    return [keys[keys % n == d] for d in range(n)]
+
+
+def stream_times(into: Sequence[np.ndarray], words: np.ndarray) -> dict[int, float]:
+    """Stream key -> completion time (seconds) from every rank's words (row ``d``: rank ``d``'s).
+
+    ``into`` is :func:`streams_into` of the call's plan; words past a
+    destination's streams, and words ``<= 0``, carry nothing.
+    """
+    w = np.asarray(words, dtype=np.int64)
+    out: dict[int, float] = {}
+    for d, keys in enumerate(into):
+        t = decode_times(w[d, : keys.size])
+        out.update((int(k), float(x)) for k, x in zip(keys, t, strict=True) if np.isfinite(x))
+    return out
 
 
 #: ``PATHWEAVE_ADAPT=1`` turns live adaptation on for orchestrators that do not say.
@@ -306,53 +324,92 @@ def adapt_default() -> bool:
 class Adaptation:
     """Live adaptation of one process group: observations, estimates, the fabric to plan on.
 
-    Per call: :meth:`words` is this rank's observation of the previous call
-    (``N * N`` int64 words appended to the metadata row); :meth:`absorb` takes
+    Per call: :meth:`words` is this rank's observation of the previous
+    multi-path call, one int64 word per stream its plan defines into this
+    rank (:func:`streams_into`), padded to :attr:`width` (the most streams
+    any rank receives: every row has one width, and every rank knows it
+    from the plan); they ride along the metadata row. :meth:`absorb` takes
     every rank's words after the exchange and updates the estimates the same
     way on every rank; :meth:`replan` says whether to plan again, and
-    :attr:`fabric` / :attr:`paths` are what to plan on; after a multi-path
-    call :meth:`observe` turns this rank's receive completion times into
-    the next call's words.
+    :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
+    pipeline runs is given to :meth:`note` on every rank (what the next
+    words describe); :meth:`observe` fills in this rank's receive completion times
+    where the call was timed.
     """
 
-    def __init__(self, fabric: Fabric, paths: object, **estimator: int):
+    def __init__(self, fabric: Fabric, paths: object, rank: int, **estimator: int):
         self.nominal = fabric
         self.fabric = fabric
         self.paths = paths
         self.n = fabric.num_ranks
+        self.rank = int(rank)
         self.est = LinkEstimator(fabric.num_links, **estimator)
         self.policy = SwitchPolicy()
         self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
-        self._streams: tuple[bytes | None, dict[int, np.ndarray]] = (None, {})
+        # (plan key, stream links, streams into each rank, this rank's stream -> word)
+        self._plan: tuple[bytes | None, dict, list, dict] = (None, {}, [], {})
 
     @property
     def cap_key(self) -> bytes:
         """Part of the plan-cache key: the estimates the plans are made on."""
         return self.planned_q.tobytes()
 
+    @property
+    def width(self) -> int:
+        """Telemetry words in this call's metadata row (the same on every rank)."""
+        return int(self._mine.size)
+
     def words(self) -> np.ndarray:
         return self._mine
 
-    def forget(self) -> None:
-        """A call without telemetry (no exchange, or point to point): drop what is pending."""
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
-        self._last = None
+    def note(self, fpath: np.ndarray | None, link_bytes: np.ndarray | None) -> None:
+        """The call that the next words describe: its flows' paths and link bytes.
+
+        ``None``: a call without telemetry (torch's path, an op that is not
+        timed): the next row carries no words. Called on every rank with the
+        same plan, so every rank agrees on :attr:`width`; a rank that did
+        not time the call (``async_op``) sends zeros (nothing observed).
+        """
+        if fpath is None or link_bytes is None:
+            self._last, self._mine = None, np.zeros(0, dtype=np.int64)
+            return
+        key = np.asarray(fpath).tobytes()
+        if self._plan[0] != key:  # a plan's streams serve every call of it
+            streams = stream_links(self.paths, fpath, self.n)
+            into = streams_into(streams, self.n)
+            pos = {int(k) // self.n: i for i, k in enumerate(into[self.rank])}
+            self._plan = (key, streams, into, pos)
+        width = max((k.size for k in self._plan[2]), default=0)
+        self._last = (np.asarray(fpath), np.asarray(link_bytes))
+        self._mine = np.zeros(width, dtype=np.int64)
+
+    def observe(self, recv_times: Sequence[tuple[int, int, float]]) -> None:
+        """This rank's times of the noted call: ``(source, last forwarder, seconds)`` per receive.
+
+        A stream's time is its latest receive's.
+        """
+        if self._last is None:
+            return
+        pos = self._plan[3]
+        t = np.full(self._mine.size, np.nan)
+        for src, last, sec in recv_times:
+            i = pos.get(int(src) * self.n + int(last))
+            if i is not None and not sec <= t[i]:  # NaN or later
+                t[i] = sec
+        self._mine = encode_times(t)
 
     def absorb(self, words: np.ndarray) -> None:
-        """Every rank's words of the previous call (``int64[N, N * N]``)."""
-        last, self._last = self._last, None
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
-        if last is None or not (np.asarray(words) > 0).any():
+        """Every rank's words of the noted call (``int64[N, width]``); nothing is noted after."""
+        last = self._last
+        self.note(None, None)
+        w = np.asarray(words)
+        if last is None or not (w > 0).any():
             return
-        fpath, link_bytes = last
-        key = fpath.tobytes()
-        if self._streams[0] != key:  # a plan's streams serve every call of it
-            self._streams = (key, stream_links(self.paths, fpath, self.n))
-        self.est.update(*ratios_from_times(self.paths, fpath, link_bytes,
-                                           self.nominal.capacity_Bps, list(words), self.n,
-                                           self._streams[1]))
+        _, streams, into, _ = self._plan
+        self.est.update(*link_ratios(streams, stream_times(into, w), last[1],
+                                     self.nominal.capacity_Bps))
 
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
@@ -365,13 +422,3 @@ class Adaptation:
         self.fabric = (self.nominal.with_links(moved, name=f"{self.nominal.name}-live")
                        if moved else self.nominal)
         return True
-
-    def observe(self, fpath: np.ndarray, link_bytes: np.ndarray,
-                recv_times: Sequence[tuple[int, int, float]]) -> None:
-        """This rank's multi-path call: ``(source, last forwarder, seconds)`` per final receive."""
-        t = np.full((self.n, self.n), np.nan)
-        for src, last, sec in recv_times:
-            if not sec <= t[src, last]:  # NaN or later
-                t[src, last] = sec
-        self._mine = encode_times(t)
-        self._last = (np.asarray(fpath), np.asarray(link_bytes))
