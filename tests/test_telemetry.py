@@ -21,8 +21,13 @@ PS = candidate_paths(FAB)
 N = FAB.num_ranks
 
 
-def _case(policy: str, true_ratio: np.ndarray, noise: float = 0.0, seed: int = 0):
-    """A real plan, and fluid stream times on capacities ``true_ratio * nominal``."""
+def _case(policy: str, true_ratio: np.ndarray, noise: float = 0.0, seed: int = 0,
+          slow_host: tuple[int, float] | None = None):
+    """A real plan, and fluid stream times on capacities ``true_ratio * nominal``.
+
+    ``slow_host = (rank, f)``: that rank is slow as a whole (CPU-bound): every
+    stream into it ends no earlier than ``f`` x the latest link time into it.
+    """
     d = np.asarray(parse_workload("hotspot:0.6", N, bytes_per_rank=4 << 20), dtype=np.int64)
     np.fill_diagonal(d, 0)
     plan = make(FAB, d, policy, paths=PS)
@@ -35,7 +40,12 @@ def _case(policy: str, true_ratio: np.ndarray, noise: float = 0.0, seed: int = 0
     streams = stream_links(PS, fp, N)
     rng = np.random.default_rng(seed)
     # A stream ends when the slowest link it crosses has carried all its bytes.
-    times = {k: float(link_s[ls].max()) * (1 + noise * rng.random()) for k, ls in streams.items()}
+    ends = {k: float(link_s[ls].max()) for k, ls in streams.items()}
+    if slow_host is not None:
+        host, f = slow_host
+        floor = f * max(t for k, t in ends.items() if k % N == host)
+        ends = {k: max(t, floor) if k % N == host else t for k, t in ends.items()}
+    times = {k: t * (1 + noise * rng.random()) for k, t in ends.items()}
     return streams, times, lb
 
 
@@ -44,13 +54,16 @@ def _rail0_links() -> np.ndarray:
     return np.flatnonzero((FAB.link_src == v) | (FAB.link_dst == v))
 
 
-@pytest.mark.parametrize("policy", ["static", "mwu", "optimal"])
-def test_slow_rail_is_found_and_nothing_else(policy):
+@pytest.mark.parametrize("policy", pw.plan.policies())
+@pytest.mark.parametrize("slow_host", [None, (0, 1.0)], ids=["", "hot-receiver-cpu-bound"])
+def test_slow_rail_is_found_and_nothing_else(policy, slow_host):
     true = np.ones(FAB.num_links)
     rail0 = _rail0_links()
     true[rail0] = 0.4
-    streams, times, lb = _case(policy, true, noise=0.02)
-    r, lo = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    # The hot receiver 0 CPU-bound as well: no stream into it ends before the
+    # slowest one into it would on the links alone (rail0's streams, 2.5x late).
+    streams, times, lb = _case(policy, true, noise=0.02, slow_host=slow_host)
+    r, lo = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
     seen_slow = np.flatnonzero(np.isfinite(r))
     assert set(seen_slow.tolist()) <= set(rail0.tolist()) and seen_slow.size
     assert np.allclose(r[seen_slow], 0.4, atol=0.03)
@@ -58,6 +71,20 @@ def test_slow_rail_is_found_and_nothing_else(policy):
     # and the links that are some stream's bottleneck are found at full speed.
     seen = np.isfinite(lo)
     assert (lo[seen] <= true[seen] + 1e-9).all() and (lo[seen] > 0.97).any()
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies())
+def test_a_uniformly_slow_receiver_blames_no_link(policy):
+    # Rank 0, the hot receiver, 3x slower than its links as a whole: every stream
+    # into it ends at about the same time. Only with ranks as resources is no link
+    # blamed; without them its links into rank 0 look slow.
+    streams, times, lb = _case(policy, np.ones(FAB.num_links), noise=0.05, seed=2,
+                               slow_host=(0, 3.0))
+    r, lo = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
+    assert np.isnan(r).all() and np.isfinite(lo).any()
+    r_blind, _ = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    into0 = FAB.link_dst == FAB.vertex_id("n0.gpu0")
+    assert np.isfinite(r_blind).any() and np.isfinite(r_blind[into0]).any()
 
 
 def test_uniformly_slow_machine_sees_no_change():

@@ -98,6 +98,7 @@ def link_ratios(
     *,
     slow: float = 2.0 / 3.0,
     reference_quantile: float = 0.0,
+    num_ranks: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Effective-capacity ratios per link implied by stream completion times.
 
@@ -118,6 +119,14 @@ def link_ratios(
     its bytes within that stream's time: a lower bound of its ratio (it may
     have had slack), ``min(1, busy / time)``.
 
+    With ``num_ranks`` (the keys are then :func:`stream_links` keys), a
+    rank is a resource too: a host that is slow as a whole (CPU-bound)
+    finishes *all* its streams late, which no link explains. A stream is
+    then slowed only if it also ended ``1 / slow`` x later than the earliest
+    of the other streams into its receiver, and than the earliest of the
+    other streams its last forwarder sent: a link is blamed only for
+    slowing some streams of a host but not others.
+
     Examples
     --------
     Three links of 10 B/s, each carrying 10 B (1 s busy). Stream 0 crosses
@@ -131,6 +140,21 @@ def link_ratios(
     ...                     np.full(3, 10.0))
     >>> r.tolist(), lo.tolist()
     ([nan, nan, 0.25], [1.0, nan, nan])
+
+    Three ranks, one link per pair (link ``3 s + d`` from ``s`` to ``d``),
+    10 B on each. Rank 0 is slow as a whole: both its streams end at 4 s;
+    the others end at 1 s. Without ranks as resources, the links into rank
+    0 look slow; with them nothing is blamed (ratios are lower bounds only):
+
+    >>> n = 3
+    >>> keys = {(s * n + s) * n + d: np.array([3 * s + d]) for s in range(n) for d in range(n)
+    ...         if s != d}
+    >>> t = {k: 4.0 if k % n == 0 else 1.0 for k in keys}
+    >>> np.flatnonzero(np.isfinite(link_ratios(keys, t, np.full(9, 10.), np.full(9, 10.))[0]))
+    array([3, 6])
+    >>> r, lo = link_ratios(keys, t, np.full(9, 10.0), np.full(9, 10.0), num_ranks=n)
+    >>> bool(np.isnan(r).all()), lo[[3, 6]].tolist()
+    (True, [0.25, 0.25])
     """
     nom = np.asarray(nominal_Bps, dtype=np.float64)
     busy_s = np.asarray(link_bytes, dtype=np.float64) / nom
@@ -148,7 +172,7 @@ def link_ratios(
     took = np.array([times_s[k] for k in keys])
     scale = float(np.quantile(took / expect, reference_quantile))
     took = took / scale                           # in nominal-fabric seconds
-    slowed = took * slow > expect
+    slowed = took * slow > np.maximum(expect, _host_reference(np.array(keys), took, num_ranks))
     left = np.ones(len(keys), dtype=bool)
     while (slowed & left).any():
         m = crosses[slowed & left]
@@ -166,6 +190,25 @@ def link_ratios(
         seen = m.any(axis=0) & np.isnan(out)
         floor[seen] = np.nanmax(lb[:, seen], axis=0)
     return out, floor
+
+
+def _host_reference(keys: np.ndarray, took: np.ndarray, num_ranks: int | None) -> np.ndarray:
+    """Per stream, the earliest time among the streams into its receiver and from its forwarder.
+
+    The groups are its receiver's streams and its last forwarder's (the
+    ranks whose own slowness would delay every stream of the group); a
+    group of one stream is no reference (0).
+    """
+    ref = np.zeros(keys.size)
+    if num_ranks is None:
+        return ref
+    n = int(num_ranks)
+    for host in (keys % n, keys // n % n):  # receiver, last forwarder
+        first = np.full(n, np.inf)
+        np.minimum.at(first, host, took)
+        size = np.bincount(host, minlength=n)
+        ref = np.maximum(ref, np.where(size[host] > 1, first[host], 0.0))
+    return ref
 
 
 class LinkEstimator:
@@ -409,7 +452,7 @@ class Adaptation:
             return
         _, streams, into, _ = self._plan
         self.est.update(*link_ratios(streams, stream_times(into, w), last[1],
-                                     self.nominal.capacity_Bps))
+                                     self.nominal.capacity_Bps, num_ranks=self.n))
 
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
