@@ -67,10 +67,11 @@ def test_slow_rail_is_found_and_nothing_else(policy, slow_host):
     seen_slow = np.flatnonzero(np.isfinite(r))
     assert set(seen_slow.tolist()) <= set(rail0.tolist()) and seen_slow.size
     assert np.allclose(r[seen_slow], 0.4, atol=0.03)
-    # Every other observed link is only bounded from below, never below its truth,
-    # and the links that are some stream's bottleneck are found at full speed.
+    # Every other observed link is only bounded from below, never above its truth
+    # (up to the 2 % noise: times are scaled by a quantile of noisy streams), and
+    # the links that are some stream's bottleneck are found at full speed.
     seen = np.isfinite(lo)
-    assert (lo[seen] <= true[seen] + 1e-9).all() and (lo[seen] > 0.97).any()
+    assert (lo[seen] <= true[seen] * 1.02).all() and (lo[seen] > 0.97).any()
 
 
 @pytest.mark.parametrize("policy", pw.plan.policies())
