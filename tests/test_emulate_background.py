@@ -91,3 +91,16 @@ def test_co_tenant_takes_its_share_and_stops_by_itself():
         with Background(emu, [t], duration_s=1.0) as bg:
             time.sleep(3.0)
             assert all(p.poll() is not None for p in bg._procs)   # ... and so does time
+
+
+@needs_root
+def test_interleaved_policies_each_keep_their_own_orchestrator():
+    from pathweave.emulate import run_workloads
+
+    fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh")
+    (res,) = run_workloads(fab, ["hotspot:0.6"], scale=1e-4, bytes_per_rank=1 << 20,
+                           policies=("mwu", "mwu+adapt", "torch"), repeat=2, prefix="pwtb",
+                           interleave=True, background="rail0:0.6", timeout_s=240)
+    for p in res.policies:                       # every byte of every call checked
+        assert p.verified and len(p.makespans_s) == 2
+    assert res.policy("mwu").plan_switches == 0 and res.policy("torch").plan_switches == 0

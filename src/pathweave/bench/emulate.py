@@ -220,7 +220,8 @@ def run_background(
             res = run_workloads(
                 fab, [workload], scale=scale, bytes_per_rank=bytes_per_rank,
                 policies=background_policies(), repeat=repeat, emulator=emu,
-                background=f"{link}:{x:g}" if x > 0 else None, log=log, **options,
+                background=f"{link}:{x:g}" if x > 0 else None, log=log, interleave=True,
+                **options,
             )[0]
             for rec in res.records():
                 rec["load"] = x

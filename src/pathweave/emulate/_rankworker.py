@@ -28,6 +28,39 @@ def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
 
 
 
+def _orchestrator(fab: Any, pol: str, spec: dict[str, Any]) -> Any:
+    """A fresh orchestrator for ``pol`` (None for torch's own collective).
+
+    Fresh per workload, so each plans its own demand (no hysteresis carried
+    over); the warm-up call plans and every timed call hits the plan cache,
+    as in a training loop.
+    """
+    from pathweave.runtime.orchestrator import Orchestrator
+
+    if pol == "torch":
+        return None
+    return Orchestrator(
+        fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
+        adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
+        window=spec["window"], min_split_bytes=spec["min_split_bytes"],
+        timeout_s=spec["timeout_s"],
+    )
+
+
+def _report(fab: Any, orch: Any, calls: int) -> dict[str, Any]:
+    """Bytes per path kind per call, plan switches and learned link estimates of ``orch``."""
+    if orch is None:
+        return {"kinds": {}, "switches": 0, "learned": {}}
+    kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
+    learned = {}
+    ad = getattr(orch._groups.get(None), "adapt", None)
+    if ad is not None:  # the estimates below nominal, for the report
+        q = ad.est.ratio_q()
+        learned = {fab.link_name(i): int(q[i]) / ad.est.levels
+                   for i in np.flatnonzero(q < ad.est.levels)}
+    return {"kinds": kinds, "switches": orch.stats.plan_switches, "learned": learned}
+
+
 def _worker(spec_path: str, rank: int) -> None:
     """One rank: init gloo over the identity interface, run every policy, write times."""
     from datetime import timedelta
@@ -36,7 +69,6 @@ def _worker(spec_path: str, rank: int) -> None:
     import torch.distributed as dist
 
     from pathweave.fabric.io import load
-    from pathweave.runtime.orchestrator import Orchestrator
 
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())
@@ -57,44 +89,30 @@ def _worker(spec_path: str, rank: int) -> None:
         out = torch.zeros_like(expected)
         in_splits, out_splits = [int(x) for x in row], [int(x) for x in col]
         case: dict[str, Any] = {}
-        for pol in spec["policies"]:
-            orch = None
-            if pol != "torch":
-                # A fresh orchestrator per workload, so each plans its own
-                # demand (no hysteresis carried over); the warm-up call plans
-                # and every timed call hits the plan cache, as in a training loop.
-                orch = Orchestrator(
-                    fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
-                    adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
-                    window=spec["window"], min_split_bytes=spec["min_split_bytes"],
-                    timeout_s=spec["timeout_s"],
-                )
-            times, ok = [], True
-            for i in range(spec["warmup"] + spec["repeat"]):
-                out.zero_()
-                dist.barrier()
-                t0 = clock()
-                if orch is None:
-                    dist.all_to_all_single(out, inp, out_splits, in_splits)
-                else:
-                    orch.all_to_all_single(out, inp, out_splits, in_splits)
-                t1 = clock()
-                ok = ok and bool(torch.equal(out, expected))
-                if i >= spec["warmup"]:
-                    times.append((t0, t1))
-            kinds = {}
-            if orch is not None:
-                calls = spec["warmup"] + spec["repeat"]
-                kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-            switches = 0 if orch is None else orch.stats.plan_switches
-            learned = {}
-            ad = None if orch is None else getattr(orch._groups.get(None), "adapt", None)
-            if ad is not None:  # the estimates below nominal, for the report
-                q = ad.est.ratio_q()
-                learned = {fab.link_name(i): int(q[i]) / ad.est.levels
-                           for i in np.flatnonzero(q < ad.est.levels)}
-            case[pol] = {"times": times, "ok": ok, "kinds": kinds, "switches": switches,
-                         "learned": learned}
+        orchs = {pol: _orchestrator(fab, pol, spec) for pol in spec["policies"]}
+        times: dict[str, list] = {pol: [] for pol in orchs}
+        ok = dict.fromkeys(orchs, True)
+        calls = spec["warmup"] + spec["repeat"]
+        # Interleaved: call i of every policy, then call i + 1 (a load that
+        # drifts over the run then weighs on every policy alike); otherwise
+        # every call of one policy, then the next policy's.
+        order = ([(i, p) for i in range(calls) for p in orchs] if spec.get("interleave")
+                 else [(i, p) for p in orchs for i in range(calls)])
+        for i, pol in order:
+            orch = orchs[pol]
+            out.zero_()
+            dist.barrier()
+            t0 = clock()
+            if orch is None:
+                dist.all_to_all_single(out, inp, out_splits, in_splits)
+            else:
+                orch.all_to_all_single(out, inp, out_splits, in_splits)
+            t1 = clock()
+            ok[pol] = ok[pol] and bool(torch.equal(out, expected))
+            if i >= spec["warmup"]:
+                times[pol].append((t0, t1))
+        for pol, orch in orchs.items():
+            case[pol] = {"times": times[pol], "ok": ok[pol], **_report(fab, orch, calls)}
         res.append(case)
     dist.barrier()
     dist.destroy_process_group()

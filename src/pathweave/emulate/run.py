@@ -304,6 +304,7 @@ def run_workloads(
     log: Callable[[str], None] | None = None,
     nice: int = 0,
     background: str | Sequence[str] | None = None,
+    interleave: bool = False,
 ) -> list[EmulationResult]:
     """:func:`run_emulated` for several workloads with one emulator and one launch of the ranks.
 
@@ -315,7 +316,11 @@ def run_workloads(
     :func:`~pathweave.emulate.background.parse_background`) runs a co-tenant
     for the whole run; predictions and bounds are then on the residual
     capacities, blind policies planning on the nominal ones and ``+adapt``
-    ones on the residual ones (what they should learn).
+    ones on the residual ones (what they should learn). ``interleave``
+    runs call ``i`` of every policy before call ``i + 1`` of any (each
+    policy keeps its own orchestrator), so a load that drifts during the
+    run weighs on every policy alike; by default every call of one policy
+    runs before the next policy's.
     """
     from pathweave.emulate.background import Background, parse_background, residual_fabric
     from pathweave.fabric.io import save
@@ -375,7 +380,7 @@ def run_workloads(
                 "policies": pols, "repeat": int(repeat), "warmup": int(warmup),
                 "chunk_bytes": int(chunk_bytes), "window": int(window),
                 "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
-                "out_dir": str(work),
+                "out_dir": str(work), "interleave": bool(interleave),
             }
             (work / "spec.json").write_text(json.dumps(spec))
 

@@ -821,7 +821,8 @@ class Orchestrator:
         if st.adapt is not None:
             # On every rank alike (whether this rank times the call or not): the
             # plan of what the next row's words describe sets their number.
-            timed = entry is not None and call.timing is not None
+            # Rounds posted as groups (NCCL) are not timed.
+            timed = entry is not None and call.timing is not None and not tr.grouped_rounds
             st.adapt.note(entry[3] if timed else None, entry[1] if timed else None)
         t2 = time.perf_counter()
         send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
@@ -835,7 +836,7 @@ class Orchestrator:
                                 host_wait=not tr.nccl)
             else:
                 timing = None
-                if st.adapt is not None and wait and call.timing is not None:
+                if st.adapt is not None and wait and st.adapt.sampled:
                     timing = call.timing(layout)
                 handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
                                 wait=timing is not None, finish=finish, timing=timing)
