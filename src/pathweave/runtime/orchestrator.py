@@ -21,8 +21,9 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
 6. **adapt** (``adapt=True``, or ``PATHWEAVE_ADAPT=1``; off by default): the
-   completion times of this rank's receives ride along the next
-   ``all_to_all_single``'s metadata row, every rank turns all ranks' times
+   completion times of this rank's receives (a plan's first call, then
+   every 8th) ride along the next ``all_to_all_single``'s metadata row, one
+   word per stream into the rank; every rank turns all ranks' times
    into the same per-link capacity estimates
    (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
    1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
