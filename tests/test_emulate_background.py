@@ -91,3 +91,46 @@ def test_co_tenant_takes_its_share_and_stops_by_itself():
         with Background(emu, [t], duration_s=1.0) as bg:
             time.sleep(3.0)
             assert all(p.poll() is not None for p in bg._procs)   # ... and so does time
+
+
+@needs_root
+def test_interleaved_policies_each_keep_their_own_orchestrator():
+    from pathweave.emulate import run_workloads
+
+    fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh")
+    (res,) = run_workloads(fab, ["hotspot:0.6"], scale=1e-4, bytes_per_rank=1 << 20,
+                           policies=("mwu", "mwu+adapt", "torch"), repeat=2, prefix="pwtb",
+                           background="rail0:0.6", timeout_s=240)
+    for p in res.policies:                       # every byte of every call checked
+        assert p.verified and len(p.makespans_s) == 2
+    assert res.policy("mwu").plan_switches == 0 and res.policy("torch").plan_switches == 0
+
+
+def test_background_checks_hand_computed():
+    from pathweave.bench.emulate import background_checks, background_policies
+
+    static, multirail, default, adaptive = background_policies()
+
+    def rec(load, policy, spans, bound=1.0, switches=0):
+        return {"load": load, "policy": policy, "makespans_s": spans,
+                "measured_s": float(np.median(spans)), "bound_s": bound, "verified": True,
+                "plan_switches": switches}
+
+    # Load 0: the blind plan's calls drift (1.0, 1.3, 1.1), the adaptive one 1 % over
+    # each: medians are 1.1 and 1.111 (1.01x), paired ratios all 1.01.
+    blind = [1.0, 1.3, 1.1]
+    records = [rec(0.0, static, [3.0] * 3), rec(0.0, multirail, [1.2] * 3),
+               rec(0.0, default, blind), rec(0.0, adaptive, [1.01 * x for x in blind]),
+               rec(0.6, static, [5.0] * 3), rec(0.6, multirail, [1.5] * 3),
+               rec(0.6, default, [1.4] * 3),
+               rec(0.6, adaptive, [0.9] * 3, bound=0.8, switches=1)]
+    lines = background_checks(records)
+    assert [ok for ok, _ in lines] == [True, True, True]
+    assert "1.010x (median of per-call ratios), 0 plan switches" in lines[0][1]
+    assert f"0.643x the best blind ({default}, 1.400 s)" in lines[1][1]
+    assert "= 1.125x its residual-capacity bound" in lines[2][1]
+    # Out of step: adapting 3 % slower on every call, or one switch at load 0.
+    records[3] = rec(0.0, adaptive, [1.03 * x for x in blind])
+    assert not background_checks(records)[0][0]
+    records[3] = rec(0.0, adaptive, blind, switches=1)
+    assert not background_checks(records)[0][0]

@@ -206,6 +206,9 @@ BACKGROUND_LOADS = (0.0, 0.2, 0.4, 0.6, 0.8)
 #: Issue 13's targets: at 60 % load the adaptive default policy within 0.9x the best blind
 #: baseline and 1.2x its residual-capacity bound; without load within 1.02x the blind one.
 TARGET_LOAD, TARGET_VS_BLIND, TARGET_VS_BOUND, TARGET_IDLE_COST = 0.6, 0.9, 1.2, 1.02
+#: Load 0 runs this many times ``repeat`` calls: its 2 % target is finer than
+#: the call-to-call noise of a shared machine (the others are 10 % and more).
+IDLE_REPEAT_FACTOR = 3
 
 
 def background_policies() -> tuple[str, ...]:
@@ -233,7 +236,8 @@ def run_background(
     """One emulator; per load a run with a co-tenant at that fraction of ``link`` (none at 0).
 
     One record per (load, policy) with ``load`` added; policies
-    :func:`background_policies`.
+    :func:`background_policies`, run in round-robin rounds (one call each); ``repeat``
+    timed calls per point, :data:`IDLE_REPEAT_FACTOR` times as many at load 0.
     """
     from pathweave.emulate import Emulator
     from pathweave.emulate.run import run_workloads
@@ -251,8 +255,10 @@ def run_background(
                 log(f"co-tenant load {x:g} on {link}")
             res = run_workloads(
                 fab, [workload], scale=scale, bytes_per_rank=bytes_per_rank,
-                policies=background_policies(), repeat=repeat, emulator=emu,
-                background=f"{link}:{x:g}" if x > 0 else None, log=log, **options,
+                policies=background_policies(), emulator=emu,
+                repeat=IDLE_REPEAT_FACTOR * repeat if x == 0 else repeat,
+                background=f"{link}:{x:g}" if x > 0 else None, log=log,
+                **options,
             )[0]
             for rec in res.records():
                 rec["load"] = x
@@ -283,13 +289,29 @@ def background_checks(records: Sequence[dict[str, Any]]) -> list[tuple[bool, str
                         f"{TARGET_VS_BOUND}"))
         if load == 0.0:
             d = by[(load, default)]
-            r3 = a["measured_s"] / d["measured_s"]
+            r3 = _paired_ratio(a, d)
             out.append((r3 <= TARGET_IDLE_COST and a.get("plan_switches", 0) == 0
                         and a["verified"],
-                        f"load 0: {adaptive} {a['measured_s']:.3f} s = {r3:.3f}x blind {default} "
-                        f"({d['measured_s']:.3f} s), {a.get('plan_switches', 0)} plan switches; "
-                        f"target <= {TARGET_IDLE_COST}, none"))
+                        f"load 0: {adaptive} {a['measured_s']:.3f} s vs blind {default} "
+                        f"{d['measured_s']:.3f} s: {r3:.3f}x (median of per-call ratios), "
+                        f"{a.get('plan_switches', 0)} plan switches; target <= "
+                        f"{TARGET_IDLE_COST}, none"))
     return out
+
+
+def _paired_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Median over calls of ``a``'s makespan over ``b``'s, call ``i`` against call ``i``.
+
+    The sweep runs the policies in rounds (round ``i`` calls each once), so
+    the pair shares the machine's load of the moment: on this shared VM the
+    same plan measured 13-17 % apart between runs, far above the 2 % to be checked.
+    """
+    import numpy as np
+
+    x, y = a.get("makespans_s") or [], b.get("makespans_s") or []
+    if len(x) != len(y) or not x:
+        return a["measured_s"] / b["measured_s"]
+    return float(np.median(np.asarray(x) / np.asarray(y)))
 
 
 def write_background(records: Sequence[dict[str, Any]], out_dir: Path) -> Path:

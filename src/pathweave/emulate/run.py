@@ -330,7 +330,11 @@ def run_workloads(
     :func:`~pathweave.emulate.background.parse_background`) runs a co-tenant
     for the whole run; predictions and bounds are then on the residual
     capacities, blind policies planning on the nominal ones and ``+adapt``
-    ones on the residual ones (what they should learn).
+    ones on the residual ones (what they should learn). Every policy keeps
+    its own orchestrator; after the warm-up calls the timed calls run in
+    rounds, each calling every policy once
+    (:func:`~pathweave.emulate._rankworker.round_robin`), so a load that
+    drifts during the run weighs on every policy alike.
     """
     from pathweave.emulate.background import Background, parse_background, residual_fabric
     from pathweave.fabric.io import save

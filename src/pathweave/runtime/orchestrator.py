@@ -21,8 +21,9 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
 6. **adapt** (``adapt=True``, or ``PATHWEAVE_ADAPT=1``; off by default): the
-   completion times of this rank's receives ride along the next
-   ``all_to_all_single``'s metadata row, every rank turns all ranks' times
+   completion times of this rank's receives (a plan's first call, then
+   every 8th) ride along the next ``all_to_all_single``'s metadata row, one
+   word per stream into the rank; every rank turns all ranks' times
    into the same per-link capacity estimates
    (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
    1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
@@ -545,7 +546,7 @@ class Orchestrator:
         if self.adapt:
             from pathweave.runtime.telemetry import Adaptation
 
-            st.adapt = Adaptation(fab, st.paths)
+            st.adapt = Adaptation(fab, st.paths, tr.rank)
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
         self._groups[group] = st
@@ -707,14 +708,11 @@ class Orchestrator:
             # the row size (dtype and row shape only enter through it), the config.
             mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
                     + words.tobytes())
-            if st.adapt is not None:
-                st.adapt.forget()  # no exchange: no telemetry travels
 
             def decode() -> V.A2ALayout:
                 return given
         else:
-            meta = tr.exchange(np.r_[row, self._adapt_words(st)], deadline)
-            meta = self._adapt_exchanged(st, meta, row.size)
+            meta = self._exchange_a2a(st, row, deadline)
             mkey = b"A" + meta.tobytes()
 
             def decode() -> V.A2ALayout:
@@ -779,8 +777,6 @@ class Orchestrator:
                 pair_bytes[s, d] += nb
             return _P2PLayout(matches, pair_bytes)
 
-        if st.adapt is not None:
-            st.adapt.forget()  # no telemetry travels with point-to-point batches
         call = self._p2p_call(st, list(ops), b"P" + words.tobytes() + meta.tobytes(), decode)
         handle = self._pipeline(st, call, t0, deadline, wait=False)
         return [handle] * len(ops)
@@ -828,7 +824,7 @@ class Orchestrator:
 
         return _Call("all_to_all_single", mkey, decode,
                      lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
-                     timing if reuse else None)
+                     timing)
 
     def _p2p_call(
         self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
@@ -899,6 +895,12 @@ class Orchestrator:
                 cached = False
                 entry = self._schedule(st, dec, call.segments(layout), pair_bytes)
                 st.schedules.put(key, entry)
+        if st.adapt is not None:
+            # On every rank alike (whether this rank times the call or not): the
+            # plan of what the next row's words describe sets their number.
+            # Rounds posted as groups (NCCL) are not timed.
+            timed = entry is not None and call.timing is not None and not tr.grouped_rounds
+            st.adapt.note(entry[3] if timed else None, entry[1] if timed else None)
         t2 = time.perf_counter()
         send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
         try:
@@ -911,13 +913,12 @@ class Orchestrator:
                                 host_wait=not tr.nccl)
             else:
                 timing = None
-                if st.adapt is not None and wait and call.timing is not None:
+                if st.adapt is not None and wait and st.adapt.sampled:
                     timing = call.timing(layout)
                 handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
                                 wait=timing is not None, finish=finish, timing=timing)
                 if timing is not None:
-                    st.adapt.observe(entry[3], entry[1], [
-                        (s, last, sec) for (s, last), sec in handle.timings.items()])
+                    st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
             if wait:
                 handle.wait()
         except CommError:
@@ -980,7 +981,7 @@ class Orchestrator:
         rank that passed no matrix still meets this one in the same
         collective, and a configuration that differs raises on every rank.
         """
-        layout = V.decode_a2a(st.transport.exchange(row, deadline))
+        layout = V.decode_a2a(self._exchange_a2a(st, row, deadline))
         if not np.array_equal(layout.in_rows, given.in_rows):
             s, d = (int(v) for v in np.argwhere(layout.in_rows != given.in_rows)[0])
             raise ValueError(
@@ -1008,26 +1009,25 @@ class Orchestrator:
 
     # --------------------------------------------------- live adaptation
     @staticmethod
-    def _adapt_words(st: _GroupState) -> np.ndarray:
-        """This rank's telemetry words (zeros without adaptation: every row has one width)."""
-        n = st.transport.size
-        return np.zeros(n * n, dtype=np.int64) if st.adapt is None else st.adapt.words()
+    def _exchange_a2a(st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
+        """Exchange ``all_to_all_single`` rows with their telemetry words; the rows without.
 
-    @staticmethod
-    def _adapt_exchanged(st: _GroupState, meta: np.ndarray, width: int) -> np.ndarray:
-        """Split the telemetry words off the exchanged rows; re-plan if the estimates moved.
-
-        Every rank holds the same rows and the same history, so every rank
-        reaches the same estimates and the same plan.
+        Without adaptation a row has no telemetry words. With it, each row
+        carries ``st.adapt.width`` words: a function of the plan of the last
+        call, which every rank ran, so every row has one width (a rank that
+        adapts and one that does not never ran a call together: the first
+        call, without words on either, fails the fingerprint check on every
+        rank). Every rank absorbs the same words and so re-plans alike.
         """
-        if st.adapt is not None:
-            st.adapt.absorb(meta[:, width:])
-            if st.adapt.replan():
-                st.plan_fabric = st.adapt.fabric
-                st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds,
-                                                st.paths.max_hops)
-                st.last_call = (None, None, None)
-        return np.ascontiguousarray(meta[:, :width])
+        if st.adapt is None:
+            return st.transport.exchange(row, deadline)
+        meta = st.transport.exchange(np.r_[row, st.adapt.words()], deadline)
+        st.adapt.absorb(meta[:, row.size:])
+        if st.adapt.replan():
+            st.plan_fabric = st.adapt.fabric
+            st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
+            st.last_call = (None, None, None)
+        return np.ascontiguousarray(meta[:, : row.size])
 
     def _account(
         self, op: str, total: int, entry: Any, t0: float, t1: float, t2: float, cached: bool

@@ -6,11 +6,14 @@ so every rank reaches the same estimates and the same plans:
 * :func:`encode_times` / :func:`decode_times`: what one rank observed in one
   call, the completion time (microseconds after its transfer started) of
   the last chunk it received of every ``(source, last forwarder)`` stream,
-  as ``N * N`` int64 words that ride along the next call's metadata row;
+  as int64 words that ride along the next call's metadata row, one per
+  stream the call's plan defines into the rank (:func:`streams_into`);
 * :func:`link_ratios`: the per-link *effective capacity ratio* those times
   imply (greedy tomography: the most slowed link explains every stream that
-  crosses it; ratios are relative to the fastest stream, so a machine
-  that is uniformly slower than the fabric model sees no change);
+  crosses it; slowdowns are relative to the typical stream, so a machine
+  that is uniformly slower than the fabric model sees no change, and to the
+  other streams of the same receiver and forwarder, so a host slow as a
+  whole is not read as slow links);
 * :class:`LinkEstimator`: a median over the last ``window`` observations per
   link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
   after ``ttl`` calls without an observation (the link is then tried again:
@@ -39,8 +42,9 @@ __all__ = [
     "decode_times",
     "encode_times",
     "link_ratios",
-    "ratios_from_times",
     "stream_links",
+    "stream_times",
+    "streams_into",
 ]
 
 #: Time words are microseconds; 0 means "no observation".
@@ -96,7 +100,8 @@ def link_ratios(
     nominal_Bps: np.ndarray,
     *,
     slow: float = 2.0 / 3.0,
-    reference_quantile: float = 0.0,
+    reference_quantile: float = 0.3,
+    num_ranks: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Effective-capacity ratios per link implied by stream completion times.
 
@@ -109,13 +114,26 @@ def link_ratios(
     carried in the call. A stream's *expected* time is the congestion time
     of its busiest link at nominal capacity; its *slowdown* is measured over
     expected, relative to the ``reference_quantile`` of all streams (so a
-    machine uniformly slower than the fabric model sees no change). A stream
+    machine uniformly slower than the fabric model sees no change; not the
+    least slowed stream: streams that share a link are served in some
+    order, and in the emulator the first one served ended at 0.56 of its
+    link's time, which made every other stream look 1.8x slowed). A stream
     slowed beyond ``1 / slow`` is explained by one link: the link that the
     most slowed streams cross (ties: the busiest), which gets the ratio that
     makes its time match the slowest of them; its streams are then removed
     and the next link is sought. A link crossed by an unslowed stream carried
     its bytes within that stream's time: a lower bound of its ratio (it may
     have had slack), ``min(1, busy / time)``.
+
+    With ``num_ranks`` (the keys are then :func:`stream_links` keys), a
+    rank is a resource too: a host that is slow as a whole (CPU-bound)
+    finishes *all* its streams late, which no link explains. A stream is
+    then slowed only if it also ended ``1 / slow`` x later than the earliest
+    of the other streams into its receiver, and than the earliest of the
+    other streams its last forwarder sent: a link is blamed only for
+    slowing some streams of a host but not others. (Measured in the
+    emulator: every stream into the hot receiver of ``hotspot:0.6`` ended
+    at the same moment, 1 to 14 x its expected time.)
 
     Examples
     --------
@@ -127,9 +145,24 @@ def link_ratios(
 
     >>> streams = {0: np.array([0]), 1: np.array([0, 2]), 2: np.array([1, 2])}
     >>> r, lo = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0),
-    ...                     np.full(3, 10.0))
+    ...                     np.full(3, 10.0), reference_quantile=0.0)
     >>> r.tolist(), lo.tolist()
     ([nan, nan, 0.25], [1.0, nan, nan])
+
+    Three ranks, one link per pair (link ``3 s + d`` from ``s`` to ``d``),
+    10 B on each. Rank 0 is slow as a whole: both its streams end at 4 s;
+    the others end at 1 s. Without ranks as resources, the links into rank
+    0 look slow; with them nothing is blamed (ratios are lower bounds only):
+
+    >>> n = 3
+    >>> keys = {(s * n + s) * n + d: np.array([3 * s + d]) for s in range(n) for d in range(n)
+    ...         if s != d}
+    >>> t = {k: 4.0 if k % n == 0 else 1.0 for k in keys}
+    >>> np.flatnonzero(np.isfinite(link_ratios(keys, t, np.full(9, 10.), np.full(9, 10.))[0]))
+    array([3, 6])
+    >>> r, lo = link_ratios(keys, t, np.full(9, 10.0), np.full(9, 10.0), num_ranks=n)
+    >>> bool(np.isnan(r).all()), lo[[3, 6]].tolist()
+    (True, [0.25, 0.25])
     """
     nom = np.asarray(nominal_Bps, dtype=np.float64)
     busy_s = np.asarray(link_bytes, dtype=np.float64) / nom
@@ -147,7 +180,7 @@ def link_ratios(
     took = np.array([times_s[k] for k in keys])
     scale = float(np.quantile(took / expect, reference_quantile))
     took = took / scale                           # in nominal-fabric seconds
-    slowed = took * slow > expect
+    slowed = took * slow > np.maximum(expect, _host_reference(np.array(keys), took, num_ranks))
     left = np.ones(len(keys), dtype=bool)
     while (slowed & left).any():
         m = crosses[slowed & left]
@@ -165,6 +198,25 @@ def link_ratios(
         seen = m.any(axis=0) & np.isnan(out)
         floor[seen] = np.nanmax(lb[:, seen], axis=0)
     return out, floor
+
+
+def _host_reference(keys: np.ndarray, took: np.ndarray, num_ranks: int | None) -> np.ndarray:
+    """Per stream, the earliest time among the streams into its receiver and from its forwarder.
+
+    The groups are its receiver's streams and its last forwarder's (the
+    ranks whose own slowness would delay every stream of the group); a
+    group of one stream is no reference (0).
+    """
+    ref = np.zeros(keys.size)
+    if num_ranks is None:
+        return ref
+    n = int(num_ranks)
+    for host in (keys % n, keys // n % n):  # receiver, last forwarder
+        first = np.full(n, np.inf)
+        np.minimum.at(first, host, took)
+        size = np.bincount(host, minlength=n)
+        ref = np.maximum(ref, np.where(size[host] > 1, first[host], 0.0))
+    return ref
 
 
 class LinkEstimator:
@@ -214,7 +266,12 @@ class LinkEstimator:
         """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
 
         A lower bound above a link's estimate (the link proved faster) is
-        taken as an observation; one below it says nothing.
+        taken as an observation; one below it says nothing. A lower bound
+        of a link without an estimate (no stream of it was slowed) is taken
+        as an observation at nominal: one slow call after it moves the
+        median only halfway (a single late call, measured in the emulator
+        without any co-tenant, is no reason to re-plan), while a link slow
+        from its first call on is learned in that call.
         """
         r = np.array(ratios, dtype=np.float64)
         if floors is not None:
@@ -222,6 +279,7 @@ class LinkEstimator:
             med = self._median()
             up = np.isnan(r) & np.isfinite(lo) & np.isfinite(med) & (lo > med)
             r[up] = lo[up]
+            r[np.isnan(r) & np.isfinite(lo) & np.isnan(med)] = 1.0
         seen = np.flatnonzero(np.isfinite(r))
         self._hist[self._next[seen] % self._hist.shape[0], seen] = np.clip(r[seen], 0.0, 1.0)
         self._next[seen] += 1
@@ -271,20 +329,37 @@ class SwitchPolicy:
         return bool((f >= self.probe_threshold).any())
 
 
-def ratios_from_times(
-    paths: object, flow_path: np.ndarray, link_bytes: np.ndarray, nominal_Bps: np.ndarray,
-    words: Sequence[np.ndarray], num_ranks: int, streams: dict[int, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`link_ratios` of every rank's :func:`encode_times` words (row ``d``: rank ``d``'s)."""
+def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
+    """Per destination, the keys of the :func:`stream_links` streams into it, ascending.
+
+    Every rank derives it from the same plan, so the position of a stream
+    in its destination's list names it in the telemetry words without
+    sending the key: rank ``d``'s word ``i`` is the time of stream
+    ``streams_into(...)[d][i]``.
+
+    Examples
+    --------
+    >>> streams = {(0 * 3 + 0) * 3 + 2: None, (1 * 3 + 0) * 3 + 2: None, (2 * 3 + 2) * 3 + 1: None}
+    >>> [k.tolist() for k in streams_into(streams, 3)]
+    [[], [25], [2, 11]]
+    """
     n = int(num_ranks)
-    if streams is None:
-        streams = stream_links(paths, flow_path, n)
-    times: dict[int, float] = {}
-    for d, w in enumerate(words):
-        t = decode_times(np.asarray(w)[: n * n]).reshape(n, n)
-        for s, last in zip(*np.nonzero(np.isfinite(t)), strict=True):
-            times[(int(s) * n + int(last)) * n + d] = float(t[s, last])
-    return link_ratios(streams, times, link_bytes, nominal_Bps)
+    keys = np.array(sorted(streams), dtype=np.int64)
+    return [keys[keys % n == d] for d in range(n)]
+
+
+def stream_times(into: Sequence[np.ndarray], words: np.ndarray) -> dict[int, float]:
+    """Stream key -> completion time (seconds) from every rank's words (row ``d``: rank ``d``'s).
+
+    ``into`` is :func:`streams_into` of the call's plan; words past a
+    destination's streams, and words ``<= 0``, carry nothing.
+    """
+    w = np.asarray(words, dtype=np.int64)
+    out: dict[int, float] = {}
+    for d, keys in enumerate(into):
+        t = decode_times(w[d, : keys.size])
+        out.update((int(k), float(x)) for k, x in zip(keys, t, strict=True) if np.isfinite(x))
+    return out
 
 
 #: ``PATHWEAVE_ADAPT=1`` turns live adaptation on for orchestrators that do not say.
@@ -306,53 +381,114 @@ def adapt_default() -> bool:
 class Adaptation:
     """Live adaptation of one process group: observations, estimates, the fabric to plan on.
 
-    Per call: :meth:`words` is this rank's observation of the previous call
-    (``N * N`` int64 words appended to the metadata row); :meth:`absorb` takes
+    Per call: :meth:`words` is this rank's observation of the previous
+    multi-path call, one int64 word per stream its plan defines into this
+    rank (:func:`streams_into`), padded to :attr:`width` (the most streams
+    any rank receives: every row has one width, and every rank knows it
+    from the plan); they ride along the metadata row. :meth:`absorb` takes
     every rank's words after the exchange and updates the estimates the same
     way on every rank; :meth:`replan` says whether to plan again, and
-    :attr:`fabric` / :attr:`paths` are what to plan on; after a multi-path
-    call :meth:`observe` turns this rank's receive completion times into
-    the next call's words.
+    :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
+    pipeline runs is given to :meth:`note` on every rank (what the next
+    words describe); :meth:`observe` fills in this rank's receive completion times
+    where the call was timed.
     """
 
-    def __init__(self, fabric: Fabric, paths: object, **estimator: int):
+    #: A plan's first call is timed, then every ``SAMPLE_EVERY``-th: timing and
+    #: absorbing a call cost about 1.5 % of a call in the emulator (every rank
+    #: computes the same estimates on 2 shared cores), sampling makes that 0.2 %.
+    SAMPLE_EVERY = 8
+
+    def __init__(self, fabric: Fabric, paths: object, rank: int, **estimator: int):
         self.nominal = fabric
         self.fabric = fabric
         self.paths = paths
         self.n = fabric.num_ranks
+        self.rank = int(rank)
         self.est = LinkEstimator(fabric.num_links, **estimator)
         self.policy = SwitchPolicy()
         self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
+        self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
-        self._streams: tuple[bytes | None, dict[int, np.ndarray]] = (None, {})
+        # plan key -> [stream links, streams into each rank, this rank's stream -> word,
+        # calls of the plan since its last sampled one], for the last few plans
+        self._plans: dict[bytes, list] = {}
+        self._plan: list = [{}, [], {}, 0]
 
     @property
     def cap_key(self) -> bytes:
         """Part of the plan-cache key: the estimates the plans are made on."""
         return self.planned_q.tobytes()
 
+    @property
+    def width(self) -> int:
+        """Telemetry words in this call's metadata row (the same on every rank)."""
+        return int(self._mine.size)
+
     def words(self) -> np.ndarray:
         return self._mine
 
-    def forget(self) -> None:
-        """A call without telemetry (no exchange, or point to point): drop what is pending."""
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
-        self._last = None
+    def note(self, fpath: np.ndarray | None, link_bytes: np.ndarray | None) -> None:
+        """The call that the next words describe: its flows' paths and link bytes.
+
+        ``None``: a call without telemetry (torch's path, an op that is not
+        timed): the next row carries no words. A plan's first call is
+        sampled, then every :attr:`SAMPLE_EVERY`-th; the others are not
+        (:attr:`sampled` is false, no words). Called on every rank with the
+        same plans in the same order, so every rank agrees on :attr:`width`;
+        a rank that did not time a sampled call (``async_op``) sends zeros
+        (nothing observed).
+        """
+        self._last, self._mine = None, np.zeros(0, dtype=np.int64)
+        if fpath is None or link_bytes is None:
+            return
+        key = np.asarray(fpath).tobytes()
+        plan = self._plans.get(key)
+        if plan is None:  # a plan's streams serve every call of it
+            streams = stream_links(self.paths, fpath, self.n)
+            into = streams_into(streams, self.n)
+            pos = {int(k) // self.n: i for i, k in enumerate(into[self.rank])}
+            plan = self._plans[key] = [streams, into, pos, -1]
+            if len(self._plans) > 16:  # calls that alternate plans keep theirs
+                del self._plans[next(iter(self._plans))]
+        plan[3] = (plan[3] + 1) % self.SAMPLE_EVERY
+        self._plan = plan
+        if plan[3]:
+            return
+        width = max((k.size for k in plan[1]), default=0)
+        self._last = (np.asarray(fpath), np.asarray(link_bytes))
+        self._mine = np.zeros(width, dtype=np.int64)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the call just noted is to be timed."""
+        return self._last is not None
+
+    def observe(self, recv_times: Sequence[tuple[int, int, float]]) -> None:
+        """This rank's times of the noted call: ``(source, last forwarder, seconds)`` per receive.
+
+        A stream's time is its latest receive's.
+        """
+        if self._last is None:
+            return
+        pos = self._plan[2]
+        t = np.full(self._mine.size, np.nan)
+        for src, last, sec in recv_times:
+            i = pos.get(int(src) * self.n + int(last))
+            if i is not None and not sec <= t[i]:  # NaN or later
+                t[i] = sec
+        self._mine = encode_times(t)
 
     def absorb(self, words: np.ndarray) -> None:
-        """Every rank's words of the previous call (``int64[N, N * N]``)."""
-        last, self._last = self._last, None
-        self._mine = np.zeros(self.n * self.n, dtype=np.int64)
-        if last is None or not (np.asarray(words) > 0).any():
+        """Every rank's words of the noted call (``int64[N, width]``); nothing is noted after."""
+        last = self._last
+        self.note(None, None)
+        w = np.asarray(words)
+        if last is None or not (w > 0).any():
             return
-        fpath, link_bytes = last
-        key = fpath.tobytes()
-        if self._streams[0] != key:  # a plan's streams serve every call of it
-            self._streams = (key, stream_links(self.paths, fpath, self.n))
-        self.est.update(*ratios_from_times(self.paths, fpath, link_bytes,
-                                           self.nominal.capacity_Bps, list(words), self.n,
-                                           self._streams[1]))
+        streams, into = self._plan[:2]
+        self.est.update(*link_ratios(streams, stream_times(into, w), last[1],
+                                     self.nominal.capacity_Bps, num_ranks=self.n))
 
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
@@ -365,13 +501,3 @@ class Adaptation:
         self.fabric = (self.nominal.with_links(moved, name=f"{self.nominal.name}-live")
                        if moved else self.nominal)
         return True
-
-    def observe(self, fpath: np.ndarray, link_bytes: np.ndarray,
-                recv_times: Sequence[tuple[int, int, float]]) -> None:
-        """This rank's multi-path call: ``(source, last forwarder, seconds)`` per final receive."""
-        t = np.full((self.n, self.n), np.nan)
-        for src, last, sec in recv_times:
-            if not sec <= t[src, last]:  # NaN or later
-                t[src, last] = sec
-        self._mine = encode_times(t)
-        self._last = (np.asarray(fpath), np.asarray(link_bytes))
