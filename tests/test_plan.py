@@ -107,6 +107,45 @@ def test_small_messages_stay_on_one_path():
     assert plan.split_pairs() > 0
 
 
+#: Policies that keep pairs below ``min_split_bytes`` whole on their static path.
+PINNING = [p for p in pw.plan.policies() if "min_split_bytes" in pw.plan.policy_info(p).options
+           and p not in ("optimal",)]
+
+
+@pytest.mark.parametrize("policy", PINNING)
+def test_threshold_pins_only_the_pairs_below_it(policy):
+    # Pairs on both sides of the threshold in one demand: each small pair is one
+    # flow on its static path (the hand-picked reference: static_pins), and
+    # the 64 MB pairs 0->5 and 1->4 still split, so the pin table the kernel
+    # gets does not reach pairs at or above the threshold.
+    from pathweave.plan.static import static_pins
+
+    D = np.zeros((8, 8))
+    D[0, 5] = D[1, 4] = 64 * MB
+    D[2, 7] = D[3, 6] = D[6, 1] = 512 << 10
+    D[7, 0] = 1 << 20  # exactly the threshold: free to split
+    plan = pw.plan.make(H100, D, policy, min_split_bytes=1 << 20).validate()
+    pins = static_pins(plan.paths)
+    for s, d in ((2, 7), (3, 6), (6, 1)):
+        assert [r.path_id for r in plan.routes(s, d)] == [int(pins[s * 8 + d])], (s, d)
+    big = [len(plan.routes(s, d)) for s, d in ((0, 5), (1, 4))]
+    if policy != pw.plan.DEFAULT_POLICY:  # mintime may pick a one-path baseline
+        assert min(big) > 1, big
+
+
+def test_option_checks_still_refuse_after_an_equal_valid_value():
+    # Option sets found valid are remembered; the key holds each value's type,
+    # so refine=True (== 1) and fraction=1.5 after 0.5 are still refused.
+    D = pw.traffic.hotspot(8, 4 * MB, 0.9)
+    pw.plan.make(H100, D, "mwu", refine=1, fraction=0.5)
+    with pytest.raises(TypeError, match="refine"):
+        pw.plan.make(H100, D, "mwu", refine=True)
+    with pytest.raises(PlanError, match="fraction"):
+        pw.plan.make(H100, D, "mwu", fraction=1.5)
+    with pytest.raises(TypeError, match="fraction"):
+        pw.plan.make(H100, D, "mwu", fraction=[0.5])
+
+
 def test_hop_penalty_keeps_tiny_messages_on_the_shortest_path():
     D = one_pair(8, 0, 1, 64 << 10)  # 64 KiB: ~0.5 us on NVLink, penalty 2 us
     plan = pw.plan.make(H100, D, "mwu", min_split_bytes=0, chunk_bytes=4096)

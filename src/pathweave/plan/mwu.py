@@ -69,12 +69,14 @@ DEFAULTS = {
 
 def _derived(paths: PathSet, hop_penalty_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-path hop penalty (s) and per-link 1/capacity, kept with the path set."""
-    penalty = paths.derived(
-        ("mwu.penalty_s", float(hop_penalty_s)),
-        lambda: _readonly(_extra_hops(paths) * float(hop_penalty_s)),
-    )
-    inv_cap = paths.derived("inv_capacity", lambda: _readonly(1.0 / paths.fabric.capacity_Bps))
-    return penalty, inv_cap
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        penalty = _readonly(_extra_hops(paths) * float(hop_penalty_s))
+        return penalty, _readonly(1.0 / paths.fabric.capacity_Bps)
+
+    # One look-up per plan: the key is the option as given (a float or an int
+    # of equal value finds the same tables).
+    return paths.derived(("mwu.tables", hop_penalty_s), build)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -103,11 +105,29 @@ def _check_options(
 ) -> None:
     """Every Algorithm-1 option in range (``mwu``'s, and ``mwu_time``'s, which has no
     hop penalty); PlanError naming the first that is not."""
+    # NOTE: every plan checks its options, and five checks cost ~3 us of a
+    # ~50 us plan at 8 ranks; a set of options once found valid is not checked
+    # again. Types are part of the key: True == 1, but refine=True is refused.
+    key = (type(fraction), fraction, type(chunk_bytes), chunk_bytes, type(min_split_bytes),
+           min_split_bytes, type(hop_penalty_s), hop_penalty_s, type(refine), refine)
+    try:
+        if key in _VALID_OPTIONS:
+            return
+    except TypeError:  # an unhashable value: the checks below name it
+        pass
     _check("fraction", fraction, 0.0, 1.0, lo_open=True)
     _check("chunk_bytes", chunk_bytes, 1, 2**62)
     _check("min_split_bytes", min_split_bytes, 0, 2**62)
     _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
     _check("refine", refine, 0, 1000)
+    if len(_VALID_OPTIONS) < _VALID_OPTIONS_MAX:
+        _VALID_OPTIONS.add(key)
+
+
+#: Option sets :func:`_check_options` found valid (bounded: a sweep over many
+#: values keeps checking, it does not grow the set).
+_VALID_OPTIONS: set[tuple] = set()
+_VALID_OPTIONS_MAX = 64
 
 
 @register(
@@ -178,7 +198,7 @@ def route_flows(
     """
     penalty, _ = _derived(paths, hop_penalty_s)
     flat = np.ascontiguousarray(demand_flat, dtype=np.int64)
-    pin = _pins(paths, flat, min_split_bytes) if pin_small else np.full(flat.size, -1, np.int64)
+    pin = static_pins(paths) if pin_small else _no_pins(paths)
     pid, fb, _ = route_pinned(
         flat, paths.pair_ptr, paths.links, paths.length, penalty, inv_cap_per_link,
         float(fraction), np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
@@ -187,12 +207,11 @@ def route_flows(
     return pid, fb
 
 
-def _pins(paths: PathSet, flat: np.ndarray, min_split_bytes: int) -> np.ndarray:
-    """``int64[N * N]``: the ``static`` path of each pair below ``min_split_bytes``, else -1."""
-    small = (flat > 0) & (flat < min_split_bytes)
-    if not small.any():
-        return np.full(flat.size, -1, dtype=np.int64)
-    return np.where(small, static_pins(paths), -1)
+def _no_pins(paths: PathSet) -> np.ndarray:
+    """``int64[N * N]`` of -1: a pin table that pins no pair, kept with the path set."""
+    return paths.derived(
+        "mwu.no_pins", lambda: _readonly(np.full(paths.num_ranks**2, -1, dtype=np.int64))
+    )
 
 
 def route(
@@ -215,12 +234,11 @@ def route(
 
     Pairs below ``min_split_bytes`` are pinned to their ``static`` path.
     """
-    flat = demand.reshape(-1)
-    pin = _pins(paths, flat, min_split_bytes)
+    # The kernel pins only the pairs below min_split_bytes to these paths.
     pid, fb, sweeps = route_pinned(
-        flat, paths.pair_ptr, links, length, penalty_s, inv_cap, float(fraction),
+        demand.reshape(-1), paths.pair_ptr, links, length, penalty_s, inv_cap, float(fraction),
         np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
-        np.int64(inv_cap.size), pin,
+        np.int64(inv_cap.size), static_pins(paths),
     )
     pid.setflags(write=False)
     fb.setflags(write=False)
