@@ -401,19 +401,19 @@ def replan(
     >>> p2.policy, p2.info["chosen"]
     ('mintime', 'warm')
     """
-    from pathweave.plan.registry import as_demand
+    from pathweave.plan.registry import demand_bytes
 
     d = MINTIME_DEFAULTS
     chunk = d["chunk_bytes"] if chunk_bytes is None else chunk_bytes
     split = d["min_split_bytes"] if min_split_bytes is None else min_split_bytes
     t0 = time.perf_counter()
-    dem = as_demand(demand, prev.paths.num_ranks)
+    dem, largest = demand_bytes(demand, prev.paths.num_ranks)
     margin = d["margin"] if margin is None else margin
     tie = d["tie"] if tie is None else tie
     _check_rule(margin, tie)
     fab, ps = prev.fabric, prev.paths
     multi: dict[str, Callable[[], Plan]] = {}
-    if int(dem.max(initial=0)) >= split:
+    if largest >= split:
         multi["warm"] = lambda: warm_start(prev, dem, model=model, chunk_bytes=chunk,
                                            min_split_bytes=split)
     prev_pick = prev.info.get("chosen")

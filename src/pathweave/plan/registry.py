@@ -129,13 +129,19 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
 
     Planners route whole bytes, so every entry must be a whole number.
     """
+    return demand_bytes(demand, num_ranks)[0]
+
+
+def demand_bytes(demand: Any, num_ranks: int) -> tuple[np.ndarray, int]:
+    """:func:`as_demand`, and the largest pair's bytes (read in the same pass)."""
     arr = demand if isinstance(demand, np.ndarray) else None
     if (arr is not None and arr.shape == (num_ranks, num_ranks) and arr.flags.c_contiguous
             and arr.dtype in (np.float64, np.int64)):
         out = np.empty(arr.shape, dtype=np.int64)  # always a copy: no later edit reaches the plan
-        if whole_bytes(arr, out):
+        largest = int(whole_bytes(arr, out))
+        if largest >= 0:
             out.setflags(write=False)
-            return out
+            return out, largest
         # Not plain bytes: the checks below name the bad entry.
     # NOTE: fast path for the runtime's per-call planning: a well-formed
     # float or int matrix passes with a handful of vectorised checks; anything
@@ -160,7 +166,7 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
         d = di
     out = d.astype(np.int64)  # always a copy: the plan must not see later edits
     out.setflags(write=False)
-    return out
+    return out, int(out.max(initial=0))
 
 
 def make(
