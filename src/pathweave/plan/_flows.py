@@ -120,13 +120,16 @@ def _stripe_flows(flat, ptr, pid, fp, fb):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def whole_bytes(src, out):  # pragma: no cover - numba
+def whole_bytes(src, out, rows, cols):  # pragma: no cover - numba
     """Copy square ``src`` into int64 ``out``; the largest entry if every entry is
-    a whole, non-negative number and the diagonal is zero, else -1.
+    a whole, non-negative number and the diagonal is zero, else -1. Adds each
+    row's sum to ``rows`` and each column's to ``cols`` (int64, valid when
+    the result is not -1).
 
     NOTE: one pass instead of numpy's five (finite, min, diagonal, rint,
     compare, cast): the demand checks were most of a 1024-GPU replan. The
-    largest entry comes with it, saving the replan a pass of its own.
+    largest entry and the sums (the cut bound's) come with it, saving the
+    replan two passes of their own.
     """
     n = src.shape[0]
     bad = False
@@ -134,13 +137,18 @@ def whole_bytes(src, out):  # pragma: no cover - numba
     for i in range(n):
         row = src[i]
         dst = out[i]
+        acc = np.int64(0)
         for j in range(n):
             x = row[j]
             y = np.int64(x)
             dst[j] = y
             top = max(top, y)
+            acc += y
             # not (x < 2**63): NaN, inf and overflow (the cast is undefined there)
             bad |= (x < 0) | (not (x < 9.2e18)) | (y != x)
+        rows[i] += acc
+        for j in range(n):  # a loop of its own: it vectorises
+            cols[j] += dst[j]
     for i in range(n):
         bad |= out[i, i] != 0
     return np.int64(-1) if bad else top

@@ -405,7 +405,6 @@ def cut_sums(demand, rank_node, members_ptr, members):  # pragma: no cover - num
     Integer sums: exact, and the row and column adds vectorise.
     """
     ranks = demand.shape[0]
-    nnodes = members_ptr.shape[0] - 1
     rows = np.zeros(ranks, dtype=np.int64)
     cols = np.zeros(ranks, dtype=np.int64)
     for s in range(ranks):
@@ -416,6 +415,15 @@ def cut_sums(demand, rank_node, members_ptr, members):  # pragma: no cover - num
             acc += x
             cols[t] += x
         rows[s] = acc
+    return node_sums(demand, rows, cols, rank_node, members_ptr, members)
+
+
+@njit(cache=True)
+def node_sums(demand, rows, cols, rank_node, members_ptr, members):  # pragma: no cover - numba
+    """:func:`cut_sums` from the GPUs' sums ``rows`` / ``cols`` (bytes out of / into
+    each GPU): reads only the pairs inside each node."""
+    ranks = demand.shape[0]
+    nnodes = members_ptr.shape[0] - 1
     nout = np.zeros(nnodes, dtype=np.int64)
     nin = np.zeros(nnodes, dtype=np.int64)
     for s in range(ranks):
@@ -444,7 +452,22 @@ def cut_sums(demand, rank_node, members_ptr, members):  # pragma: no cover - num
 def cut_bound(demand, rank_node, members_ptr, members, gpu_out, gpu_in, node_out,
               node_in):  # pragma: no cover - numba
     """``(max over cuts of bytes / capacity, whether any byte moves)`` from :func:`cut_sums`."""
-    rows, cols, nout, nin, used = cut_sums(demand, rank_node, members_ptr, members)
+    return _worst_cut(*cut_sums(demand, rank_node, members_ptr, members), gpu_out, gpu_in,
+                      node_out, node_in)
+
+
+@njit(cache=True)
+def cut_bound_sums(demand, rows, cols, rank_node, members_ptr, members, gpu_out, gpu_in,
+                   node_out, node_in):  # pragma: no cover - numba
+    """:func:`cut_bound` with the GPUs' sums given (the demand check's,
+    :func:`pathweave.plan._flows.whole_bytes`): no pass over the whole demand."""
+    return _worst_cut(*node_sums(demand, rows, cols, rank_node, members_ptr, members),
+                      gpu_out, gpu_in, node_out, node_in)
+
+
+@njit(cache=True)
+def _worst_cut(rows, cols, nout, nin, used, gpu_out, gpu_in, node_out,
+               node_in):  # pragma: no cover - numba
     worst = 0.0
     for load, cap in ((rows, gpu_out), (cols, gpu_in), (nout, node_out), (nin, node_in)):
         for k in range(load.shape[0]):
