@@ -467,6 +467,27 @@ FACTOR_FABS = [
 
 @pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
 @pytest.mark.parametrize("fab", FACTOR_FABS, ids=lambda f: f.name)
+def test_striped_plans_equal_the_pair_by_pair_split(fab, name):
+    # One stripe per pair takes the per-pair path map (single_paths), several
+    # the stripe pointers; both must give the fragments of the slow twin.
+    from pathweave.plan._flows import single_paths, stripe_flows_reference
+
+    rng = np.random.default_rng(17)
+    ps = pw.fabric.candidate_paths(fab)
+    stripes = pw.plan.policy_info(name).stripes(ps)
+    one = bool((np.diff(stripes[0]) <= 1).all())
+    assert (single_paths(ps, stripes, name) is not None) == one
+    sparse = _random_demand(rng, fab.num_ranks, 2)
+    sparse[rng.random(sparse.shape) < 0.8] = 0
+    for D in [*(_random_demand(rng, fab.num_ranks, k) for k in (0, 1, 2)), sparse,
+              np.zeros((fab.num_ranks,) * 2, dtype=np.int64)]:
+        plan = pw.plan.make(fab, D, name)
+        fp, fb = stripe_flows_reference(plan.demand, stripes)
+        assert np.array_equal(plan.flow_path, fp) and np.array_equal(plan.flow_bytes, fb)
+
+
+@pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
+@pytest.mark.parametrize("fab", FACTOR_FABS, ids=lambda f: f.name)
 def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, name):
     from pathweave.plan._stripe_kernel import factored_terms, stripe_terms_reference
     from pathweave.plan.timemodel import factored, stripe_time
@@ -512,7 +533,7 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
 @pytest.mark.parametrize("fab", PRUNE_FABS, ids=lambda f: f.name)
 def test_cut_sums_equal_the_pair_by_pair_sums(fab):
     from pathweave.plan._stripe_kernel import cut_sums, cut_sums_reference
-    from pathweave.plan.timemodel import _cut_tables, default_model
+    from pathweave.plan.timemodel import _cut_tables, default_model, lower_bound_s
 
     ps = pw.fabric.candidate_paths(fab)
     node, _, _, nout_cap, _, members_ptr, members = _cut_tables(ps, default_model())
@@ -524,6 +545,10 @@ def test_cut_sums_equal_the_pair_by_pair_sums(fab):
         for g, w in zip(got[:4], want[:4], strict=True):
             assert np.array_equal(g.astype(np.float64), w)
         assert got[4] == want[4]
+        # The bound from the demand check's sums (as replan passes them) is the same.
+        checked = pw.plan.registry.demand_bytes(D.astype(np.float64), fab.num_ranks)
+        assert lower_bound_s(ps, checked.bytes, sums=(checked.rows, checked.cols)) == (
+            lower_bound_s(ps, checked.bytes))
 
 
 def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
@@ -541,12 +566,24 @@ def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
     cases.append(diag)
     for D in cases:
         out = np.empty(D.shape, dtype=np.int64)
+        rows, cols = np.zeros(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
         want = whole_bytes_reference(D)
-        assert whole_bytes(D, out) == (want is not None)
+        got = whole_bytes(D, out, rows, cols)
+        # the largest entry where the matrix is plain bytes, else -1
+        assert got == (-1 if want is None else want.max())
         if want is not None:
             assert np.array_equal(out, want)
+            assert np.array_equal(rows, want.sum(axis=1))
+            assert np.array_equal(cols, want.sum(axis=0))
     # Through the public check: a bad entry is named, a good matrix copied.
     with pytest.raises(pw.errors.WorkloadError, match=r"D\[2, 5\]"):
         pw.plan.registry.as_demand(cases[3], 8)
     d = pw.plan.registry.as_demand(cases[1], 8)
     assert np.array_equal(d, good) and not d.flags.writeable
+    # demand_bytes: the same copy and its largest entry, on the fast path and
+    # on the general one (a list, another dtype).
+    for D in (good, good.astype(np.float64), good.tolist(), good.astype(np.int32),
+              np.zeros((8, 8))):
+        d, largest, rows, cols = pw.plan.registry.demand_bytes(D, 8)
+        assert np.array_equal(d, np.asarray(D)) and largest == int(np.max(D))
+        assert np.array_equal(rows, d.sum(axis=1)) and np.array_equal(cols, d.sum(axis=0))

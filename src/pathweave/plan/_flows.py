@@ -120,27 +120,38 @@ def _stripe_flows(flat, ptr, pid, fp, fb):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def whole_bytes(src, out):  # pragma: no cover - numba
-    """Copy square ``src`` into int64 ``out``; True if every entry is a whole,
-    non-negative number and the diagonal is zero.
+def whole_bytes(src, out, rows, cols):  # pragma: no cover - numba
+    """Copy square ``src`` into int64 ``out``; the largest entry if every entry is
+    a whole, non-negative number and the diagonal is zero, else -1. Adds each
+    row's sum to ``rows`` and each column's to ``cols`` (int64, valid when
+    the result is not -1).
 
     NOTE: one pass instead of numpy's five (finite, min, diagonal, rint,
-    compare, cast): the demand checks were most of a 1024-GPU replan.
+    compare, cast): the demand checks were most of a 1024-GPU replan. The
+    largest entry and the sums (the cut bound's) come with it, saving the
+    replan two passes of their own.
     """
     n = src.shape[0]
     bad = False
+    top = np.int64(0)
     for i in range(n):
         row = src[i]
         dst = out[i]
+        acc = np.int64(0)
         for j in range(n):
             x = row[j]
             y = np.int64(x)
             dst[j] = y
+            top = max(top, y)
+            acc += y
             # not (x < 2**63): NaN, inf and overflow (the cast is undefined there)
             bad |= (x < 0) | (not (x < 9.2e18)) | (y != x)
+        rows[i] += acc
+        for j in range(n):  # a loop of its own: it vectorises
+            cols[j] += dst[j]
     for i in range(n):
         bad |= out[i, i] != 0
-    return not bad
+    return np.int64(-1) if bad else top
 
 
 def whole_bytes_reference(src: np.ndarray) -> np.ndarray | None:
@@ -152,6 +163,60 @@ def whole_bytes_reference(src: np.ndarray) -> np.ndarray | None:
     return a.astype(np.int64) if ok else None
 
 
+@njit(cache=True)
+def _single_flows(flat, path_of, fp, fb):  # pragma: no cover - numba
+    # _stripe_flows where no pair has more than one stripe: path_of[q] is pair
+    # q's path (-1: none). NOTE: branch-free (every pair is written, the count
+    # moves on only for a kept one) and no stripe pointers to read: half the
+    # time of _stripe_flows on a dense 1024-GPU demand. fp / fb need one slot
+    # more than the fragments.
+    i = 0
+    for q in range(flat.shape[0]):
+        d = flat[q]
+        p = path_of[q]
+        fp[i] = p
+        fb[i] = d
+        i += (d > 0) & (p >= 0)
+    return i
+
+
+def single_paths(
+    paths: PathSet, stripes: tuple[np.ndarray, np.ndarray], key: str
+) -> np.ndarray | None:
+    """Every pair's one stripe path (``int32[N * N]``, -1: none), or None where a pair
+    has several; kept with ``paths`` under ``key`` (the stripes' owner)."""
+
+    def build() -> np.ndarray | None:
+        ptr, pid = stripes
+        count = np.diff(ptr)
+        if count.size and (count.max() > 1 or paths.num_paths >= 2**31):
+            return None
+        out = np.full(count.size, -1, dtype=np.int32)
+        out[count == 1] = pid
+        out.setflags(write=False)
+        return out
+
+    return paths.derived(("stripes.single", key), build)
+
+
+def stripe_flows_reference(
+    demand: np.ndarray, stripes: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Slow twin of :func:`stripe_plan`'s kernels: ``(flow_path, flow_bytes)``, pair by pair."""
+    ptr, pid = stripes
+    fp: list[int] = []
+    fb: list[int] = []
+    for q, d in enumerate(np.asarray(demand, dtype=np.int64).reshape(-1).tolist()):
+        k = int(ptr[q + 1] - ptr[q])
+        if d <= 0 or k <= 0:
+            continue
+        for j, b in enumerate(split_evenly(np.array([d]), np.array([k])).tolist()):
+            if b > 0:
+                fp.append(int(pid[ptr[q] + j]))
+                fb.append(b)
+    return np.array(fp, dtype=np.int64), np.array(fb, dtype=np.int64)
+
+
 def stripe_plan(
     fabric: Fabric, demand: np.ndarray, paths: PathSet, stripes: tuple[np.ndarray, np.ndarray],
     policy: str,
@@ -160,13 +225,20 @@ def stripe_plan(
 
     ``stripes = (ptr, pid)``: a CSR over all ``N * N`` flat pairs, path ids
     ascending within a pair; earlier paths get the extra bytes
-    (:func:`split_evenly`'s rule).
+    (:func:`split_evenly`'s rule). ``policy`` names the plan and, since a
+    policy's stripes are fixed per path set, keys the per-pair path map of
+    :func:`single_paths` kept with ``paths``.
     """
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
-    fp = np.empty(pid.size, dtype=np.int64)  # pages past the last fragment are never touched
-    fb = np.empty(pid.size, dtype=np.int64)
-    n = _stripe_flows(flat, ptr, pid, fp, fb)
+    single = single_paths(paths, stripes, policy)
+    # pages past the last fragment are never touched
+    fp = np.empty(pid.size + 1, dtype=np.int64)
+    fb = np.empty(pid.size + 1, dtype=np.int64)
+    if single is not None:
+        n = _single_flows(flat, single, fp, fb)
+    else:
+        n = _stripe_flows(flat, ptr, pid, fp, fb)
     if 2 * n < pid.size:  # a sparse demand: do not keep the spare room
         fp, fb = fp[:n].copy(), fb[:n].copy()
     else:

@@ -172,7 +172,7 @@ def mwu_time(
 def search(
     fabric: Fabric, demand: np.ndarray, paths: PathSet, multi: dict[str, Callable[[], Plan]],
     *, model: Any = None, margin: float, tie: float, prune: bool = True,
-    first: str | None = None,
+    first: str | None = None, sums: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[str, Plan, dict[str, float], float]:
     """Plan the candidates in order, skipping those that cannot be chosen.
 
@@ -201,7 +201,8 @@ def search(
 
     ``first`` (a baseline or a key of ``multi``; the previous step's winner
     in :func:`replan`) is scored before anything else and returned at once
-    if it reaches the bound.
+    if it reaches the bound. ``sums``: the demand's row and column sums, if
+    the caller has them (passed to :func:`~pathweave.plan.timemodel.lower_bound_s`).
 
     Returns
     -------
@@ -209,7 +210,7 @@ def search(
         The chosen candidate, the plans and predicted times of the planned
         candidates, and the bound (0.0 without ``prune``).
     """
-    lb = lower_bound_s(paths, demand, model) if prune else 0.0
+    lb = lower_bound_s(paths, demand, model, sums=sums) if prune else 0.0
     reach = lb + min(tail_slack_s(paths, model), REACH_RTOL * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
@@ -401,25 +402,26 @@ def replan(
     >>> p2.policy, p2.info["chosen"]
     ('mintime', 'warm')
     """
-    from pathweave.plan.registry import as_demand
+    from pathweave.plan.registry import demand_bytes
 
     d = MINTIME_DEFAULTS
     chunk = d["chunk_bytes"] if chunk_bytes is None else chunk_bytes
     split = d["min_split_bytes"] if min_split_bytes is None else min_split_bytes
     t0 = time.perf_counter()
-    dem = as_demand(demand, prev.paths.num_ranks)
+    checked = demand_bytes(demand, prev.paths.num_ranks)
+    dem = checked.bytes
     margin = d["margin"] if margin is None else margin
     tie = d["tie"] if tie is None else tie
     _check_rule(margin, tie)
     fab, ps = prev.fabric, prev.paths
     multi: dict[str, Callable[[], Plan]] = {}
-    if int(dem.max(initial=0)) >= split:
+    if checked.largest >= split:
         multi["warm"] = lambda: warm_start(prev, dem, model=model, chunk_bytes=chunk,
                                            min_split_bytes=split)
     prev_pick = prev.info.get("chosen")
     first = "warm" if prev_pick in ("warm", *MULTIPATH) else prev_pick
     name, p, times, lb = search(fab, dem, ps, multi, model=model, margin=margin, tie=tie,
-                                first=first)
+                                first=first, sums=(checked.rows, checked.cols))
     info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times),
             "bound_s": lb}
     return Plan(fab, ps, dem, p.flow_path, p.flow_bytes, DEFAULT_POLICY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -129,13 +129,31 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
 
     Planners route whole bytes, so every entry must be a whole number.
     """
+    return demand_bytes(demand, num_ranks).bytes
+
+
+class DemandBytes(NamedTuple):
+    """A checked demand (:func:`as_demand`) and what the same pass read off it."""
+
+    bytes: np.ndarray
+    largest: int
+    #: ``int64[N]``: bytes out of / into each GPU (the cut bound's sums).
+    rows: np.ndarray
+    cols: np.ndarray
+
+
+def demand_bytes(demand: Any, num_ranks: int) -> DemandBytes:
+    """:func:`as_demand`, with the largest pair and the row and column sums."""
     arr = demand if isinstance(demand, np.ndarray) else None
     if (arr is not None and arr.shape == (num_ranks, num_ranks) and arr.flags.c_contiguous
             and arr.dtype in (np.float64, np.int64)):
         out = np.empty(arr.shape, dtype=np.int64)  # always a copy: no later edit reaches the plan
-        if whole_bytes(arr, out):
+        rows = np.zeros(num_ranks, dtype=np.int64)
+        cols = np.zeros(num_ranks, dtype=np.int64)
+        largest = int(whole_bytes(arr, out, rows, cols))
+        if largest >= 0:
             out.setflags(write=False)
-            return out
+            return DemandBytes(out, largest, rows, cols)
         # Not plain bytes: the checks below name the bad entry.
     # NOTE: fast path for the runtime's per-call planning: a well-formed
     # float or int matrix passes with a handful of vectorised checks; anything
@@ -160,7 +178,7 @@ def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
         d = di
     out = d.astype(np.int64)  # always a copy: the plan must not see later edits
     out.setflags(write=False)
-    return out
+    return DemandBytes(out, int(out.max(initial=0)), out.sum(axis=1), out.sum(axis=0))
 
 
 def make(

@@ -61,7 +61,13 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
-from pathweave.plan._stripe_kernel import cut_bound, factor_tables, factored_terms, intra_tables
+from pathweave.plan._stripe_kernel import (
+    cut_bound,
+    cut_bound_sums,
+    factor_tables,
+    factored_terms,
+    intra_tables,
+)
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -668,7 +674,10 @@ def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np
     return paths.derived(("timemodel.cuts", model if key is None else key), build)
 
 
-def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = None) -> float:
+def lower_bound_s(
+    paths: PathSet, demand: np.ndarray, model: SimModel | None = None, *,
+    sums: tuple[np.ndarray, np.ndarray] | None = None,
+) -> float:
     """A lower bound of :func:`predict_time` of *every* plan of ``demand`` over ``paths``.
 
     Every byte a GPU (a node) sends to another GPU (node) leaves it over the
@@ -686,6 +695,10 @@ def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = N
         ``int64[N, N]`` bytes.
     model
         The :class:`~pathweave.sim.SimModel`; default ``SimModel()``.
+    sums
+        ``(rows, cols)``: ``demand``'s row and column sums where the caller
+        has them (:func:`pathweave.plan.registry.demand_bytes`), saving a
+        pass over the demand.
 
     Examples
     --------
@@ -699,6 +712,10 @@ def lower_bound_s(paths: PathSet, demand: np.ndarray, model: SimModel | None = N
     """
     m = default_model() if model is None else model
     node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
-    worst, used = cut_bound(np.ascontiguousarray(demand, dtype=np.int64), node, members_ptr,
-                            members, gout, gin, nout, nin)
+    dem = np.ascontiguousarray(demand, dtype=np.int64)
+    if sums is None:
+        worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
+    else:
+        worst, used = cut_bound_sums(dem, sums[0], sums[1], node, members_ptr, members, gout,
+                                     gin, nout, nin)
     return float(m.setup_s) + float(worst) if used else 0.0
