@@ -61,6 +61,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
+from pathweave.plan._flows import _stripe_flows
 from pathweave.plan._stripe_kernel import (
     cut_bound,
     cut_bound_sums,
@@ -307,63 +308,9 @@ def _terms(flow_path, flow_bytes, links, length, capacity, rate_cap, start, late
 
 
 @njit(cache=True)
-def _stripe_terms(flat, ptr, pid, links, length, capacity, rate_cap, start, latency, stage,
-                  setup, chunk):
-    # _terms of stripe_plan(flat, ptr, pid) without building it: the same
-    # fragments in the same order, so the same sums to the last bit.
-    load = np.zeros(capacity.shape[0])
-    flows = 0.0
-    used = False
-    for q in range(flat.shape[0]):
-        d = flat[q]
-        if d <= 0:
-            continue
-        used = True
-        k = ptr[q + 1] - ptr[q]
-        if k == 1:  # most pairs: no integer division (it costs as much as the rest)
-            t = _fragment(pid[ptr[q]], float(d), load, links, length, rate_cap, start,
-                          latency, stage, chunk)
-            if t > flows:
-                flows = t
-            continue
-        base = d // k
-        rem = d % k
-        for j in range(k):
-            b = float(base + (1 if j < rem else 0))
-            if b <= 0:
-                continue
-            t = _fragment(pid[ptr[q] + j], b, load, links, length, rate_cap, start, latency,
-                          stage, chunk)
-            if t > flows:
-                flows = t
-    if not used:
-        return 0.0, 0.0
-    # The links term as in _terms: each fragment's fill after its links' drain.
-    drain = _drain(load, capacity)
-    top = drain.max()
-    worst = 0.0
-    for q in range(flat.shape[0]):
-        d = flat[q]
-        if d <= 0:
-            continue
-        k = ptr[q + 1] - ptr[q]
-        base = d if k == 1 else d // k
-        rem = 0 if k == 1 else d % k
-        for j in range(k):
-            b = float(base + (1 if j < rem else 0))
-            if b <= 0:
-                continue
-            p = pid[ptr[q] + j]
-            fill = latency[p] + min(b, chunk) * stage[p]
-            if top + fill > worst:
-                worst = max(worst, _tailed(p, fill, drain, links, length))
-    return setup + worst, flows
-
-
-@njit(cache=True)
 def _stripe_terms_by_link(flat, ptr, rate_cap, start, latency, stage, capacity, lptr, lfrag,
                           tail_max, setup, chunk):
-    # _stripe_terms over gathered tables, link-major: first every fragment's
+    # The striped plan's terms over gathered tables, link-major: first every fragment's
     # bytes, fill and the flows term, then each link's load as a sum over
     # the fragments crossing it, then the tails of the links that could
     # still hold the links term. NOTE: summing per link (a gather) instead
@@ -457,10 +404,12 @@ def stripe_time(
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
     if key is None:
-        pc = path_costs(paths, m)
-        return max(_stripe_terms(flat, ptr, pid, pc.links, pc.length, pc.capacity_Bps,
-                                 pc.rate_cap_Bps, pc.start_s, pc.latency_s,
-                                 pc.stage_s_per_byte, pc.setup_s, float(pc.chunk_bytes)))
+        # The built plan's fragments (stripe_plan's kernel) through predict_time's
+        # own terms: its prediction by construction, without the Plan object.
+        fp = np.empty(pid.size + 1, dtype=np.int64)
+        fb = np.empty(pid.size + 1, dtype=np.int64)
+        n = _stripe_flows(flat, ptr, pid, fp, fb)
+        return max(time_terms(paths, fp[:n], fb[:n], model))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
         _, tailed_s, flows_s = factored_terms(np.ascontiguousarray(demand, dtype=np.int64),
