@@ -117,6 +117,9 @@ def test_estimator_median_quantised_and_expires():
         est.update(np.array([r, 1.0, np.nan]))
     q = est.ratio_q()
     assert q.tolist() == [round(0.4 * 64), 64, 64]
+    with pytest.raises(ValueError):   # kept between updates: callers cannot change it
+        q[0] = 1
+    assert est.ratio_q().tolist() == [26, 64, 64]
     assert est.capacity_Bps(np.array([64.0, 64.0, 64.0])).tolist() == [26.0, 64.0, 64.0]
     for _ in range(3):                         # unobserved past ttl: back to nominal
         est.update(np.array([np.nan, 1.0, np.nan]))

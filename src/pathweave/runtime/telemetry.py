@@ -253,6 +253,10 @@ class LinkEstimator:
         self._hist = np.full((int(window), num_links), np.nan)  # a ring per link
         self._next = np.zeros(num_links, dtype=np.int64)
         self._age = np.zeros(num_links, dtype=np.int64)
+        # ratio_q of the current windows: they change only in update(), and the
+        # orchestrator asks every call (a NaN median per link costs a rank about
+        # a millisecond, 8 ranks on 2 cores several per call).
+        self._q: np.ndarray | None = None
 
     def _median(self) -> np.ndarray:
         """Median of each link's window (NaN for an empty one)."""
@@ -288,14 +292,21 @@ class LinkEstimator:
         self._age[unseen] += 1
         stale = unseen & (self._age > self.ttl)
         self._hist[:, stale] = np.nan
+        self._q = None
 
     def ratio_q(self) -> np.ndarray:
-        """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal)."""
-        med = self._median()
-        q = np.full(med.size, self.levels, dtype=np.int64)
-        ok = np.isfinite(med)
-        q[ok] = np.clip(np.round(med[ok] * self.levels), 1, self.levels).astype(np.int64)
-        return q
+        """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal).
+
+        Read-only, and the same array until the next :meth:`update`.
+        """
+        if self._q is None:
+            med = self._median()
+            q = np.full(med.size, self.levels, dtype=np.int64)
+            ok = np.isfinite(med)
+            q[ok] = np.clip(np.round(med[ok] * self.levels), 1, self.levels).astype(np.int64)
+            q.setflags(write=False)
+            self._q = q
+        return self._q
 
     def capacity_Bps(self, nominal_Bps: np.ndarray) -> np.ndarray:
         """Estimated effective capacity per link."""
