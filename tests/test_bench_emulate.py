@@ -7,6 +7,8 @@ is computed here by hand.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from typer.testing import CliRunner
 
@@ -90,14 +92,21 @@ def test_sweep_policies_from_the_registry():
 
 
 def test_round_robin_order():
-    pols = ["a", "b", "c", "d"]
-    order = round_robin(pols, 8)
-    rounds = [order[i:i + 4] for i in range(0, 32, 4)]
-    # Every round calls every policy once; over 4 rounds each policy holds every position.
-    assert all(sorted(r) == pols for r in rounds)
-    for k in range(4):
-        assert sorted(r[k] for r in rounds[:4]) == pols
-    assert round_robin(pols, 1) == pols and round_robin(["x"], 3) == ["x"] * 3
+    for n in range(1, 7):
+        pols = [chr(ord("a") + i) for i in range(n)]
+        cycle = n if n % 2 == 0 else 2 * n
+        order = round_robin(pols, cycle)
+        rounds = [order[i:i + n] for i in range(0, len(order), n)]
+        assert len(rounds) == cycle and all(sorted(r) == pols for r in rounds)
+        # Over a cycle each policy holds every position equally often ...
+        for k in range(n):
+            assert sorted(r[k] for r in rounds) == sorted(pols * (cycle // n))
+        # ... and directly follows every other policy equally often within a round.
+        follows = Counter((r[k], r[k + 1]) for r in rounds for k in range(n - 1))
+        assert set(follows) == {(a, b) for a in pols for b in pols if a != b} or n == 1
+        assert len(set(follows.values())) <= 1
+    assert round_robin(["a", "b", "c"], 1) == ["a", "b", "c"]
+    assert round_robin(["x"], 3) == ["x"] * 3
 
 
 def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_path):

@@ -32,17 +32,30 @@ def expected_bytes(dst: int, column: Sequence[int]) -> np.ndarray:
 def round_robin(policies: Sequence[str], repeat: int) -> list[str]:
     """The order of the timed calls: ``repeat`` rounds, each calling every policy once.
 
-    Each round starts one policy later than the one before, so a slow spell
-    of the shared machine hits all policies alike and no policy always runs
-    first (or right after the same neighbour's traffic).
+    The rounds follow a Williams design: over ``n`` rounds (``2 n`` for an
+    odd number ``n`` of policies) every policy holds every position equally
+    often *and* follows every other policy equally often within a round. So
+    a slow spell of the shared machine hits all policies alike, no policy
+    always runs first, and none always runs right after the same neighbour
+    (a plain rotation puts ``b`` right after ``a`` in all but one round of
+    ``n``, so what ``a``'s calls leave behind weighs on ``b``'s).
 
     Examples
     --------
-    >>> round_robin(["a", "b", "c"], 3)
-    ['a', 'b', 'c', 'b', 'c', 'a', 'c', 'a', 'b']
+    >>> round_robin(["a", "b", "c", "d"], 4)  # doctest: +NORMALIZE_WHITESPACE
+    ['a', 'b', 'd', 'c',  'b', 'c', 'a', 'd',  'c', 'd', 'b', 'a',  'd', 'a', 'c', 'b']
+    >>> round_robin(["a", "b"], 3)
+    ['a', 'b', 'b', 'a', 'a', 'b']
     """
     pols = list(policies)
-    return [p for i in range(repeat) for p in pols[i % len(pols):] + pols[:i % len(pols)]]
+    n = len(pols)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...: consecutive differences take every value once
+    for k in range(1, n):
+        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    rows = [[(j + i) % n for j in first] for i in range(n)]
+    if n % 2:  # odd n: the mirrored square balances what one square cannot
+        rows += [row[::-1] for row in rows]
+    return [pols[j] for i in range(repeat) for j in rows[i % len(rows)]]
 
 
 def _orchestrator(fab: Any, pol: str, spec: dict[str, Any]) -> Any:

@@ -4,8 +4,9 @@
 (``ip netns exec NS python -m pathweave.emulate._worker worker ...``; gloo binds to
 the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
 rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
-per policy, the policies round-robin (every repetition calls each once, the
-order rotated, so a slow spell of the shared machine hits them alike), each
+per policy, the policies round-robin (every repetition calls each once, in
+the balanced order of :func:`~pathweave.emulate._rankworker.round_robin`, so
+a slow spell of the shared machine hits them alike), each
 call after a pause of twice :meth:`~pathweave.emulate.topology.Layout.refill_s`
 (every link's token bucket full again, whatever the call before drained),
 checks every received byte, and collects per call the span from
