@@ -9,6 +9,8 @@ from pathweave.plan import make
 from pathweave.runtime.telemetry import (
     LinkEstimator,
     SwitchPolicy,
+    adapt_auto,
+    adapt_default,
     decode_times,
     encode_times,
     link_ratios,
@@ -280,14 +282,73 @@ def test_rows_carry_telemetry_only_when_adapting_one_word_per_stream_into_a_rank
     for r in res:
         off, on = r[False], r[True]
         assert off["ok"] and on["ok"]
-        assert off["widths"] == [off["base"]] * 10                # no telemetry words
+        # The group's first row carries the rank's host word (for adapt="auto").
+        assert off["widths"] == [off["base"] + 1] + [off["base"]] * 9   # no telemetry words
         # The first call has no previous call to report. A plan's first call and
         # every 8th after it are sampled: the next row carries one word per stream
         # into the rank that receives the most streams of that plan; other rows none.
         assert on["plans"] == [on["plans"][0]] * 10               # a steady plan
-        words = [on["streams"][0] if i in (1, 9) else 0 for i in range(10)]
+        words = [on["streams"][0] if i in (1, 9) else int(i == 0) for i in range(10)]
         assert on["widths"] == [on["base"] + w for w in words]
         assert 0 < max(on["streams"]) < N * N                    # not N * N words
         assert r["mismatch"] == [
             "all_to_all_single: rank 1 uses adapt False but rank 0 uses True; every rank of "
             "the group must use the same configuration (fabric, policy, chunk_bytes, ...)"] * 2
+
+
+# ---------------------------------------------------------- adapt="auto"
+def _auto_job(rank, ws, hosts, env_value):
+    import os
+    import socket
+
+    import torch
+
+    # One host, or ranks spread over hosts as a multi-node job has them.
+    socket.gethostname = lambda: hosts[rank]
+    if env_value is None:
+        os.environ.pop("PATHWEAVE_ADAPT", None)
+    else:
+        os.environ["PATHWEAVE_ADAPT"] = env_value
+    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    row, col = d[rank].tolist(), d[:, rank].tolist()
+    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
+    ref = torch.empty(sum(col), dtype=torch.uint8)
+    torch.distributed.all_to_all_single(ref, inp, col, row)
+    orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
+                           min_split_bytes=0, timeout_s=30)
+    ok = True
+    for _ in range(3):
+        res = torch.empty_like(ref)
+        orch.all_to_all_single(res, inp, col, row)
+        ok = ok and bool(torch.equal(res, ref))
+    return {"ok": ok, "setting": orch.adapt, "adapts": orch._groups[None].adapt is not None}
+
+
+@pytest.mark.parametrize(("spread", "env_value", "expect"), [
+    (False, None, False),   # one host: loopback times are CPU noise
+    (True, None, True),     # ranks on two hosts: real links, learn them
+    (True, "0", False),     # PATHWEAVE_ADAPT=0 turns it off
+    (False, "1", True),     # PATHWEAVE_ADAPT=1 turns it on anywhere
+])
+def test_adapt_auto_learns_only_where_ranks_span_hosts(spread, env_value, expect):
+    from pathweave.runtime.launch import run_local
+
+    hosts = [f"node{r // 4 if spread else 0}" for r in range(N)]
+    res = run_local(_auto_job, N, (hosts, env_value), timeout_s=240)
+    setting = {None: "auto", "0": False, "1": True}[env_value]
+    assert [r["setting"] for r in res] == [setting] * N
+    assert [r["adapts"] for r in res] == [expect] * N and all(r["ok"] for r in res)
+
+
+def test_adapt_default_and_auto_rule():
+    assert adapt_default({}) == "auto" and adapt_default({"PATHWEAVE_ADAPT": " Auto "}) == "auto"
+    assert adapt_default({"PATHWEAVE_ADAPT": "off"}) is False
+    assert adapt_default({"PATHWEAVE_ADAPT": "YES"}) is True
+    with pytest.raises(ValueError, match="PATHWEAVE_ADAPT='2'"):
+        adapt_default({"PATHWEAVE_ADAPT": "2"})
+    assert adapt_auto(np.array([5, 5, 6, 6]), nccl=False)
+    assert not adapt_auto(np.array([5, 5, 6, 6]), nccl=True)   # NCCL calls are not timed
+    assert not adapt_auto(np.array([5] * 8), nccl=False)
+    with pytest.raises(ValueError, match="adapt must be True, False, 'auto' or None, got 'yes'"):
+        pw.Orchestrator(fabric=FAB, adapt="yes")

@@ -20,7 +20,8 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    on normalised buffers (a dense input, a scratch output copied back on
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
-6. **adapt** (``adapt=True``, or ``PATHWEAVE_ADAPT=1``; off by default): the
+6. **adapt** (``adapt=True``; by default on gloo groups that span hosts,
+   :func:`~pathweave.runtime.telemetry.adapt_auto`; ``PATHWEAVE_ADAPT``): the
    completion times of this rank's receives (a plan's first call, then
    every 8th) ride along the next ``all_to_all_single``'s metadata row, one
    word per stream into the rank; every rank turns all ranks' times
@@ -305,6 +306,10 @@ class _GroupState:
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
         self.adapt: Any = None
+        #: adapt="auto" waits for every rank's host word (the group's first
+        #: all_to_all_single exchange carries one, whatever the setting).
+        self.auto = False
+        self.hosts: np.ndarray | None = None
         self.plan_fabric = fabric
         self.plan_paths = paths
 
@@ -427,8 +432,11 @@ class Orchestrator:
         Plans and schedules kept (least recently used are dropped).
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
-        on them (``docs/runtime.md``, "Live adaptation"); default: off unless
-        ``PATHWEAVE_ADAPT=1``.
+        on them (``docs/runtime.md``, "Live adaptation"): ``True``, ``False``
+        or ``"auto"``, on for gloo groups whose ranks run on more than one
+        host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one host the
+        links are loopback). Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or
+        ``auto``), else ``"auto"``.
     **policy_options
         Options passed to a registered policy (checked by
         :func:`pathweave.plan.make`).
@@ -462,7 +470,7 @@ class Orchestrator:
         *,
         min_gain: float = 1.2,
         cache_size: int = 64,
-        adapt: bool | None = None,
+        adapt: bool | str | None = None,
         **policy_options: Any,
     ):
         self.fabric = None if fabric is None else resolve(fabric)
@@ -499,11 +507,11 @@ class Orchestrator:
         self.timeout_s = V.nonnegative_float("timeout_s", timeout_s, positive=True)
         self.min_gain = V.nonnegative_float("min_gain", min_gain, positive=True)
         self.cache_size = V.positive_int("cache_size", cache_size)
-        if adapt not in (None, True, False):
-            raise ValueError(f"adapt must be True, False or None, got {adapt!r}")
+        if not (adapt is None or adapt is True or adapt is False or adapt == "auto"):
+            raise ValueError(f"adapt must be True, False, 'auto' or None, got {adapt!r}")
         from pathweave.runtime.telemetry import adapt_default
 
-        self.adapt = adapt_default() if adapt is None else bool(adapt)
+        self.adapt: bool | str = adapt_default() if adapt is None else adapt
         self._groups: dict[Any, _GroupState] = {}
         self.stats = OrchestratorStats()
 
@@ -543,10 +551,11 @@ class Orchestrator:
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
         max_hops = self.policy_options.get("max_hops", COMMON_OPTIONS["max_hops"])
         st = _GroupState(tr, fab, candidate_paths(fab, kinds, max_hops), self.cache_size)
-        if self.adapt:
+        if self.adapt is True:
             from pathweave.runtime.telemetry import Adaptation
 
             st.adapt = Adaptation(fab, st.paths, tr.rank)
+        st.auto = self.adapt == "auto"
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
         self._groups[group] = st
@@ -1017,16 +1026,33 @@ class Orchestrator:
         call, which every rank ran, so every row has one width (a rank that
         adapts and one that does not never ran a call together: the first
         call, without words on either, fails the fingerprint check on every
-        rank). Every rank absorbs the same words and so re-plans alike.
+        rank). Every rank absorbs the same words and so re-plans alike. The
+        group's first exchange also carries every rank's host word, whatever
+        the setting (so every row has one width), from which ``adapt="auto"``
+        decides, alike on every rank.
         """
-        if st.adapt is None:
+        from pathweave.runtime import telemetry
+
+        first = st.hosts is None
+        tail = [np.array([telemetry.host_word()], dtype=np.int64)] if first else []
+        if st.adapt is not None:
+            tail.append(st.adapt.words())
+        if not tail:
             return st.transport.exchange(row, deadline)
-        meta = st.transport.exchange(np.r_[row, st.adapt.words()], deadline)
-        st.adapt.absorb(meta[:, row.size:])
-        if st.adapt.replan():
-            st.plan_fabric = st.adapt.fabric
-            st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
-            st.last_call = (None, None, None)
+        meta = st.transport.exchange(np.concatenate([row, *tail]), deadline)
+        col = row.size
+        if first:
+            st.hosts = meta[:, col].copy()
+            col += 1
+            if st.auto and telemetry.adapt_auto(st.hosts, nccl=st.transport.nccl):
+                st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
+        if st.adapt is not None:
+            st.adapt.absorb(meta[:, col:])
+            if st.adapt.replan():
+                st.plan_fabric = st.adapt.fabric
+                st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds,
+                                                st.paths.max_hops)
+                st.last_call = (None, None, None)
         return np.ascontiguousarray(meta[:, : row.size])
 
     def _account(

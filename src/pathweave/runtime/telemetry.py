@@ -38,9 +38,11 @@ __all__ = [
     "Adaptation",
     "LinkEstimator",
     "SwitchPolicy",
+    "adapt_auto",
     "adapt_default",
     "decode_times",
     "encode_times",
+    "host_word",
     "link_ratios",
     "stream_links",
     "stream_times",
@@ -373,20 +375,65 @@ def stream_times(into: Sequence[np.ndarray], words: np.ndarray) -> dict[int, flo
     return out
 
 
-#: ``PATHWEAVE_ADAPT=1`` turns live adaptation on for orchestrators that do not say.
+#: ``PATHWEAVE_ADAPT``: ``1``/``0`` turn live adaptation on/off for orchestrators
+#: that do not say; unset (or ``auto``): on where the links are real (:func:`adapt_auto`).
 ADAPT_ENV = "PATHWEAVE_ADAPT"
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-def adapt_default() -> bool:
-    """Live adaptation only where ``PATHWEAVE_ADAPT`` is ``1``/``true``/``yes``/``on``.
 
-    Off by default: on one machine's loopback (tests, CPU runs) receive
-    times measure the CPU scheduler, not links, and learning them would
-    change plans call after call; NCCL calls are not timed yet.
+def adapt_default(environ: dict[str, str] | None = None) -> bool | str:
+    """The ``adapt`` of an orchestrator built without one: ``True``, ``False`` or ``"auto"``.
+
+    ``PATHWEAVE_ADAPT`` = ``1``/``true``/``yes``/``on`` or
+    ``0``/``false``/``no``/``off``; unset, empty or ``auto``: ``"auto"``
+    (:func:`adapt_auto` decides per process group).
+
+    Examples
+    --------
+    >>> [adapt_default(e) for e in ({}, {"PATHWEAVE_ADAPT": "0"}, {"PATHWEAVE_ADAPT": "on"})]
+    ['auto', False, True]
+    >>> adapt_default({"PATHWEAVE_ADAPT": "sometimes"})
+    Traceback (most recent call last):
+    ...
+    ValueError: PATHWEAVE_ADAPT='sometimes' is not one of auto, 1/true/yes/on, 0/false/no/off
     """
     import os
 
-    return os.environ.get(ADAPT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    raw = (os.environ if environ is None else environ).get(ADAPT_ENV, "")
+    v = raw.strip().lower()
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    if v in ("", "auto"):
+        return "auto"
+    raise ValueError(f"{ADAPT_ENV}={raw!r} is not one of auto, 1/true/yes/on, 0/false/no/off")
+
+
+def host_word() -> int:
+    """This machine as one int64 word (a hash of its host name) for :func:`adapt_auto`."""
+    import hashlib
+    import socket
+
+    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # non-negative int64
+
+
+def adapt_auto(host_words: np.ndarray, *, nccl: bool) -> bool:
+    """``adapt="auto"``: adapt where the receive times measure real links.
+
+    That is a gloo group whose ranks run on more than one host
+    (``host_words``: every rank's :func:`host_word`, the same array on every
+    rank, so every rank decides alike). On one host the "links" are
+    loopback: receive times measure the CPU scheduler, and learning them
+    would re-plan on noise. NCCL calls are not timed (their rounds are
+    posted as groups), so there is nothing to learn from yet.
+
+    >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=False), adapt_auto(np.array([7, 7]), nccl=False)
+    (True, False)
+    """
+    return not nccl and np.unique(np.asarray(host_words)).size > 1
 
 
 class Adaptation:
