@@ -182,7 +182,7 @@ def job_path_kinds(rank: int, world: int, demand: list, policies: list[str]) -> 
     import numpy as np
     import torch
 
-    from pathweave.runtime.orchestrator import Orchestrator
+    from pathweave.emulate._rankworker import _orchestrator
     from pathweave.traffic.pattern import pattern_bytes
 
     fab = __import__("pathweave").fabric.preset(FABRIC4)
@@ -191,18 +191,20 @@ def job_path_kinds(rank: int, world: int, demand: list, policies: list[str]) -> 
                                            for j, b in enumerate(d[rank])]))
     out = torch.zeros(int(d[:, rank].sum()), dtype=torch.uint8)
     kinds = {}
+    # Each policy's orchestrator as the emulator's ranks build it (its time model included).
+    spec = {"chunk_bytes": CHUNK, "window": 4, "min_split_bytes": MIN_SPLIT, "timeout_s": 60}
     for p in policies:
-        orch = Orchestrator(fab, policy=p, enabled=True, chunk_bytes=CHUNK,
-                            min_split_bytes=MIN_SPLIT)
+        orch = _orchestrator(fab, p, spec)
         orch.all_to_all_single(out, inp, d[:, rank].tolist(), d[rank].tolist())
         kinds[p] = dict(orch.stats.bytes_per_path_kind)
     return kinds
 
 
 def test_predict_plans_what_the_data_plane_sends():
-    """``predict`` hands the planner the data plane's threshold and chunk, as the
-    Orchestrator does: its fragments carry the bytes per path kind the data
-    plane measured sending, for every registered policy (``mwu`` and
+    """``predict`` hands the planner the data plane's threshold and chunk and the
+    emulator's time model, as the ranks' Orchestrators do: its fragments carry
+    the bytes per path kind the data plane measured sending, for every
+    registered policy (``mwu`` and
     ``mwu_time`` split 0.2-0.7 MB pairs at a 64 KiB threshold, not at their 1 MiB
     default)."""
     import numpy as np

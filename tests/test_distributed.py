@@ -650,3 +650,46 @@ def test_a_subgroup_plans_on_its_part_of_the_job_fabric():
     results = run_local(job_subgroup_of_the_job_fabric, 4, timeout_s=120, env=env)
     assert results[0] is None and results[2] is None
     assert results[1] == results[3] == (True, 2, 2)
+
+
+def job_time_model(rank, ws):
+    """The orchestrator's ``model`` is what its planner and its decision predict with."""
+    from pathweave.runtime.orchestrator import quantise
+    from pathweave.sim import SimModel
+
+    fab = pw.fabric.preset(RAILS4)
+    rows = np.array([[0, 3000, 200, 4000], [100, 0, 5000, 300],
+                     [2500, 100, 0, 200], [4000, 300, 100, 0]])
+    outs, ins = rows[:, rank].tolist(), rows[rank].tolist()
+    inp = _tensor(torch.float32, (int(rows[rank].sum()), 256), 60 + rank)
+    ref = torch.zeros(sum(outs), 256)
+    dist.all_to_all_single(ref, inp, outs, ins)
+    q = quantise(rows * 256 * 4)
+    out = {}
+    # The testbed's fit, and a model where each forwarding GPU costs 50 ms.
+    for name, model in (("default", None), ("slow relays", SimModel(relay_setup_s=0.05))):
+        o = _orch(fab, policy="mintime", chunk_bytes=4096, min_split_bytes=0, model=model)
+        res = torch.zeros_like(ref)
+        pwd.all_to_all_single(res, inp, outs, ins, orchestrator=o)
+        dec = o._groups[None].current
+        ref_plan = pw.plan.make(fab, q, "mintime", model=model, chunk_bytes=4096,
+                                min_split_bytes=0)
+        out[name] = (_same_bits(res, ref), dec.predicted_s,
+                     pw.plan.predict_time(ref_plan, model), ref_plan.info["chosen"])
+    try:
+        _orch(fab, model="testbed")
+    except TypeError as exc:
+        out["bad"] = str(exc)
+    return out
+
+
+def test_the_orchestrators_time_model_reaches_planner_and_decision():
+    results = run_local(job_time_model, 4, timeout_s=120)
+    for res in results:
+        for name in ("default", "slow relays"):
+            ok, decided_s, planned_s, _ = res[name]
+            assert ok and decided_s == pytest.approx(planned_s, rel=1e-12), name
+        # 50 ms per forwarding GPU: no plan that forwards is predicted faster.
+        assert res["slow relays"][1] > res["default"][1]
+        assert res["bad"] == "model must be a pathweave.sim.SimModel or None, got str"
+    assert len({(r["default"][3], r["slow relays"][3]) for r in results}) == 1

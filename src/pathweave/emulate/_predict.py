@@ -148,9 +148,11 @@ def predict(
     q = quantise(d)
     np.fill_diagonal(q, 0)
     pf = fabric if plan_fabric is None else plan_fabric
-    # The ranks' Orchestrator hands its threshold and chunk to the planner: so does this.
+    # The ranks' Orchestrator hands its threshold, chunk and time model (the
+    # emulator's, emulate._rankworker) to the planner: so does this.
     plan = make(pf, q, name, paths=ps if pf is fabric else candidate_paths(pf),
-                **split_options(name, min_split_bytes, chunk_bytes))
+                **split_options(name, min_split_bytes, chunk_bytes,
+                                model=emulator_model(pf, int(chunk_bytes))))
     keep = plan.flow_bytes > 0
     fp = plan.flow_path[keep].astype(np.int64)
     pair = ps.src[fp].astype(np.int64) * n + ps.dst[fp]

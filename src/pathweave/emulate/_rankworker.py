@@ -65,15 +65,18 @@ def _orchestrator(fab: Any, pol: str, spec: dict[str, Any]) -> Any:
     over); the warm-up call plans and every timed call hits the plan cache,
     as in a training loop.
     """
+    from pathweave.emulate._predict import emulator_model
     from pathweave.runtime.orchestrator import Orchestrator
 
     if pol == "torch":
         return None
+    # The time model of this hardware, the emulator: what the ranks decide with
+    # is what emulate.predict simulates (one model, as on a real cluster).
     return Orchestrator(
         fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
         adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
         window=spec["window"], min_split_bytes=spec["min_split_bytes"],
-        timeout_s=spec["timeout_s"],
+        timeout_s=spec["timeout_s"], model=emulator_model(fab, spec["chunk_bytes"]),
     )
 
 

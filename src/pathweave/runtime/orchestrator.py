@@ -369,12 +369,14 @@ class _P2PLayout:
 
 
 def split_options(policy: str, min_split_bytes: int, chunk_bytes: int, *,
-                  set_already: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """The data plane's size threshold and chunk as options of ``policy``, where it takes them.
+                  model: Any = None,
+                  set_already: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The data plane's size threshold and chunk, and the time model, as options of ``policy``.
 
-    What the :class:`Orchestrator` passes its planner (options in
-    ``set_already`` win); :func:`pathweave.emulate.predict` plans with the
-    same, so a prediction is of the plan the data plane runs.
+    Each where ``policy`` takes it (``model`` only if given). What the
+    :class:`Orchestrator` passes its planner (options in ``set_already``
+    win); :func:`pathweave.emulate.predict` plans with the same, so a
+    prediction is of the plan the data plane runs.
 
     Examples
     --------
@@ -386,7 +388,10 @@ def split_options(policy: str, min_split_bytes: int, chunk_bytes: int, *,
     from pathweave.plan import policy_info
 
     opts = policy_info(policy).options
-    mine = {"min_split_bytes": int(min_split_bytes), "chunk_bytes": int(chunk_bytes)}
+    mine: dict[str, Any] = {"min_split_bytes": int(min_split_bytes),
+                            "chunk_bytes": int(chunk_bytes)}
+    if model is not None:
+        mine["model"] = model
     return {k: v for k, v in mine.items() if k in opts and k not in (set_already or {})}
 
 
@@ -430,6 +435,12 @@ class Orchestrator:
         Predicted speed-up over ``static`` that ``"auto"`` requires.
     cache_size
         Plans and schedules kept (least recently used are dropped).
+    model
+        The time model of the hardware (:class:`pathweave.sim.SimModel`):
+        what ``"auto"``, hysteresis and a policy that takes a ``model``
+        option (``mintime``, ``mwu_time``) predict with; default
+        ``SimModel()``, fitted to the NIMBLE testbed. The emulator's ranks
+        pass :func:`pathweave.emulate.emulator_model`.
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
         on them (``docs/runtime.md``, "Live adaptation"): ``True``, ``False``
@@ -471,6 +482,7 @@ class Orchestrator:
         min_gain: float = 1.2,
         cache_size: int = 64,
         adapt: bool | str | None = None,
+        model: Any = None,
         **policy_options: Any,
     ):
         self.fabric = None if fabric is None else resolve(fabric)
@@ -512,6 +524,12 @@ class Orchestrator:
         from pathweave.runtime.telemetry import adapt_default
 
         self.adapt: bool | str = adapt_default() if adapt is None else adapt
+        from pathweave.sim.model import SimModel
+
+        if model is not None and not isinstance(model, SimModel):
+            raise TypeError(f"model must be a pathweave.sim.SimModel or None, got "
+                            f"{type(model).__name__}")
+        self.model = model
         self._groups: dict[Any, _GroupState] = {}
         self.stats = OrchestratorStats()
 
@@ -579,8 +597,8 @@ class Orchestrator:
                         **self._split_options(), **self.policy_options)
         from pathweave.plan import predict_time
 
-        plan_s = predict_time(plan)
-        static_s = predict_time(static)
+        plan_s = predict_time(plan, self.model)
+        static_s = predict_time(static, self.model)
         if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
             return self._fallback(st, static_s)
         keep = plan.flow_bytes > 0
@@ -595,7 +613,7 @@ class Orchestrator:
     def _split_options(self) -> dict[str, int]:
         """``min_split_bytes``/``chunk_bytes`` for a registered policy that accepts them."""
         return split_options(self.policy, self.min_split_bytes, self.chunk_bytes,
-                             set_already=self.policy_options)
+                             model=self.model, set_already=self.policy_options)
 
     @staticmethod
     def _fallback(st: _GroupState, static_s: float) -> _Decision:
@@ -613,7 +631,8 @@ class Orchestrator:
         )
         from pathweave.plan.timemodel import time_terms
 
-        return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64)))
+        return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64),
+                              self.model))
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
@@ -958,6 +977,7 @@ class Orchestrator:
             "min_gain": self.min_gain,
             "cache_size": self.cache_size,
             "adapt": self.adapt,
+            "model": "default" if self.model is None else repr(self.model),
         }
         if extra:
             clash = sorted(set(extra) & set(fields))
