@@ -219,6 +219,19 @@ def test_runtime_estimates_and_plans_are_the_same_on_every_rank(slow_rail):
 
 
 # ------------------------------------- metadata rows: width and adapt mismatch
+def _hotspot_call(rank, ws):
+    """This rank's splits, input and torch's own result of a ``hotspot:0.6`` exchange."""
+    import torch
+
+    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    row, col = d[rank].tolist(), d[:, rank].tolist()
+    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
+    ref = torch.empty(sum(col), dtype=torch.uint8)
+    torch.distributed.all_to_all_single(ref, inp, col, row)
+    return row, col, inp, ref
+
+
 def _width_job(rank, ws):
     import torch
 
@@ -227,12 +240,7 @@ def _width_job(rank, ws):
 
     # Fluid times on the nominal fabric (loopback times are CPU noise): the plan stays.
     Adaptation.observe = _synthetic_observe(np.ones(FAB.num_links))
-    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
-    np.fill_diagonal(d, 0)
-    row, col = d[rank].tolist(), d[:, rank].tolist()
-    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
-    ref = torch.empty(sum(col), dtype=torch.uint8)
-    torch.distributed.all_to_all_single(ref, inp, col, row)
+    row, col, inp, ref = _hotspot_call(rank, ws)
     out = {}
     for adapt in (False, True):
         orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
@@ -309,12 +317,7 @@ def _auto_job(rank, ws, hosts, env_value):
         os.environ.pop("PATHWEAVE_ADAPT", None)
     else:
         os.environ["PATHWEAVE_ADAPT"] = env_value
-    d = np.asarray(parse_workload("hotspot:0.6", ws, bytes_per_rank=1 << 20), dtype=np.int64)
-    np.fill_diagonal(d, 0)
-    row, col = d[rank].tolist(), d[:, rank].tolist()
-    inp = torch.arange(sum(row), dtype=torch.int64).to(torch.uint8) + rank
-    ref = torch.empty(sum(col), dtype=torch.uint8)
-    torch.distributed.all_to_all_single(ref, inp, col, row)
+    row, col, inp, ref = _hotspot_call(rank, ws)
     orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
                            min_split_bytes=0, timeout_s=30)
     ok = True
