@@ -85,6 +85,21 @@ def test_checks_pass_and_miss():
     assert "run" in line and not line.startswith(("PASS", "MISS"))
 
 
+def test_default_vs_best_pairs_the_calls_of_each_round():
+    """A slow spell over the last rounds: the medians say 1.3x, each round 1.0x."""
+    best = baselines()[-1]
+    recs = records_of("hotspot:0.5", {best: 1.0, DEFAULT_POLICY: 1.0}, ratio=0.5)
+    calls = {best: [1.0, 1.0, 1.0, 1.3, 1.3], DEFAULT_POLICY: [1.0, 1.0, 1.3, 1.3, 1.3]}
+    for r in recs:
+        r["makespans_s"] = calls[r["policy"]]
+        r["measured_s"] = sorted(calls[r["policy"]])[2]
+    assert bench.default_vs_best(recs) == {"hotspot:0.5": (pytest.approx(1.0), best)}
+    # Calls missing (an older record): the medians.
+    for r in recs:
+        r["makespans_s"] = []
+    assert bench.default_vs_best(recs) == {"hotspot:0.5": (pytest.approx(1.3), best)}
+
+
 def test_sweep_policies_from_the_registry():
     pols = bench.sweep_policies()
     assert set(baselines()) <= set(pols) and DEFAULT_POLICY in pols and "mwu" in pols

@@ -318,7 +318,7 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
     t.caption = (f"measured: median; spread: interquartile range of the calls over it; "
                  f"speed-up: measured, over {records[0]['policy']}; plan: the same bytes on the "
                  f"same paths as that policy's; vs best: {DEFAULT_POLICY}'s measured makespan "
-                 "over the best baseline's")
+                 "over the best baseline's, median over rounds of the two calls of a round")
     t.caption_justify = "left"
     return t
 
