@@ -305,43 +305,48 @@ def test_rows_carry_telemetry_only_when_adapting_one_word_per_stream_into_a_rank
 
 
 # ---------------------------------------------------------- adapt="auto"
-def _auto_job(rank, ws, hosts, env_value):
+#: (ranks spread over two hosts, PATHWEAVE_ADAPT, expected: the group adapts)
+AUTO_CASES = (
+    (False, None, False),   # one host: loopback times are CPU noise
+    (True, None, True),     # ranks on two hosts: real links, learn them
+    (True, "0", False),     # PATHWEAVE_ADAPT=0 turns it off
+    (False, "1", True),     # PATHWEAVE_ADAPT=1 turns it on anywhere
+)
+
+
+def _auto_job(rank, ws):
     import os
     import socket
 
     import torch
 
-    # One host, or ranks spread over hosts as a multi-node job has them.
-    socket.gethostname = lambda: hosts[rank]
-    if env_value is None:
-        os.environ.pop("PATHWEAVE_ADAPT", None)
-    else:
-        os.environ["PATHWEAVE_ADAPT"] = env_value
     row, col, inp, ref = _hotspot_call(rank, ws)
-    orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
-                           min_split_bytes=0, timeout_s=30)
-    ok = True
-    for _ in range(3):
-        res = torch.empty_like(ref)
-        orch.all_to_all_single(res, inp, col, row)
-        ok = ok and bool(torch.equal(res, ref))
-    return {"ok": ok, "setting": orch.adapt, "adapts": orch._groups[None].adapt is not None}
+    out = []
+    for spread, env_value, _ in AUTO_CASES:
+        # One host, or ranks spread over hosts as a multi-node job has them.
+        socket.gethostname = lambda spread=spread: f"node{rank // 4 if spread else 0}"
+        if env_value is None:
+            os.environ.pop("PATHWEAVE_ADAPT", None)
+        else:
+            os.environ["PATHWEAVE_ADAPT"] = env_value
+        orch = pw.Orchestrator(fabric=FAB, policy="mwu", enabled=True, chunk_bytes=128 << 10,
+                               min_split_bytes=0, timeout_s=30)
+        ok = True
+        for _ in range(3):
+            res = torch.empty_like(ref)
+            orch.all_to_all_single(res, inp, col, row)
+            ok = ok and bool(torch.equal(res, ref))
+        out.append((ok, orch.adapt, orch._groups[None].adapt is not None))
+    return out
 
 
-@pytest.mark.parametrize(("spread", "env_value", "expect"), [
-    (False, None, False),   # one host: loopback times are CPU noise
-    (True, None, True),     # ranks on two hosts: real links, learn them
-    (True, "0", False),     # PATHWEAVE_ADAPT=0 turns it off
-    (False, "1", True),     # PATHWEAVE_ADAPT=1 turns it on anywhere
-])
-def test_adapt_auto_learns_only_where_ranks_span_hosts(spread, env_value, expect):
+def test_adapt_auto_learns_only_where_ranks_span_hosts():
     from pathweave.runtime.launch import run_local
 
-    hosts = [f"node{r // 4 if spread else 0}" for r in range(N)]
-    res = run_local(_auto_job, N, (hosts, env_value), timeout_s=240)
-    setting = {None: "auto", "0": False, "1": True}[env_value]
-    assert [r["setting"] for r in res] == [setting] * N
-    assert [r["adapts"] for r in res] == [expect] * N and all(r["ok"] for r in res)
+    res = run_local(_auto_job, N, (), timeout_s=240)
+    for i, (_, env_value, expect) in enumerate(AUTO_CASES):
+        setting = {None: "auto", "0": False, "1": True}[env_value]
+        assert [r[i] for r in res] == [(True, setting, expect)] * N, AUTO_CASES[i]
 
 
 def test_adapt_default_and_auto_rule():
