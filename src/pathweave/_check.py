@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -137,3 +138,27 @@ def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
 
 
 __all__ = ["integer", "real"]
+
+
+def env_choice(
+    environ: Mapping[str, str], name: str, table: Mapping[str, Any], default: str,
+    choices: str | None = None,
+) -> Any:
+    """The value ``table`` gives environment variable ``name`` (case and spaces ignored).
+
+    Unset or empty reads as ``default``; another word raises ``ValueError``
+    naming the variable, its value and ``choices`` (default: the table's
+    words).
+
+    >>> env_choice({"X": " On "}, "X", {"auto": "auto", "on": True, "off": False}, "auto")
+    True
+    >>> env_choice({"X": "yes"}, "X", {"auto": "auto", "on": True, "off": False}, "auto")
+    Traceback (most recent call last):
+    ...
+    ValueError: X='yes' is not one of auto, on, off
+    """
+    raw = environ.get(name, "")
+    word = raw.strip().lower() or default
+    if word not in table:
+        raise ValueError(f"{name}={raw!r} is not one of {choices or ', '.join(table)}")
+    return table[word]

@@ -217,6 +217,25 @@ def stripe_flows_reference(
     return np.array(fp, dtype=np.int64), np.array(fb, dtype=np.int64)
 
 
+def stripe_flows(
+    flat: np.ndarray, stripes: tuple[np.ndarray, np.ndarray], single: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(flow_path, flow_bytes)`` of the striped plan of ``flat`` (``int64[N * N]``).
+
+    Views of buffers with room for every stripe; ``single``: the per-pair
+    path map of :func:`single_paths` where every pair has one stripe.
+    """
+    ptr, pid = stripes
+    # pages past the last fragment are never touched
+    fp = np.empty(pid.size + 1, dtype=np.int64)
+    fb = np.empty(pid.size + 1, dtype=np.int64)
+    if single is not None:
+        n = _single_flows(flat, single, fp, fb)
+    else:
+        n = _stripe_flows(flat, ptr, pid, fp, fb)
+    return fp[:n], fb[:n]
+
+
 def stripe_plan(
     fabric: Fabric, demand: np.ndarray, paths: PathSet, stripes: tuple[np.ndarray, np.ndarray],
     policy: str,
@@ -229,20 +248,10 @@ def stripe_plan(
     policy's stripes are fixed per path set, keys the per-pair path map of
     :func:`single_paths` kept with ``paths``.
     """
-    ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
-    single = single_paths(paths, stripes, policy)
-    # pages past the last fragment are never touched
-    fp = np.empty(pid.size + 1, dtype=np.int64)
-    fb = np.empty(pid.size + 1, dtype=np.int64)
-    if single is not None:
-        n = _single_flows(flat, single, fp, fb)
-    else:
-        n = _stripe_flows(flat, ptr, pid, fp, fb)
-    if 2 * n < pid.size:  # a sparse demand: do not keep the spare room
-        fp, fb = fp[:n].copy(), fb[:n].copy()
-    else:
-        fp, fb = fp[:n], fb[:n]
+    fp, fb = stripe_flows(flat, stripes, single_paths(paths, stripes, policy))
+    if 2 * fp.size < stripes[1].size:  # a sparse demand: do not keep the spare room
+        fp, fb = fp.copy(), fb.copy()
     fp.setflags(write=False)
     fb.setflags(write=False)
     return Plan(fabric, paths, demand, fp, fb, policy)

@@ -61,7 +61,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
-from pathweave.plan._flows import _stripe_flows
+from pathweave.plan._flows import stripe_flows
 from pathweave.plan._stripe_kernel import (
     cut_bound,
     cut_bound_sums,
@@ -404,12 +404,9 @@ def stripe_time(
     ptr, pid = stripes
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
     if key is None:
-        # The built plan's fragments (stripe_plan's kernel) through predict_time's
-        # own terms: its prediction by construction, without the Plan object.
-        fp = np.empty(pid.size + 1, dtype=np.int64)
-        fb = np.empty(pid.size + 1, dtype=np.int64)
-        n = _stripe_flows(flat, ptr, pid, fp, fb)
-        return max(time_terms(paths, fp[:n], fb[:n], model))
+        # The built plan's fragments (stripe_plan's) through predict_time's own
+        # terms: its prediction by construction, without the Plan object.
+        return max(time_terms(paths, *stripe_flows(flat, stripes), model))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
         _, tailed_s, flows_s = factored_terms(np.ascontiguousarray(demand, dtype=np.int64),

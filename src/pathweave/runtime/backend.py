@@ -84,11 +84,10 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> BackendConfig:
     ...
     ValueError: PATHWEAVE_MULTIPATH='yes' is not one of auto, on, off
     """
+    from pathweave._check import env_choice
+
     env = os.environ if environ is None else environ
-    raw = env.get(MULTIPATH_ENV, "auto")
-    enabled = _MULTIPATH.get(raw.strip().lower() or "auto")
-    if enabled is None:
-        raise ValueError(f"{MULTIPATH_ENV}={raw!r} is not one of {', '.join(_MULTIPATH)}")
+    enabled = env_choice(env, MULTIPATH_ENV, _MULTIPATH, "auto")
     from pathweave.plan import DEFAULT_POLICY, policy_info
 
     policy = env.get(POLICY_ENV, "").strip() or DEFAULT_POLICY

@@ -306,9 +306,8 @@ class _GroupState:
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
         self.adapt: Any = None
-        #: adapt="auto" waits for every rank's host word (the group's first
-        #: all_to_all_single exchange carries one, whatever the setting).
-        self.auto = False
+        #: every rank's host word, from the group's first all_to_all_single
+        #: exchange (it carries one whatever the setting; adapt="auto" decides on it)
         self.hosts: np.ndarray | None = None
         self.plan_fabric = fabric
         self.plan_paths = paths
@@ -573,7 +572,6 @@ class Orchestrator:
             from pathweave.runtime.telemetry import Adaptation
 
             st.adapt = Adaptation(fab, st.paths, tr.rank)
-        st.auto = self.adapt == "auto"
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
         self._groups[group] = st
@@ -610,8 +608,8 @@ class Orchestrator:
         return _Decision(ident, True, pair, fp, plan.flow_bytes[keep].astype(np.float64),
                          plan_s, static_s)
 
-    def _split_options(self) -> dict[str, int]:
-        """``min_split_bytes``/``chunk_bytes`` for a registered policy that accepts them."""
+    def _split_options(self) -> dict[str, Any]:
+        """``min_split_bytes``/``chunk_bytes``/``model`` for a registered policy that takes them."""
         return split_options(self.policy, self.min_split_bytes, self.chunk_bytes,
                              model=self.model, set_already=self.policy_options)
 
@@ -1037,8 +1035,7 @@ class Orchestrator:
         return sched, link_bytes, kinds, fpath
 
     # --------------------------------------------------- live adaptation
-    @staticmethod
-    def _exchange_a2a(st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
+    def _exchange_a2a(self, st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
         """Exchange ``all_to_all_single`` rows with their telemetry words; the rows without.
 
         Without adaptation a row has no telemetry words. With it, each row
@@ -1064,7 +1061,8 @@ class Orchestrator:
         if first:
             st.hosts = meta[:, col].copy()
             col += 1
-            if st.auto and telemetry.adapt_auto(st.hosts, nccl=st.transport.nccl):
+            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts,
+                                                             nccl=st.transport.nccl):
                 st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
         if st.adapt is not None:
             st.adapt.absorb(meta[:, col:])

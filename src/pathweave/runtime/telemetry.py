@@ -379,7 +379,8 @@ def stream_times(into: Sequence[np.ndarray], words: np.ndarray) -> dict[int, flo
 #: that do not say; unset (or ``auto``): on where the links are real (:func:`adapt_auto`).
 ADAPT_ENV = "PATHWEAVE_ADAPT"
 
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_ADAPT_WORDS = {"auto": "auto", **dict.fromkeys(("1", "true", "yes", "on"), True),
+                **dict.fromkeys(("0", "false", "no", "off"), False)}
 
 
 def adapt_default(environ: dict[str, str] | None = None) -> bool | str:
@@ -400,15 +401,10 @@ def adapt_default(environ: dict[str, str] | None = None) -> bool | str:
     """
     import os
 
-    raw = (os.environ if environ is None else environ).get(ADAPT_ENV, "")
-    v = raw.strip().lower()
-    if v in _ON:
-        return True
-    if v in _OFF:
-        return False
-    if v in ("", "auto"):
-        return "auto"
-    raise ValueError(f"{ADAPT_ENV}={raw!r} is not one of auto, 1/true/yes/on, 0/false/no/off")
+    from pathweave._check import env_choice
+
+    return env_choice(os.environ if environ is None else environ, ADAPT_ENV, _ADAPT_WORDS,
+                      "auto", choices="auto, 1/true/yes/on, 0/false/no/off")
 
 
 def host_word() -> int:
