@@ -264,39 +264,40 @@ def _intra_tails(demand, gpus, iptr, ilinks, ipar, drain, chunk):  # pragma: no 
 
 @njit(cache=True)
 def _single_sums(demand, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
-    # One stripe per pair: sums and maxima of each side's bytes. NOTE: one
-    # simple loop per quantity vectorises; one loop doing all ran 2-3x longer.
+    # One stripe per pair: sums and maxima of each side's bytes, one pass.
+    # NOTE: with the trip count a literal (8 GPUs a node, every preset) the
+    # row helper runs 1.6x faster at 1024 GPUs: LLVM unrolls and vectorises
+    # the eight lanes; any other node size takes the same code, not unrolled.
     ranks = demand.shape[0]
-    nodes = ranks // gpus
     acc = np.zeros(gpus, dtype=np.int64)
     top = np.zeros(gpus, dtype=np.int64)
     for s in range(ranks):
-        ns = s // gpus
-        ls = s - ns * gpus
-        own = ns * gpus
-        row = demand[s]
-        xbr = xb[ls]
-        mbr = mb[ls]
-        for d in range(ranks):
-            xbr[d] += row[d]
-        for d in range(own, own + gpus):  # pairs inside the node are not a side's
-            xbr[d] -= row[d]
-        for d in range(own):
-            mbr[d] = max(mbr[d], row[d])
-        for d in range(own + gpus, ranks):
-            mbr[d] = max(mbr[d], row[d])
-        acc[:] = 0
-        top[:] = 0
-        for nd in range(nodes):
-            if nd == ns:
-                continue
-            lo = nd * gpus
-            for ld in range(gpus):
-                x = row[lo + ld]
-                acc[ld] += x
-                top[ld] = max(top[ld], x)
+        ls = s % gpus
+        if gpus == 8:
+            _row_sums(demand[s], s // 8, 8, xb[ls], mb[ls], acc, top)
+        else:
+            _row_sums(demand[s], s // gpus, gpus, xb[ls], mb[ls], acc, top)
         xa[s] = acc
         ma[s] = top
+
+
+@njit(cache=True, inline="always")
+def _row_sums(row, ns, gpus, xbr, mbr, acc, top):  # pragma: no cover - numba
+    # Row s of the demand into its destination-side sums (xbr, mbr: shared by
+    # the sources of local rank ls) and its own per-local-rank sums (acc, top).
+    # Pairs inside the source's node (nd == ns) are not a side's.
+    acc[:] = 0
+    top[:] = 0
+    for nd in range(row.shape[0] // gpus):
+        if nd == ns:
+            continue
+        lo = nd * gpus
+        for ld in range(gpus):
+            x = row[lo + ld]
+            xbr[lo + ld] += x
+            mbr[lo + ld] = max(mbr[lo + ld], x)
+            acc[ld] += x
+            top[ld] = max(top[ld], x)
 
 
 @njit(cache=True)
