@@ -214,6 +214,7 @@ def search(
     reach = lb + min(tail_slack_s(paths, model), REACH_RTOL * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
+    base = baselines()
 
     def score(name: str) -> None:
         pol = policy_info(name) if name not in multi else None
@@ -223,14 +224,14 @@ def search(
         plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
         times[name] = predict_time(plans[name], model)
 
-    if prune and first is not None and (first in multi or first in baselines()):
+    if prune and first is not None and (first in multi or first in base):
         score(first)
         if times[first] <= reach * (1.0 + BOUND_RTOL):
             if first not in plans:
                 plans[first] = policy_info(first).func(fabric, demand, paths)
             return first, plans[first], times, lb
         times.pop(first)
-    for name in baselines():
+    for name in base:
         if times and reach >= min(times.values()):
             continue
         score(name)
@@ -268,7 +269,8 @@ def _multipath(
 
 def choose(times_s: dict[str, float], *, margin: float, tie: float) -> str:
     """The chosen candidate's name among ``times_s``'s (rule in the module docstring)."""
-    base = [n for n in times_s if n in baselines()]
+    names = baselines()
+    base = [n for n in times_s if n in names]
     best_base = min(times_s[n] for n in base)
     near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]
     pick = near[0]  # registration order: the simplest of the tied baselines

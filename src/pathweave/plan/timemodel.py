@@ -399,19 +399,19 @@ def stripe_time(
     the pass instead reads the demand once into per-rank aggregates, the
     same loads exactly (whole bytes, below 2**53 per link).
     """
-    m = default_model() if model is None else model
-    mkey = _model_key(model)
-    ptr, pid = stripes
-    flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
+    dem = np.ascontiguousarray(demand, dtype=np.int64)
     if key is None:
         # The built plan's fragments (stripe_plan's) through predict_time's own
         # terms: its prediction by construction, without the Plan object.
-        return max(time_terms(paths, *stripe_flows(flat, stripes), model))
+        return max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), model))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
-        _, tailed_s, flows_s = factored_terms(np.ascontiguousarray(demand, dtype=np.int64),
-                                              *fac)
+        _, tailed_s, flows_s = factored_terms(dem, *fac)
         return max(tailed_s, flows_s)
+    m = default_model() if model is None else model
+    mkey = _model_key(model)
+    ptr, pid = stripes
+    flat = dem.reshape(-1)
 
     def build() -> tuple[PathCosts, np.ndarray, np.ndarray, np.ndarray]:
         return _link_tail_max(*_gather(path_costs(paths, m), pid))
