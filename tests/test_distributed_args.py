@@ -229,6 +229,48 @@ def test_a_configuration_mismatch_raises_the_same_error_on_every_rank(ws):
             assert all(res[(setting, "after")] for res in results), setting
 
 
+def job_new_orchestrator(rank, ws):
+    """Every rank runs calls on an adapting orchestrator; then the last rank alone
+    switches to a fresh one: of the same configuration, then of another chunk_bytes."""
+    rows = _rows(ws, 9)
+    in_s, out_s = rows[rank].tolist(), rows[:, rank].tolist()
+    inp = torch.randn(sum(in_s), 4)
+    ref = torch.empty(sum(out_s), 4)
+    torch.distributed.all_to_all_single(ref, inp, out_s, in_s)
+    res = []
+    old = _orch(ws, True, adapt=True)
+    for fresh in (None, {}, {"chunk_bytes": 8192}):
+        orch = old
+        if fresh is not None and rank == ws - 1:
+            orch = _orch(ws, True, adapt=True, **fresh)
+        out = torch.full((sum(out_s), 4), SENTINEL)
+        try:
+            # Twice: the first call leaves telemetry words to send (a plan's first
+            # call is sampled); the fresh orchestrator has none.
+            for _ in range(2):
+                pwd.all_to_all_single(out, inp, out_s, in_s, orchestrator=orch)
+            res.append(("ok", bool(torch.equal(out, ref))))
+        except ValueError as exc:
+            res.append(("ValueError", str(exc), bool((out == SENTINEL).all())))
+    return res
+
+
+def test_ranks_out_of_step_raise_at_once_on_every_rank():
+    # A new orchestrator on one rank has no history: its rows still have its peers'
+    # width (gloo aborted the processes when they did not), and since its message
+    # tags would not match theirs (a timeout, a minute later) every rank raises now.
+    results = run_local(job_new_orchestrator, 4, timeout_s=120)
+    for res in results:
+        assert res[0] == ("ok", True), res
+        assert res[1] == ("ValueError", "all_to_all_single: rank 3's data plane has run 0 "
+                          "multi-path calls on this group but rank 0's 2; every rank must make "
+                          "the same calls through the same orchestrator (was one replaced on "
+                          "some ranks only?)", True), res
+        assert res[2] == ("ValueError", "all_to_all_single: rank 3 uses chunk_bytes 8192 but "
+                          "rank 0 uses 4096; every rank of the group must use the same "
+                          "configuration (fabric, policy, chunk_bytes, ...)", True), res
+
+
 # --------------------------------------------------------------- caches
 def test_the_most_recently_used_schedule_survives_eviction_in_every_op():
     """Both ops share one LRU: a hit refreshes an entry (batch_isend_irecv did not)."""

@@ -240,11 +240,13 @@ def _host_job(rank: int, world: int, layout: str) -> list[tuple[str, int]]:
 def test_only_counts_cross_to_the_host() -> None:
     """The routing table (m x k = 256 ids), payloads and index tables stay on the device;
     what is read back is the count row (routing check, digest, pairs per expert, rows per
-    rank) and the gathered count matrix of the metadata exchange."""
+    rank) and the gathered count matrix of the metadata exchange (with the data plane's
+    state words)."""
     from pathweave.moe._checks import PROBLEM_WORDS
+    from pathweave.runtime.orchestrator import PLANE_WORDS
 
     n = WORLD
-    count_matrix = n * (PROBLEM_WORDS + 6 + E + n)
+    count_matrix = n * (PROBLEM_WORDS + 6 + E + n + PLANE_WORDS)
     assert count_matrix < 64 * 4  # the bound would catch a routing table read back
     for layout in LAYOUTS:
         seen = run_local(_host_job, WORLD, (layout,), timeout_s=120)

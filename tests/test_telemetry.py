@@ -6,6 +6,7 @@ import pytest
 import pathweave as pw
 from pathweave.fabric import candidate_paths
 from pathweave.plan import make
+from pathweave.runtime.orchestrator import PLANE_WORDS
 from pathweave.runtime.telemetry import (
     LinkEstimator,
     SwitchPolicy,
@@ -283,21 +284,24 @@ def _width_job(rank, ws):
     return out
 
 
-def test_rows_carry_telemetry_only_when_adapting_one_word_per_stream_into_a_rank():
+def test_telemetry_words_follow_only_when_adapting_one_word_per_stream_into_a_rank():
     from pathweave.runtime.launch import run_local
 
     res = run_local(_width_job, N, (), timeout_s=240)
     for r in res:
         off, on = r[False], r[True]
         assert off["ok"] and on["ok"]
-        # The group's first row carries the rank's host word (for adapt="auto").
-        assert off["widths"] == [off["base"] + 1] + [off["base"]] * 9   # no telemetry words
+        # Every row carries the plane words (host, telemetry words, calls) and
+        # nothing more: one exchange per call without adaptation.
+        row = off["base"] + PLANE_WORDS
+        assert off["widths"] == [row] * 10
         # The first call has no previous call to report. A plan's first call and
-        # every 8th after it are sampled: the next row carries one word per stream
-        # into the rank that receives the most streams of that plan; other rows none.
+        # every 8th after it are sampled: the next call's exchange is followed by
+        # one more, of one word per stream into the rank that receives the most
+        # streams of that plan.
         assert on["plans"] == [on["plans"][0]] * 10               # a steady plan
-        words = [on["streams"][0] if i in (1, 9) else int(i == 0) for i in range(10)]
-        assert on["widths"] == [on["base"] + w for w in words]
+        words = on["streams"][0]
+        assert on["widths"] == [row, row, words, *[row] * 7, row, words]
         assert 0 < max(on["streams"]) < N * N                    # not N * N words
         assert r["mismatch"] == [
             "all_to_all_single: rank 1 uses adapt False but rank 0 uses True; every rank of "
@@ -360,3 +364,107 @@ def test_adapt_default_and_auto_rule():
     assert not adapt_auto(np.array([5] * 8), nccl=False)
     with pytest.raises(ValueError, match="adapt must be True, False, 'auto' or None, got 'yes'"):
         pw.Orchestrator(fabric=FAB, adapt="yes")
+
+
+# ---------------------------------------------- MoE dispatch/combine learn too
+def _moe_inputs(ws, E, k, H, m, hot_expert):
+    """Every rank's tokens and routing (drawn alike on every rank): most tokens
+    name ``hot_expert`` first, so one rank receives most of the bytes."""
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    xs, idxs, ws_ = [], [], []
+    for _ in range(ws):
+        idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(m)])
+        for i in range(m):
+            if hot_expert not in idx[i].tolist():
+                idx[i, 0] = hot_expert
+        xs.append(torch.randn(m, H, generator=g))
+        idxs.append(idx)
+        ws_.append(torch.rand(m, k, generator=g))
+    return xs, idxs, ws_
+
+
+def _moe_step(moe, x, idx, w):
+    """Dispatch, a row-wise expert (``(e + 1) * x``), combine: this rank's output."""
+    expert_x, counts, handle = moe.dispatch(x, idx)
+    y = expert_x.clone()
+    for li, e in enumerate(moe.local_expert_ids.tolist()):
+        y[li, : int(counts[li])] *= e + 1
+    return moe.combine(y, handle, w)
+
+
+#: The fabric at a thousandth of its speed: a step's ~1 MB then takes milliseconds
+#: in the time model, so where the bytes go matters more than the set-up.
+SLOW = FAB.with_links({i: 1e-3 for i in range(FAB.num_links)}, name="h100-2x4-x1e-3")
+
+
+def _moe_adapt_job(rank, ws, steps):
+    import socket
+
+    import torch
+
+    from pathweave.moe import MoEAllToAll
+    from pathweave.moe.reference import reference_combine
+    from pathweave.runtime.telemetry import Adaptation
+
+    true = np.ones(FAB.num_links)
+    true[_rail0_links()] = 0.4
+    Adaptation.observe = _synthetic_observe(true)
+    E, k, H, m = 16, 2, 256, 48
+    xs, idxs, wts = _moe_inputs(ws, E, k, H, m, hot_expert=0)
+    want = reference_combine(xs, idxs, wts, list(range(E)),
+                             lambda e, x, s: x.float() * (e + 1))[rank]
+    out = {}
+    for name, adapt in (("on", True), ("auto-two-hosts", None), ("off", False)):
+        # Ranks on two hosts: adapt="auto" must learn from the layer's own rows.
+        socket.gethostname = lambda: f"node{rank // 4}"
+        orch = pw.Orchestrator(fabric=SLOW, policy="mwu", enabled=True, chunk_bytes=16 << 10,
+                               min_split_bytes=0, timeout_s=60, adapt=adapt)
+        moe = MoEAllToAll(E, k, H, m, torch.float32, orchestrator=orch)
+        st = orch._state(None)
+        ok, rail0 = True, []
+        for _ in range(steps):
+            before = orch.stats.bytes_per_link.copy()
+            got = _moe_step(moe, xs[rank], idxs[rank], wts[rank])
+            ok = ok and bool(torch.allclose(got, want, rtol=1e-6, atol=1e-5))
+            rail0.append(float((orch.stats.bytes_per_link - before)[_rail0_links()].sum()))
+        try:  # rows of another shape are refused, before anything is absorbed
+            orch.absorb_plane_words(np.zeros((ws - 1, 3), dtype=np.int64))
+            bad = None
+        except ValueError as exc:
+            bad = str(exc)
+        out[name] = {"ok": ok, "rail0": rail0, "switches": orch.stats.plan_switches, "bad": bad,
+                     "calls": orch.stats.multipath_calls, "adapts": st.adapt is not None,
+                     "q": None if st.adapt is None else st.adapt.est.ratio_q().tolist()}
+    return out
+
+
+def test_moe_dispatch_and_combine_learn_from_their_own_transfers():
+    # The layer passes split_matrix (no metadata exchange in the data plane): its
+    # own rows carry the telemetry words. A slow rail0 (fluid times, as in the
+    # runtime test above) is found from dispatch/combine alone, alike on every
+    # rank, and the next steps move bytes off it; outputs stay the reference's.
+    from pathweave.runtime.launch import run_local
+
+    res = run_local(_moe_adapt_job, N, (4,), timeout_s=300)
+    blind = [r["off"] for r in res]
+    assert all(r["ok"] and not r["adapts"] for r in blind)
+    assert blind[0]["bad"] == ("absorb_plane_words: rows must be int64 of shape (8, 3), got "
+                               "int64 (7, 3)")
+    # Without adaptation every step sends the same bytes over rail0.
+    base = blind[0]["rail0"]
+    assert base[0] > 0 and base == [base[0]] * len(base)
+    for name in ("on", "auto-two-hosts"):
+        runs = [r[name] for r in res]
+        assert all(r["ok"] for r in runs), name
+        assert all(r["adapts"] for r in runs), name
+        first = runs[0]
+        assert first["calls"] == 8                                   # every call multi-path
+        for r in runs[1:]:                                           # the same on every rank
+            assert (r["q"], r["switches"]) == (first["q"], first["switches"])
+        q = np.array(first["q"])
+        assert (q[_rail0_links()] < 64).any() and (np.delete(q, _rail0_links()) == 64).all()
+        # The first dispatch runs blind and reports rail0 slow (in the combine's
+        # row): from that combine on, every step sends less over rail0.
+        assert max(first["rail0"]) < base[0], (first["rail0"], base)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed import P2POp, irecv, isend, recv, send
@@ -51,6 +52,7 @@ _backend.register()
 __all__ = [
     "Orchestrator",
     "P2POp",
+    "absorb_plane_words",
     "all_to_all",
     "all_to_all_single",
     "batch_isend_irecv",
@@ -58,6 +60,7 @@ __all__ = [
     "default_orchestrator",
     "irecv",
     "isend",
+    "plane_words",
     "recv",
     "send",
     "set_default_orchestrator",
@@ -220,6 +223,35 @@ def config_digest(
     """
     orch, group = _resolve(orchestrator, group, device)
     return orch.config_digest(group, config)
+
+
+def plane_words(
+    group: Any = None, *, orchestrator: Orchestrator | None = None, device: Any = "cpu",
+) -> np.ndarray:
+    """This rank's data-plane state words, for a caller's own row exchange.
+
+    A caller that passes ``split_matrix`` skips the data plane's metadata
+    exchange, and with it the words by which the group learns from its
+    transfers (:mod:`pathweave.runtime.telemetry`) and checks that its ranks
+    are in step. It appends these words (``int64``, a fixed width) to the
+    row it gathers anyway and passes every rank's to
+    :func:`absorb_plane_words`. ``device``: the tensors' device, as for
+    :func:`config_digest`.
+    """
+    orch, group = _resolve(orchestrator, group, device)
+    return orch.plane_words(group)
+
+
+def absorb_plane_words(
+    rows: Any, group: Any = None, *, orchestrator: Orchestrator | None = None,
+    device: Any = "cpu",
+) -> None:
+    """Every rank's :func:`plane_words` (``int64[N, width]``, in rank order), gathered.
+
+    A collective: every rank calls it after the same exchange.
+    """
+    orch, group = _resolve(orchestrator, group, device)
+    orch.absorb_plane_words(rows, group)
 
 
 def all_to_all(

@@ -231,17 +231,36 @@ class MoEAllToAll:
             check_config(self._exchange(self._config_row)())
             self._config_checked = True
 
-    def _exchange(self, row: np.ndarray) -> Any:
+    def _exchange(self, row: np.ndarray, like: Any = None) -> Any:
         """Start an all-gather of one ``int64`` row per rank; returns a function that waits.
 
         The data plane's row exchange
         (:func:`pathweave.runtime.executor.start_row_exchange`: gather and
         broadcast on gloo, an all-gather on NCCL), bounded by the
         orchestrator's ``timeout_s``. The caller packs while the rows travel.
+
+        With ``like`` (an argument of the call, :meth:`_plane`) the row also
+        carries the data plane's state words
+        (:func:`pathweave.distributed.plane_words`), which its calls with
+        ``split_matrix`` do not exchange themselves: the group learns from
+        the layer's transfers as from any other call's, and ranks out of
+        step raise. ``wait()`` returns the rows without them.
         """
         from pathweave import distributed as pwd
         orch = self.orchestrator or pwd.default_orchestrator(self.group)
-        return start_row_exchange(row, self.group, deadline=time.monotonic() + orch.timeout_s)
+        deadline = time.monotonic() + orch.timeout_s
+        if like is None:
+            return start_row_exchange(row, self.group, deadline=deadline)
+        plane = self._plane(like)
+        tail = pwd.plane_words(self.group, **plane)
+        wait = start_row_exchange(np.concatenate([row, tail]), self.group, deadline=deadline)
+
+        def rows() -> np.ndarray:
+            meta = wait()
+            pwd.absorb_plane_words(meta[:, row.size :], self.group, **plane)
+            return np.ascontiguousarray(meta[:, : row.size])
+
+        return rows
 
     def _a2a(
         self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
@@ -258,12 +277,17 @@ class MoEAllToAll:
             orchestrator=self.orchestrator, split_matrix=split_matrix, config_digests=digests,
         )
 
+    def _plane(self, like: Any) -> dict[str, Any]:
+        """The data plane's orchestrator and device for a call with argument ``like``
+        (a tensor's device; the CPU for anything else)."""
+        dev = like.device if isinstance(like, torch.Tensor) else "cpu"
+        return {"orchestrator": self.orchestrator, "device": dev}
+
     def _plane_digest(self, like: Any) -> int:
         """This rank's config digest of the data plane's calls (tensors on ``like``'s device)."""
         from pathweave import distributed as pwd
 
-        dev = like.device if isinstance(like, torch.Tensor) else "cpu"
-        return pwd.config_digest(self.group, orchestrator=self.orchestrator, device=dev)
+        return pwd.config_digest(self.group, **self._plane(like))
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Placement, local index and expert order as ``int64`` tensors on ``dev`` (cached)."""
@@ -374,7 +398,7 @@ class MoEAllToAll:
                                                           int(grad))
             row[c0:] = counts[5:]
             plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
-        wait = self._exchange(row)
+        wait = self._exchange(row, x)
         packed = (
             None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
         )
@@ -631,7 +655,7 @@ class MoEAllToAll:
                 expert_y.requires_grad or (w is not None and w.requires_grad)
             )
             row[PROBLEM_WORDS + 3] = int(grad)
-        wait = self._exchange(row)
+        wait = self._exchange(row, expert_y)
         send = None if err[0] else P.pack_combine(self, expert_y, handle, grad)
         meta = wait()
         check_same_layer(meta[:, PROBLEM_WORDS + 1], "combine")

@@ -23,8 +23,11 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
 6. **adapt** (``adapt=True``; by default on gloo groups that span hosts,
    :func:`~pathweave.runtime.telemetry.adapt_auto`; ``PATHWEAVE_ADAPT``): the
    completion times of this rank's receives (a plan's first call, then
-   every 8th) ride along the next ``all_to_all_single``'s metadata row, one
-   word per stream into the rank; every rank turns all ranks' times
+   every 8th), one word per stream into the rank, follow the next metadata
+   exchange (an ``all_to_all_single``'s, or the MoE layer's own: every row
+   says how many words its rank has, :meth:`Orchestrator.plane_words`, and
+   one more small exchange carries them when every rank has them); every
+   rank turns all ranks' times
    into the same per-link capacity estimates
    (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
    1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
@@ -74,6 +77,10 @@ __all__ = [
 #: Environment variable naming the fabric (a preset spec or a fabric file).
 FABRIC_ENV = "PATHWEAVE_FABRIC"
 PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
+#: Words of data-plane state every metadata row carries (:meth:`Orchestrator.plane_words`):
+#: the rank's host word, how many telemetry words it has to send, its multi-path calls.
+PLANE_WORDS = 3
+
 #: Smallest ``chunk_bytes``: one page. Every chunk is a message with a fixed
 #: cost (tens of microseconds on gloo, a kernel launch on NCCL) and per-call
 #: time grows faster than the chunk count (measured on 8 gloo ranks, a 10 MB
@@ -306,9 +313,11 @@ class _GroupState:
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
         self.adapt: Any = None
-        #: every rank's host word, from the group's first all_to_all_single
-        #: exchange (it carries one whatever the setting; adapt="auto" decides on it)
+        #: every rank's host word, from the group's first exchange of plane words
+        #: (adapt="auto" decides on it)
         self.hosts: np.ndarray | None = None
+        #: why this group's ranks are out of step (raised by the next call), or None
+        self.out_of_step: str | None = None
         self.plan_fabric = fabric
         self.plan_paths = paths
 
@@ -911,6 +920,10 @@ class Orchestrator:
             t1 = time.perf_counter()
             dec, cached = self._decide(st, layout.pair_bytes)
             st.last_call = (call.mkey, layout, dec)
+        if st.out_of_step is not None:
+            # Every rank read the same plane words: every rank raises here.
+            msg, st.out_of_step = st.out_of_step, None
+            raise ValueError(f"{call.op}: {msg}")
         pair_bytes = layout.pair_bytes
         total = int(pair_bytes.sum() - np.trace(pair_bytes))
         entry = None
@@ -1036,42 +1049,91 @@ class Orchestrator:
 
     # --------------------------------------------------- live adaptation
     def _exchange_a2a(self, st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
-        """Exchange ``all_to_all_single`` rows with their telemetry words; the rows without.
+        """Exchange ``all_to_all_single`` rows with the plane words; the rows without."""
+        meta = st.transport.exchange(np.concatenate([row, self._plane_words(st)]), deadline)
+        self._absorb_plane_words(st, meta[:, row.size :], deadline)
+        return np.ascontiguousarray(meta[:, : row.size])
 
-        Without adaptation a row has no telemetry words. With it, each row
-        carries ``st.adapt.width`` words: a function of the plan of the last
-        call, which every rank ran, so every row has one width (a rank that
-        adapts and one that does not never ran a call together: the first
-        call, without words on either, fails the fingerprint check on every
-        rank). Every rank absorbs the same words and so re-plans alike. The
-        group's first exchange also carries every rank's host word, whatever
-        the setting (so every row has one width), from which ``adapt="auto"``
-        decides, alike on every rank.
+    def plane_words(self, group: Any = None) -> np.ndarray:
+        """The :data:`PLANE_WORDS` words of this rank's data-plane state for ``group``.
+
+        For a caller that gathers its rows in a collective of its own and
+        passes ``split_matrix`` (the MoE layer): it appends these words to
+        its row and hands every rank's back to :meth:`absorb_plane_words`.
+        The group then learns from its transfers (telemetry) and checks that
+        its ranks are in step, as if the calls exchanged rows themselves.
+        """
+        return self._plane_words(self._state(group))
+
+    def absorb_plane_words(self, rows: Any, group: Any = None) -> None:
+        """Take every rank's :meth:`plane_words` (``int64[N, PLANE_WORDS]``, rank order).
+
+        A collective: every rank of the group calls it after the same
+        exchange (it may run one more small exchange: :meth:`_absorb_plane_words`).
+        """
+        st = self._state(group)
+        want = (st.transport.size, PLANE_WORDS)
+        rows = np.asarray(rows)
+        if rows.shape != want or rows.dtype != np.int64:
+            raise ValueError(f"absorb_plane_words: rows must be int64 of shape {want}, got "
+                             f"{rows.dtype} {rows.shape}")
+        self._absorb_plane_words(st, rows, time.monotonic() + self.timeout_s)
+
+    def _plane_words(self, st: _GroupState) -> np.ndarray:
+        """``[host word, telemetry words, calls]``: what every metadata row carries.
+
+        The host word (:func:`~pathweave.runtime.telemetry.host_word`) lets
+        ``adapt="auto"`` decide, alike on every rank, on the group's first
+        exchange. The second word is how many telemetry words this rank has
+        on the last call (:attr:`~pathweave.runtime.telemetry.Adaptation.width`,
+        0 without adaptation); the words themselves follow in a second
+        exchange. The third is the transport's count of multi-path calls,
+        whose message tags must agree on every rank. NOTE: a fixed width: a
+        rank whose state differs (a new orchestrator on some ranks only)
+        must meet its peers in a collective of the same size, or gloo aborts
+        the process before any check can raise.
         """
         from pathweave.runtime import telemetry
 
-        first = st.hosts is None
-        tail = [np.array([telemetry.host_word()], dtype=np.int64)] if first else []
-        if st.adapt is not None:
-            tail.append(st.adapt.words())
-        if not tail:
-            return st.transport.exchange(row, deadline)
-        meta = st.transport.exchange(np.concatenate([row, *tail]), deadline)
-        col = row.size
-        if first:
-            st.hosts = meta[:, col].copy()
-            col += 1
-            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts,
-                                                             nccl=st.transport.nccl):
+        width = 0 if st.adapt is None else st.adapt.width
+        return np.array([telemetry.host_word(), width, st.transport.calls], dtype=np.int64)
+
+    def _absorb_plane_words(self, st: _GroupState, words: np.ndarray, deadline: float) -> None:
+        """Every rank's :meth:`_plane_words`: the same steps on every rank.
+
+        Every rank reads the same words, so every rank takes the same
+        branch. If all ranks report the same number of telemetry words
+        (> 0), one more exchange carries them (a plan's first call and every
+        :attr:`~pathweave.runtime.telemetry.Adaptation.SAMPLE_EVERY`-th) and
+        every rank absorbs them alike; otherwise the observation is dropped
+        everywhere. Ranks whose call counts differ are out of step (their
+        messages' tags would not match): the next call raises, on every rank.
+        """
+        from pathweave.runtime import telemetry
+
+        if st.hosts is None:
+            st.hosts = words[:, 0].copy()
+            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts, nccl=st.transport.nccl):
                 st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
-        if st.adapt is not None:
-            st.adapt.absorb(meta[:, col:])
-            if st.adapt.replan():
-                st.plan_fabric = st.adapt.fabric
-                st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds,
-                                                st.paths.max_hops)
-                st.last_call = (None, None, None)
-        return np.ascontiguousarray(meta[:, : row.size])
+        calls = words[:, 2]
+        odd = np.flatnonzero(calls != calls[0])
+        if odd.size:
+            r = int(odd[0])
+            st.out_of_step = (
+                f"rank {r}'s data plane has run {int(calls[r])} multi-path calls on this group "
+                f"but rank 0's {int(calls[0])}; every rank must make the same calls through "
+                "the same orchestrator (was one replaced on some ranks only?)"
+            )
+        widths = words[:, 1]
+        if widths[0] > 0 and (widths == widths[0]).all():
+            assert st.adapt is not None  # this rank's own width is one of them
+            st.adapt.absorb(st.transport.exchange(st.adapt.words(), deadline))
+        elif st.adapt is not None:
+            st.adapt.absorb(np.zeros((words.shape[0], 0), dtype=np.int64))
+        if st.adapt is not None and st.adapt.replan():
+            st.plan_fabric = st.adapt.fabric
+            st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
+            st.last_call = (None, None, None)
 
     def _account(
         self, op: str, total: int, entry: Any, t0: float, t1: float, t2: float, cached: bool

@@ -438,8 +438,9 @@ class Adaptation:
     Per call: :meth:`words` is this rank's observation of the previous
     multi-path call, one int64 word per stream its plan defines into this
     rank (:func:`streams_into`), padded to :attr:`width` (the most streams
-    any rank receives: every row has one width, and every rank knows it
-    from the plan); they ride along the metadata row. :meth:`absorb` takes
+    any rank receives: every rank that ran the plan knows it); they follow
+    the next metadata exchange (:meth:`pathweave.Orchestrator.plane_words`).
+    :meth:`absorb` takes
     every rank's words after the exchange and updates the estimates the same
     way on every rank; :meth:`replan` says whether to plan again, and
     :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
@@ -476,7 +477,7 @@ class Adaptation:
 
     @property
     def width(self) -> int:
-        """Telemetry words in this call's metadata row (the same on every rank)."""
+        """Telemetry words this rank has to send (alike on ranks that ran the same calls)."""
         return int(self._mine.size)
 
     def words(self) -> np.ndarray:
