@@ -252,6 +252,16 @@ def job_new_orchestrator(rank, ws):
             res.append(("ok", bool(torch.equal(out, ref))))
         except ValueError as exc:
             res.append(("ValueError", str(exc), bool((out == SENTINEL).all())))
+    # batch_isend_irecv's rows carry the same words.
+    orch = _orch(ws, True, adapt=True) if rank == ws - 1 else old
+    recv = torch.full((3, 4), SENTINEL)
+    ops = [pwd.P2POp(pwd.isend, torch.ones(3, 4), (rank + 1) % ws),
+           pwd.P2POp(pwd.irecv, recv, (rank - 1) % ws)]
+    try:
+        pwd.batch_isend_irecv(ops, orchestrator=orch)
+        res.append(("ok", bool((recv == 1).all())))
+    except ValueError as exc:
+        res.append(("ValueError", str(exc), bool((recv == SENTINEL).all())))
     return res
 
 
@@ -262,10 +272,11 @@ def test_ranks_out_of_step_raise_at_once_on_every_rank():
     results = run_local(job_new_orchestrator, 4, timeout_s=120)
     for res in results:
         assert res[0] == ("ok", True), res
-        assert res[1] == ("ValueError", "all_to_all_single: rank 3's data plane has run 0 "
-                          "multi-path calls on this group but rank 0's 2; every rank must make "
-                          "the same calls through the same orchestrator (was one replaced on "
-                          "some ranks only?)", True), res
+        step = ("rank 3's data plane has run 0 multi-path calls on this group but rank 0's 2; "
+                "every rank must make the same calls through the same orchestrator (was one "
+                "replaced on some ranks only?)")
+        assert res[1] == ("ValueError", f"all_to_all_single: {step}", True), res
+        assert res[3] == ("ValueError", f"batch_isend_irecv: {step}", True), res
         assert res[2] == ("ValueError", "all_to_all_single: rank 3 uses chunk_bytes 8192 but "
                           "rank 0 uses 4096; every rank of the group must use the same "
                           "configuration (fabric, policy, chunk_bytes, ...)", True), res

@@ -788,18 +788,22 @@ class Orchestrator:
                 return tr.global_ranks.index(peer)
             return peer if group is None else n + peer  # out of range: reported as such
 
-        def exchange(width: int) -> np.ndarray:
-            meta = tr.exchange(np.r_[words, V.encode_p2p(ops, peer_of, n, width)], deadline)
+        def exchange(width: int, plane: np.ndarray) -> np.ndarray:
+            meta = tr.exchange(np.r_[words, plane, V.encode_p2p(ops, peer_of, n, width)],
+                               deadline)
             V.check_fingerprints(meta[:, : V.FP_WORDS], "batch_isend_irecv")
-            return meta[:, V.FP_WORDS :]
+            col = V.FP_WORDS + plane.size
+            if plane.size:
+                self._absorb_plane_words(st, meta[:, V.FP_WORDS : col], deadline)
+            return meta[:, col:]
 
-        meta = exchange(8)
+        meta = exchange(8, self._plane_words(st))
         bad = np.flatnonzero(meta[:, 0])
         if bad.size:
             V.raise_problem(int(bad[0]), meta[int(bad[0]), :4])
         counts = meta[:, 3]
         if int(counts.max(initial=0)) > 8:
-            meta = exchange(int(counts.max()))
+            meta = exchange(int(counts.max()), np.zeros(0, dtype=np.int64))
 
         def decode() -> _P2PLayout:
             tables = [
