@@ -1121,6 +1121,7 @@ class Orchestrator:
                 st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
         calls = words[:, 2]
         odd = np.flatnonzero(calls != calls[0])
+        st.out_of_step = None  # what the latest words say, not an earlier call's
         if odd.size:
             r = int(odd[0])
             st.out_of_step = (
