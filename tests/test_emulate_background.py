@@ -134,3 +134,24 @@ def test_background_checks_hand_computed():
     assert not background_checks(records)[0][0]
     records[3] = rec(0.0, adaptive, blind, switches=1)
     assert not background_checks(records)[0][0]
+
+
+def test_co_tenant_processes_are_waited_for_by_their_ready_line():
+    import subprocess
+    import sys
+
+    from pathweave.emulate.background import _ready
+
+    def proc(code):
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+
+    good = proc("print('a warning first'); print('sending', flush=True)")
+    _ready(good, "sending", "sender")           # the line before it is skipped
+    good.wait()
+    bad = proc("print('boom')")
+    with pytest.raises(InputError, match=r"co-tenant sender did not start: b'boom\\n'"):
+        _ready(bad, "sending", "sender")
+    bad.wait()
+    for p in (good, bad):
+        p.stdout.close()

@@ -178,13 +178,14 @@ class Background:
                 for src, dst in ((t.a, t.b), (t.b, t.a)):
                     port = str(_PORT + 2 * k + (src > dst))
                     addr = lay.rank_address[dst]
-                    r = self._start(dst, ["background-recv", addr, port, str(self.duration_s)])
-                    line = r.stdout.readline() if r.stdout else b""
-                    if b"listening" not in line:
-                        raise InputError(f"co-tenant receiver did not start: {line!r}")
-                    self._start(src, ["background-send", addr, port, repr(rate),
-                                      str(self.duration_s)])
-            time.sleep(0.5)  # let the senders reach their rate before anything is timed
+                    _ready(self._start(dst, ["background-recv", addr, port,
+                                             str(self.duration_s)]), "listening", "receiver")
+                    # NOTE: wait for the sender itself, not a fixed time: starting its
+                    # interpreter took over the 0.5 s once slept here on a busy 2-core
+                    # host, and a probe then ran before the co-tenant did.
+                    _ready(self._start(src, ["background-send", addr, port, repr(rate),
+                                             str(self.duration_s)]), "sending", "sender")
+            time.sleep(0.1)  # its first datagrams reach the links
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -205,6 +206,17 @@ class Background:
             if p.stdout:
                 p.stdout.close()
         self._procs = []
+
+
+def _ready(proc: subprocess.Popen, word: str, what: str) -> None:
+    """Wait until ``proc`` prints the line ``word`` (lines before it, e.g. warnings, are
+    skipped); raise naming what it printed if it exits first."""
+    seen = []
+    for line in iter(proc.stdout.readline if proc.stdout else (lambda: b""), b""):
+        if line.strip() == word.encode():
+            return
+        seen.append(line)
+    raise InputError(f"co-tenant {what} did not start: {b''.join(seen)[-300:]!r}")
 
 
 # ------------------------------------------------------------ processes
@@ -235,6 +247,7 @@ def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
     end = time.monotonic() + duration_s
     block = bytes(_BLOCK)
     t0, sent = time.monotonic(), 0
+    print("sending", flush=True)
     while (now := time.monotonic()) < end:
         due = t0 + sent / rate_Bps
         if due > now:
