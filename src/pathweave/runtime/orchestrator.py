@@ -301,9 +301,8 @@ class _GroupState:
         first = paths.pair_ptr[:-1].astype(np.int64).copy()
         first[:: n + 1] = 0  # the diagonal has no paths; never used
         self.default_path = first
-        self.plans = _LRU(cache_size)
         #: quantised demand key -> the decision taken the last time it was seen
-        self.chosen = _LRU(cache_size)
+        self.plans = _LRU(cache_size)
         self.schedules = _LRU(cache_size)
         self.current: _Decision | None = None
         self.last_qkey: bytes | None = None
@@ -658,18 +657,14 @@ class Orchestrator:
         key = q.tobytes() + (b"" if st.adapt is None else st.adapt.cap_key)
         if key == st.last_qkey and st.current is not None:
             return st.current, True
-        chosen = st.chosen.get(key)
-        if chosen is not None:
+        taken = st.plans.get(key)
+        if taken is not None:
             # A pattern decided before stands (MoE alternates dispatch and
             # combine): weighing it against the other pattern's plan again cost
             # a prediction per call (112 us at 8 ranks) and decided nothing new.
-            st.current, st.last_qkey = chosen, key
-            return chosen, True
-        cand = st.plans.get(key)
-        cached = cand is not None
-        if cand is None:
-            cand = self._plan(st, q)
-            st.plans.put(key, cand)
+            st.current, st.last_qkey = taken, key
+            return taken, True
+        cand = self._plan(st, q)
         cur = st.current
         if cur is not None and cur is not cand:
             # Hysteresis: a new plan must beat the current one by a clear margin.
@@ -680,8 +675,8 @@ class Orchestrator:
                 self.stats.plan_switches += 1
         st.current = cand
         st.last_qkey = key
-        st.chosen.put(key, cand)
-        return cand, cached
+        st.plans.put(key, cand)
+        return cand, False
 
     # ------------------------------------------------------------ public
     def all_to_all_single(

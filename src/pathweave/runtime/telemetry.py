@@ -440,9 +440,8 @@ class Adaptation:
     rank (:func:`streams_into`), padded to :attr:`width` (the most streams
     any rank receives: every rank that ran the plan knows it); they follow
     the next metadata exchange (:meth:`pathweave.Orchestrator.plane_words`).
-    :meth:`absorb` takes
-    every rank's words after the exchange and updates the estimates the same
-    way on every rank; :meth:`replan` says whether to plan again, and
+    :meth:`absorb` takes every rank's words after the exchange and updates
+    the estimates the same way on every rank; :meth:`replan` says whether to plan again, and
     :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
     pipeline runs is given to :meth:`note` on every rank (what the next
     words describe); :meth:`observe` fills in this rank's receive completion times
