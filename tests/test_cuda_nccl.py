@@ -1,8 +1,14 @@
-"""pathweave's data plane on CUDA tensors over NCCL, checked bitwise against torch's.
+"""pathweave's data plane and MoE layer on CUDA tensors over NCCL, checked against torch.
 
-These tests need a machine with two or more CUDA GPUs and NCCL; elsewhere
-they are skipped with the reason (how many GPUs were found). They start one
-process per GPU (up to 8) with :func:`pathweave.runtime.launch.run_local`.
+These tests need a machine with CUDA GPUs and NCCL; elsewhere they are
+skipped with the reason (how many GPUs were found). They start one process
+per GPU (up to 8) with :func:`pathweave.runtime.launch.run_local`, or
+``PATHWEAVE_TEST_NCCL_WORLD`` processes when that is set. Ranks that share a
+GPU (more ranks than GPUs, as on a one-GPU machine) each pose as their own
+host (``NCCL_HOSTID``), since NCCL refuses two ranks of one host on one GPU;
+NCCL then joins them by its socket transport. That checks bytes and
+gradients, not speed. The MoE test always starts 4 ranks (it runs when
+there are 4 GPUs or ``PATHWEAVE_TEST_NCCL_WORLD`` is at least 4).
 
 The rank functions take the backend as an argument and put tensors on the
 rank's GPU for ``"nccl"`` or on the CPU for ``"gloo"``, so the same checks
@@ -10,6 +16,8 @@ can be run on gloo to debug them on a machine without GPUs.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -24,18 +32,33 @@ except ImportError:  # no torch: nothing here can run
     torch = None
     NUM_GPUS, HAVE_NCCL = 0, False
 
-WORLD = min(NUM_GPUS, 8)
+
+def _world(gpus: int) -> int:
+    """Ranks to start: ``PATHWEAVE_TEST_NCCL_WORLD`` if set, else one per GPU, at most 8."""
+    raw = os.environ.get("PATHWEAVE_TEST_NCCL_WORLD", "")
+    if not raw:
+        return min(gpus, 8)
+    if not raw.isdigit() or not 2 <= int(raw) <= 64:
+        raise ValueError(f"PATHWEAVE_TEST_NCCL_WORLD={raw!r}: expected a rank count in 2..64")
+    return int(raw)
+
+
+WORLD = _world(NUM_GPUS)
+MOE_WORLD = 4  # test_moe_grad's ranks
 
 if torch is None:
-    _REASON = "needs torch with CUDA and >= 2 GPUs; torch is not installed"
-elif NUM_GPUS < 2:
-    _REASON = f"needs >= 2 CUDA GPUs, found {NUM_GPUS}"
+    _REASON = "needs torch with CUDA; torch is not installed"
+elif NUM_GPUS < 1:
+    _REASON = "needs CUDA GPUs, found 0"
 elif not HAVE_NCCL:
     _REASON = f"needs NCCL; this torch build has none ({NUM_GPUS} GPUs found)"
 else:
     _REASON = ""
 
 pytestmark = pytest.mark.skipif(bool(_REASON), reason=_REASON)
+_SHARE_HINT = "set PATHWEAVE_TEST_NCCL_WORLD to run more ranks than GPUs"
+needs_world = pytest.mark.skipif(
+    not _REASON and WORLD < 2, reason=f"needs >= 2 ranks, found {NUM_GPUS} GPU(s); {_SHARE_HINT}")
 
 #: Path roles on which some rank between source and destination forwards the bytes.
 FORWARDED_ROLES = ("relay", "rd", "dr", "drd")
@@ -89,9 +112,18 @@ def forward_everything(fabric, demand):
     return plan.validate()
 
 
-def _device(rank: int, backend: str):
-    return torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else \
-        torch.device("cpu")
+def _device(rank: int, backend: str, world: int):
+    """The rank's device; called before the rank's first NCCL call.
+
+    A rank that shares its GPU poses as its own host: NCCL reads
+    ``NCCL_HOSTID`` once, when the process makes its first communicator.
+    """
+    if backend != "nccl":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if world > gpus:
+        os.environ["NCCL_HOSTID"] = f"pathweave-test-rank{rank}"
+    return torch.device("cuda", rank % gpus)
 
 
 def _random_tensor(shape: tuple[int, ...], dtype, seed: int, device):
@@ -142,7 +174,7 @@ def _exchange(split, dtype, trailing, seed, device, rank, orchestrator=None, asy
 # --------------------------------------------------------------- rank bodies
 def check_matches_torch(rank: int, world: int, backend: str) -> int:
     """Random uneven splits, several dtypes and shapes, default orchestrator."""
-    device = _device(rank, backend)
+    device = _device(rank, backend, world)
     rng = np.random.default_rng(7)  # same draws on every rank
     checked = 0
     for trial, dtype in enumerate(DTYPES * 2):
@@ -168,7 +200,7 @@ def check_forced_multipath(rank: int, world: int, backend: str) -> dict:
     from pathweave import traffic
     from pathweave.runtime import Orchestrator
 
-    device = _device(rank, backend)
+    device = _device(rank, backend, world)
     fab = pwfabric.resolve(forwarding_fabric(world))
     rng = np.random.default_rng(11)
     forced = Orchestrator(fabric=fab, policy=forward_everything, enabled=True)
@@ -198,7 +230,7 @@ def check_async_handle(rank: int, world: int, backend: str) -> int:
     from pathweave import fabric as pwfabric
     from pathweave.runtime import Orchestrator
 
-    device = _device(rank, backend)
+    device = _device(rank, backend, world)
     rng = np.random.default_rng(5)
     orchestrators = [None]
     if world >= 3:
@@ -216,19 +248,27 @@ def check_async_handle(rank: int, world: int, backend: str) -> int:
 
 
 # -------------------------------------------------------------------- tests
-def _run(fn, *args):
+def check_moe_gradients(rank: int, world: int, backend: str) -> list:
+    """test_moe_grad's cases (every layout, DP groups, async, forced multi-path) on ``backend``."""
+    from test_moe_grad import GRAD_CASES, _grad_job
+
+    return _grad_job(rank, world, GRAD_CASES, device=str(_device(rank, backend, world)))
+
+
+def _run(fn, *args, world: int = WORLD):
     from pathweave.runtime.launch import run_local
 
-    return run_local(fn, WORLD, ("nccl", *args), backend="nccl", timeout_s=300)
+    return run_local(fn, world, ("nccl", *args), backend="nccl", timeout_s=300)
 
 
+@needs_world
 def test_matches_torch_bitwise_on_nccl():
     checked = _run(check_matches_torch)
     assert checked == [2 * len(DTYPES) + 1] * WORLD
 
 
 @pytest.mark.skipif(not _REASON and WORLD < 3,
-                    reason=f"forwarding needs >= 3 GPUs, found {NUM_GPUS}")
+                    reason=f"forwarding needs >= 3 ranks, found {NUM_GPUS} GPU(s); {_SHARE_HINT}")
 def test_forced_multipath_on_nccl_forwards_and_matches_torch():
     results = _run(check_forced_multipath)
     forced = {}
@@ -240,6 +280,16 @@ def test_forced_multipath_on_nccl_forwards_and_matches_torch():
     assert all(r["mwu_multipath"] and r["mwu_cached"] for r in results)
 
 
+@needs_world
 def test_async_handle_on_nccl():
     checked = _run(check_async_handle)
     assert checked == [3 * (1 + (WORLD >= 3))] * WORLD
+
+
+@pytest.mark.skipif(not _REASON and max(NUM_GPUS, WORLD) < MOE_WORLD,
+                    reason=f"needs {MOE_WORLD} ranks, found {NUM_GPUS} GPU(s); {_SHARE_HINT}")
+def test_moe_gradients_on_nccl_equal_dense():
+    """MoE dispatch/combine forward and backward on CUDA tensors, against one dense process."""
+    from test_moe_grad import GRAD_CASES, assert_equal_dense
+
+    assert_equal_dense(_run(check_moe_gradients, world=MOE_WORLD), GRAD_CASES)

@@ -68,13 +68,17 @@ def _expert_outputs(moe: Any, expert_x: torch.Tensor, counts: torch.Tensor, hand
 NO_EXPERTS_ON_3 = [0, 0, 0, 1, 1, 1, 2, 2]  # rank 3 holds no expert
 
 
-def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]],
+              device: str = "cpu") -> list[dict[str, Any]]:
+    """One rank's outputs and gradients for every case; tensors live on ``device``."""
     import pathweave as pw
     from pathweave.moe import MoEAllToAll
 
     out = []
     for layout, dp, placement, async_op, multipath in cases:
         d = _data(dp, seed=11 + dp)
+        d = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
+             for k, v in d.items()}
         gi = rank // dp
         orch = None
         if multipath:  # every pair split over several paths, relays included, both directions
@@ -98,9 +102,10 @@ def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[
             relayed = sum(v - before.get(kk, 0) for kk, v in after.items()
                           if kk not in ("direct", "torch"))
         # numpy: tensors would travel back through shared memory of a process that has exited
-        out.append({"layout": layout, "dp": dp, "relayed": relayed, "out": res.detach().numpy(),
-                    "x": x.grad.numpy(), "w": w.grad.numpy(),
-                    "W": {e: t.grad.numpy() for e, t in weights.items()}})
+        out.append({"layout": layout, "dp": dp, "relayed": relayed,
+                    "out": res.detach().cpu().numpy(), "x": x.grad.cpu().numpy(),
+                    "w": w.grad.cpu().numpy(),
+                    "W": {e: t.grad.cpu().numpy() for e, t in weights.items()}})
     return out
 
 
@@ -132,13 +137,16 @@ def _rel(got: Any, want: torch.Tensor) -> float:
     return float((got - want).norm()) / den if den else float(got.norm())
 
 
-def test_gradients_through_dispatch_and_combine_equal_dense() -> None:
-    cases = [(layout, dp, None, False, False) for layout in LAYOUTS for dp in (1, 2)]
-    # A rank without experts, and the async halves, in every layout; then a forced multi-path
-    # orchestrator, whose backward exchanges must move bytes over relay/rail paths too.
-    cases += [(layout, 1, NO_EXPERTS_ON_3, True, False) for layout in LAYOUTS]
-    cases += [(layout, 2, None, False, True) for layout in LAYOUTS]
-    per_rank = run_local(_grad_job, WORLD, (cases,), timeout_s=180)
+#: Every layout with and without DP groups; a rank without experts and the async halves in
+#: every layout; then a forced multi-path orchestrator, whose backward exchanges must move
+#: bytes over relay/rail paths too. ``(layout, dp, placement, async_op, multipath)``.
+GRAD_CASES = [(layout, dp, None, False, False) for layout in LAYOUTS for dp in (1, 2)]
+GRAD_CASES += [(layout, 1, NO_EXPERTS_ON_3, True, False) for layout in LAYOUTS]
+GRAD_CASES += [(layout, 2, None, False, True) for layout in LAYOUTS]
+
+
+def assert_equal_dense(per_rank: list[list[dict[str, Any]]], cases: list[tuple[Any, ...]]) -> None:
+    """Every rank's outputs and gradients (``_grad_job``'s) against :func:`_dense`'s."""
     for c, (layout, dp, _, _, multipath) in enumerate(cases):
         if multipath:
             assert sum(per_rank[r][c]["relayed"] for r in range(WORLD)) > 0, (layout, "relay")
@@ -160,6 +168,10 @@ def test_gradients_through_dispatch_and_combine_equal_dense() -> None:
             errs[f"W{e}"] = _rel(seen[e], ref["W"][e])
         worst = max(errs, key=errs.get)
         assert errs[worst] <= 1e-4, (layout, dp, worst, errs[worst])
+
+
+def test_gradients_through_dispatch_and_combine_equal_dense() -> None:
+    assert_equal_dense(run_local(_grad_job, WORLD, (GRAD_CASES,), timeout_s=180), GRAD_CASES)
 
 
 # ----------------------------------------------------------- the all-to-all alone

@@ -39,6 +39,8 @@ __all__ = ["Background", "CoTenant", "parse_background", "residual_fabric"]
 _PORT = 29701
 #: Datagram size: IP fragments of it fill full frames; few sends per second.
 _BLOCK = 16 * 1024
+#: How much longer than its duration a receiver waits for its sender's first datagram.
+_START_GRACE_S = 10.0
 #: Least capacity a link keeps in the residual fabric (as the simulator's background).
 _FLOOR = 0.01
 
@@ -148,22 +150,38 @@ class Background:
     tenants
         From :func:`parse_background` on the emulator's (unscaled) fabric.
     duration_s
-        Every process exits by itself after this long.
+        Every process exits by itself after this long: a sender from its
+        start, a receiver from its first datagram (or ``_START_GRACE_S``
+        later if none came).
+
+    Attributes
+    ----------
+    rates_Bps : list[float]
+        Each tenant's datagram payload rate per direction, in the emulator's units.
+    bytes_moved : list[tuple[int, str, int]]
+        After exit: ``(tenant, "sent" | "received", bytes)`` of every process
+        that ended by itself (one killed at exit reports nothing). A sender
+        never sends more than its rate allows: ``sent <= rate * duration +
+        one datagram``.
     """
 
     def __init__(self, emu: Any, tenants: Sequence[CoTenant], duration_s: float):
         self.emu = emu
         self.tenants = list(tenants)
         self.duration_s = float(duration_s)
+        self.rates_Bps: list[float] = []
+        self.bytes_moved: list[tuple[int, str, int]] = []
         self._procs: list[subprocess.Popen] = []
+        self._tenant_of: list[int] = []
 
-    def _start(self, rank: int, argv: list[str]) -> subprocess.Popen:
+    def _start(self, rank: int, argv: list[str], tenant: int) -> subprocess.Popen:
         p = subprocess.Popen(
             self.emu.exec_argv(rank, [sys.executable, "-m", "pathweave.emulate._worker", *argv]),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.emu.record_process(p.pid)
         self._procs.append(p)
+        self._tenant_of.append(tenant)
         return p
 
     def __enter__(self) -> Background:
@@ -175,16 +193,17 @@ class Background:
                 # datagram fragments carry mtu - 20 bytes, TCP segments mtu - 52.
                 mtu = int(lay.mtu)
                 rate = t.rate_Bps * scale * framing_factor(mtu) * (mtu - 20) / (mtu + 14)
+                self.rates_Bps.append(rate)
                 for src, dst in ((t.a, t.b), (t.b, t.a)):
                     port = str(_PORT + 2 * k + (src > dst))
                     addr = lay.rank_address[dst]
                     _ready(self._start(dst, ["background-recv", addr, port,
-                                             str(self.duration_s)]), "listening", "receiver")
+                                             str(self.duration_s)], k), "listening", "receiver")
                     # NOTE: wait for the sender itself, not a fixed time: starting its
                     # interpreter took over the 0.5 s once slept here on a busy 2-core
                     # host, and a probe then ran before the co-tenant did.
                     _ready(self._start(src, ["background-send", addr, port, repr(rate),
-                                             str(self.duration_s)]), "sending", "sender")
+                                             str(self.duration_s)], k), "sending", "sender")
             time.sleep(0.1)  # its first datagrams reach the links
         except BaseException:
             self.__exit__(None, None, None)
@@ -198,14 +217,17 @@ class Background:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for p in self._procs:
+        for p, k in zip(self._procs, self._tenant_of, strict=True):
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
             if p.stdout:
+                last = (p.stdout.read() if p.returncode == 0 else b"").split()[-2:]
+                if len(last) == 2 and last[0] in (b"sent", b"received") and last[1].isdigit():
+                    self.bytes_moved.append((k, last[0].decode(), int(last[1])))
                 p.stdout.close()
-        self._procs = []
+        self._procs, self._tenant_of = [], []
 
 
 def _ready(proc: subprocess.Popen, word: str, what: str) -> None:
@@ -228,15 +250,24 @@ def _recv(addr: str, port: int, duration_s: float) -> None:
     sock.bind((addr, port))
     sock.settimeout(1.0)
     print("listening", flush=True)
-    end = time.monotonic() + duration_s
+    # NOTE: the sender starts after this process (an interpreter start, over a
+    # second on a busy host), so the duration counts from the first datagram,
+    # awaited for up to _START_GRACE_S more: counted from this process's
+    # start, a receiver of a short co-tenant ended before its sender began.
+    end = time.monotonic() + duration_s + _START_GRACE_S
+    received = 0
     while time.monotonic() < end:
         try:
-            sock.recv(1 << 16)
+            n = len(sock.recv(1 << 16))
         except TimeoutError:
             continue
         except OSError:
             break
+        if not received:
+            end = time.monotonic() + duration_s + 0.1
+        received += n
     sock.close()
+    print("received", received, flush=True)
 
 
 def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
@@ -246,19 +277,20 @@ def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     end = time.monotonic() + duration_s
     block = bytes(_BLOCK)
-    t0, sent = time.monotonic(), 0
+    t0, paced, sent = time.monotonic(), 0, 0
     print("sending", flush=True)
     while (now := time.monotonic()) < end:
-        due = t0 + sent / rate_Bps
+        due = t0 + paced / rate_Bps
         if due > now:
             time.sleep(min(due - now, end - now))
             continue
         try:
-            sock.sendto(block, (addr, port))
+            sent += sock.sendto(block, (addr, port))
         except OSError:  # a full queue drops, as on a wire
             time.sleep(0.001)
-        sent += _BLOCK
+        paced += _BLOCK
     sock.close()
+    print("sent", sent, flush=True)
 
 
 def _main(argv: Sequence[str]) -> None:
