@@ -459,6 +459,21 @@ def test_example_moe_layer_matches_dense() -> None:
     assert max(errs) < 1e-4, errs
 
 
+def test_example_one_rank_cost_checks_every_output() -> None:
+    """examples/moe_one_rank_cost.py: both layouts and plain torch against x * sum(w)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "moe_one_rank_cost.py"), "--tokens", "48",
+         "--hidden", "32", "--experts", "8", "--topk", "3", "--capacity", "48", "--repeat", "1"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "outputs: all equal x * sum(w) within bf16 rounding", proc.stdout
+    assert sum(line.startswith(("plain torch", "pathweave ")) for line in lines) == 3, proc.stdout
+
+
 def test_bench_moe_baselines_agree_with_pathweave() -> None:
     """The benchmark's three implementations give the same bits; padding costs bytes."""
     from pathweave.bench import moe as bench
