@@ -248,6 +248,51 @@ def check_async_handle(rank: int, world: int, backend: str) -> int:
 
 
 # -------------------------------------------------------------------- tests
+def check_pathweave_backend(rank: int, world: int, backend: str) -> dict:
+    """A job started with ``init_process_group("pathweave")``: plain torch calls on CUDA
+    tensors (CPU tensors for ``"gloo"``) against the same calls on an NCCL (gloo) group."""
+    import torch.distributed as tdist
+
+    from pathweave import distributed as pwdist
+
+    device = _device(rank, backend, world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ref_group = tdist.new_group(backend=backend)
+    rng = np.random.default_rng(17)
+    res = {}
+    for trial, dtype in enumerate(("bfloat16", "float32", "int64")):
+        rows = rng.integers(0, 9, (world, world)) * 1024
+        rows[:, trial % world] *= 8  # one hot rank: worth forwarding
+        send, recv = rows[rank].tolist(), rows[:, rank].tolist()
+        inp = _random_tensor((sum(send), 2), getattr(torch, dtype), 70 + 10 * trial + rank,
+                             device)
+        out = torch.zeros((sum(recv), 2), dtype=inp.dtype, device=device)
+        ref = torch.ones_like(out)
+        tdist.all_to_all_single(out, inp, recv, send)              # the pathweave backend
+        tdist.all_to_all_single(ref, inp, recv, send, group=ref_group)
+        _assert_same(out, ref, f"backend all_to_all_single, {dtype}")
+    def size(r: int) -> int:  # what every rank sends rank r: uneven on NCCL (gloo: equal)
+        return 3 + (r if backend == "nccl" else 0)
+
+    ins = [_random_tensor((size(r),), torch.float16, 90 + rank * world + r, device)
+           for r in range(world)]
+    outs = [torch.zeros(size(rank), dtype=torch.float16, device=device) for _ in range(world)]
+    refs = [torch.ones_like(t) for t in outs]
+    tdist.all_to_all(outs, ins)
+    tdist.all_to_all(refs, ins, group=ref_group)
+    for r in range(world):
+        _assert_same(outs[r], refs[r], f"backend all_to_all from rank {r}")
+    x = torch.arange(4, device=device, dtype=torch.int64) + rank
+    tdist.all_reduce(x)                                             # delegated to NCCL/gloo
+    res["all_reduce"] = x.tolist() == [sum(range(world)) + world * i for i in range(4)]
+    stats = pwdist.default_orchestrator().stats
+    res["multipath_calls"] = int(stats.multipath_calls)
+    res["forwarded"] = int(sum(v for k, v in stats.bytes_per_path_kind.items()
+                               if k in FORWARDED_ROLES))
+    return res
+
+
 def check_moe_gradients(rank: int, world: int, backend: str) -> list:
     """test_moe_grad's cases (every layout, DP groups, async, forced multi-path) on ``backend``."""
     from test_moe_grad import GRAD_CASES, _grad_job
@@ -255,10 +300,10 @@ def check_moe_gradients(rank: int, world: int, backend: str) -> list:
     return _grad_job(rank, world, GRAD_CASES, device=str(_device(rank, backend, world)))
 
 
-def _run(fn, *args, world: int = WORLD):
+def _run(fn, *args, world: int = WORLD, backend: str = "nccl", env=None):
     from pathweave.runtime.launch import run_local
 
-    return run_local(fn, world, ("nccl", *args), backend="nccl", timeout_s=300)
+    return run_local(fn, world, ("nccl", *args), backend=backend, env=env, timeout_s=300)
 
 
 @needs_world
@@ -284,6 +329,16 @@ def test_forced_multipath_on_nccl_forwards_and_matches_torch():
 def test_async_handle_on_nccl():
     checked = _run(check_async_handle)
     assert checked == [3 * (1 + (WORLD >= 3))] * WORLD
+
+
+@pytest.mark.skipif(not _REASON and WORLD < 3,
+                    reason=f"forwarding needs >= 3 ranks, found {NUM_GPUS} GPU(s); {_SHARE_HINT}")
+def test_pathweave_backend_on_cuda_tensors_matches_nccl():
+    """``init_process_group("pathweave")``: CUDA all-to-alls forwarded, bytes as NCCL's."""
+    env = {"PATHWEAVE_MULTIPATH": "on", "PATHWEAVE_FABRIC": forwarding_fabric(WORLD)}
+    results = _run(check_pathweave_backend, backend="pathweave", env=env)
+    assert all(r["all_reduce"] and r["multipath_calls"] >= 4 for r in results), results
+    assert sum(r["forwarded"] for r in results) > 0, results
 
 
 @pytest.mark.skipif(not _REASON and max(NUM_GPUS, WORLD) < MOE_WORLD,
