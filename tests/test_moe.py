@@ -448,6 +448,33 @@ def test_moe_constructor_errors() -> None:
         MoEAllToAll(8, 2, 16, 4.0, torch.float32)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_slot_sum_batched_and_slot_by_slot_give_the_same_bits(dtype, weighted, monkeypatch):
+    """Combine's weighted sum: all slots at once and one slot at a time, against a plain loop."""
+    from pathweave.moe import layer
+    from pathweave.moe._pool import Pool
+
+    g = torch.Generator().manual_seed(3)
+    m, k, H, n = 37, 5, 24, 120
+    rows = torch.cat([(torch.randn(n, H, generator=g) * 100).to(dtype),
+                      torch.zeros(1, H, dtype=dtype)])              # row n: the zero row
+    slot = torch.randint(0, n, (m, k), generator=g)
+    slot[torch.rand(m, k, generator=g) < 0.3] = -1          # slots without a row
+    w = torch.rand(m, k, generator=g) if weighted else None
+    want = torch.zeros(m, H)                                 # float32, slot order j = 0, 1, ..
+    for j in range(k):
+        part = torch.where((slot[:, j] >= 0).unsqueeze(1), rows[slot[:, j].clamp(min=0)].float(),
+                           torch.zeros(()))
+        want = want + (part * w[:, j : j + 1] if weighted else part)
+    got = {}
+    for name, limit in (("batched", 1 << 40), ("by slot", 0)):
+        monkeypatch.setattr(layer, "SLOT_SUM_BATCH_BYTES", limit)
+        got[name] = layer._slot_sum(rows, slot, w, m, H, Pool(), zero_row=n)
+    for name, out in got.items():
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32)), name
+
+
 def test_example_moe_layer_matches_dense() -> None:
     """examples/moe_layer.py on 4 gloo ranks agrees with its dense single-process layer."""
     examples = str(Path(__file__).resolve().parents[1] / "examples")
