@@ -18,9 +18,9 @@ def _t(a) -> torch.Tensor:
 
 
 def check(idx: np.ndarray, num_experts: int):
-    """The device check, read back as the loop twin reports it."""
-    got = R.check_topk(_t(idx), num_experts).tolist()
-    return None if got[0] == 0 else tuple(got)
+    """The device check, read back and decoded as the loop twin reports it."""
+    got = R.topk_problem(R.check_topk(_t(idx), num_experts).tolist(), *idx.shape)
+    return None if got[0] == 0 else got
 
 
 def plan(idx, placement, local, n, **kw) -> SimpleNamespace:

@@ -26,6 +26,7 @@ Orders (the contract between sender, receiver and combine):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "return_slots",
     "routing_digest",
     "send_plan",
+    "topk_problem",
 ]
 
 LAYOUTS = ("expert-major", "compact")
@@ -85,43 +87,60 @@ def local_experts(placement: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np
 
 
 def check_topk(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """The first problem of a routing table, as ``int64[4]`` on its device.
+    """The first problem of a routing table, as ``int64[2]`` on its device.
 
-    ``(code, token, slot, value)``: code 1, an expert id out of
-    ``[-1, num_experts)``; code 2, token ``token`` routed to expert ``value``
-    twice (``slot`` is the second slot); code 0, no problem. Range errors are
-    looked for on the whole table first, then duplicates, each in row-major
-    order, so every process reports the same one. Torch ops on the table's
-    device; nothing is read back here (the caller ships the four numbers
-    with the counts).
+    ``(key, value)``, decoded on the host by :func:`topk_problem`: ``key`` is
+    the position (row-major) of the first expert id out of ``[-1,
+    num_experts)``, else ``m * k`` plus the position of the first slot that
+    repeats an earlier slot of its row, else ``2 * m * k`` (no problem);
+    ``value`` is the id found there. Range errors come first, then
+    duplicates, each in row-major order, so every process reports the same
+    one. Torch ops on the table's device; nothing is read back here (the
+    caller ships the two numbers with the counts), and the least of one key
+    per entry takes a handful of operations (each a kernel launch on a GPU).
 
     Examples
     --------
     >>> check_topk(torch.tensor([[0, 1], [2, -1]]), 3).tolist()
-    [0, 0, 0, 0]
+    [8, 0]
     >>> check_topk(torch.tensor([[0, 1], [2, 3]]), 3).tolist()
-    [1, 1, 1, 3]
+    [3, 3]
     >>> check_topk(torch.tensor([[0, 1], [2, 2]]), 3).tolist()
-    [2, 1, 1, 2]
+    [7, 2]
     """
     idx = topk_idx.to(torch.int64)
     m, k = idx.shape
+    n = m * k
+    if not n:
+        return torch.tensor([0, 0], device=idx.device)
     flat = idx.reshape(-1)
-    none = torch.tensor(m * k, device=idx.device)
-    pos = torch.arange(m * k, device=idx.device)
     bad = (flat < -1) | (flat >= num_experts)
-    first_bad = torch.where(bad, pos, none).min() if m * k else none
     # A slot repeats an earlier slot of its row: compare every pair of slots (k is small).
     earlier = torch.ones(k, k, dtype=torch.bool, device=idx.device).tril(-1)
-    same = (idx.unsqueeze(2) == idx.unsqueeze(1)) & earlier & (idx >= 0).unsqueeze(2)
-    dup = same.any(2).reshape(-1)
-    first_dup = torch.where(dup, pos, none).min() if m * k else none
-    code = torch.where(first_bad < none, 1, torch.where(first_dup < none, 2, 0))
-    at = torch.where(code == 1, first_bad, first_dup).clamp(max=max(m * k - 1, 0))
-    value = flat[at] if m * k else none * 0
-    found = code > 0
-    return torch.stack([code, torch.where(found, at // max(k, 1), 0),
-                        torch.where(found, at % max(k, 1), 0), torch.where(found, value, 0)])
+    dup = ((idx.unsqueeze(2) == idx.unsqueeze(1)) & earlier).any(2).reshape(-1) & (flat >= 0)
+    pos = torch.arange(n, device=idx.device)
+    first = torch.where(bad, pos, torch.where(dup, pos + n, 2 * n)).min()
+    return torch.stack([first, flat[first % n]])
+
+
+def topk_problem(words: Sequence[int], m: int, k: int) -> tuple[int, int, int, int]:
+    """``(code, token, slot, value)`` of :func:`check_topk`'s words for an ``[m, k]`` table.
+
+    Code 1: an expert id out of range; code 2: token ``token`` routed to
+    expert ``value`` twice (``slot`` is the second slot); code 0: no problem
+    (all zeros).
+
+    Examples
+    --------
+    >>> topk_problem([8, 0], 2, 2), topk_problem([3, 3], 2, 2), topk_problem([7, 2], 2, 2)
+    ((0, 0, 0, 0), (1, 1, 1, 3), (2, 1, 1, 2))
+    """
+    n = m * k
+    key, value = int(words[0]), int(words[1])
+    if not n or key >= 2 * n:
+        return 0, 0, 0, 0
+    at = key % n
+    return (1 if key < n else 2), at // k, at % k, value
 
 
 def routing_digest(topk_idx: torch.Tensor) -> torch.Tensor:

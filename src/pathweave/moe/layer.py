@@ -305,20 +305,22 @@ class MoEAllToAll:
     ) -> tuple[R.SendPlan, np.ndarray]:
         """This rank's send plan (untrimmed) and its counts, read back in one transfer.
 
-        ``counts``: the routing check (code, token, slot, value), the routing
-        digest, pairs per expert, rows per rank: the only numbers of a call
-        that cross from the device to the host.
+        ``counts``: the routing check (:func:`~pathweave.moe._routing.check_topk`'s
+        two words), the routing digest (0 without DP groups: only members of
+        one compare theirs), pairs per expert, rows per rank: the only numbers
+        of a call that cross from the device to the host.
         """
         place, local, order = self._tables(x.device)
         idx = topk_idx.to(torch.int64)
         plan = R.send_plan(idx, place, local, order, self.num_ranks, layout=self.layout,
                            dp_size=self.dp_size, member=self._member)
+        digest = R.routing_digest(idx).view(1) if self.dp_size > 1 else idx.new_zeros(1)
         counts = torch.cat([
-            R.check_topk(idx, self.num_experts), R.routing_digest(idx).view(1),
+            R.check_topk(idx, self.num_experts), digest,
             plan.pairs_per_expert, plan.rows_per_rank,
         ]).cpu().numpy()
-        if counts[0]:
-            code, i, j, v = (int(c) for c in counts[:4])
+        code, i, j, v = R.topk_problem(counts[:2], *idx.shape)
+        if code:
             raise ArgProblem(108 if code == 1 else 109, i, j, v)
         return plan, counts
 
@@ -394,10 +396,10 @@ class MoEAllToAll:
         row[PROBLEM_WORDS + 5] = self._plane_digest(x)
         if plan is not None and counts is not None:
             grad = torch.is_grad_enabled() and x.requires_grad
-            row[PROBLEM_WORDS + 1 : PROBLEM_WORDS + 5] = (int(x.shape[0]), counts[4], cols,
+            row[PROBLEM_WORDS + 1 : PROBLEM_WORDS + 5] = (int(x.shape[0]), counts[2], cols,
                                                           int(grad))
-            row[c0:] = counts[5:]
-            plan = plan.trim(int(counts[5 + E :].sum()), int(counts[5 : 5 + E].sum()))
+            row[c0:] = counts[3:]
+            plan = plan.trim(int(counts[3 + E :].sum()), int(counts[3 : 3 + E].sum()))
         wait = self._exchange(row, x)
         packed = (
             None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
