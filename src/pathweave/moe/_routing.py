@@ -40,6 +40,7 @@ __all__ = [
     "expert_major_positions",
     "expert_order",
     "fingerprint",
+    "flat_pairs",
     "local_experts",
     "return_slots",
     "routing_digest",
@@ -268,10 +269,14 @@ def _rank_of(order: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _flat_pairs(
+def flat_pairs(
     idx: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token, slot, expert (clamped into range) and validity of every entry, row-major."""
+    """Token, slot, expert (clamped into range) and validity of every entry, row-major.
+
+    :func:`send_plan` and :func:`return_slots` take them as ``pairs`` (a
+    caller that calls both computes them once).
+    """
     m, k = idx.shape
     dev = idx.device
     e = idx.reshape(-1).to(torch.int64)
@@ -291,6 +296,7 @@ def send_plan(
     layout: str = "expert-major",
     dp_size: int = 1,
     member: int = 0,
+    pairs: tuple[torch.Tensor, ...] | None = None,
 ) -> SendPlan:
     """The rows one rank dispatches and the pairs it gets back, in the documented orders.
 
@@ -312,6 +318,8 @@ def send_plan(
     dp_size, member
         DP group size and this rank's position in its DP group: this rank
         sends the tokens ``i`` with ``i % dp_size == member``.
+    pairs
+        :func:`flat_pairs` of the table, if the caller has them.
 
     Examples
     --------
@@ -340,9 +348,9 @@ def send_plan(
     E = int(placement.numel())
     n = num_ranks
     dev = topk_idx.device
-    tok, slot, e, keep = _flat_pairs(topk_idx, E)
+    tok, slot, e, keep = flat_pairs(topk_idx, E) if pairs is None else pairs
     if dp_size > 1:
-        keep &= tok % dp_size == member
+        keep = keep & (tok % dp_size == member)  # not in place: pairs may be shared
     q = placement[e]
     loc = local_index[e]
     ones = keep.to(torch.int64)
@@ -392,13 +400,15 @@ def return_slots(
     *,
     layout: str = "expert-major",
     dp_size: int = 1,
+    pairs: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """Row of combine's receive buffer that answers each slot: ``int64[m, k]``, -1 for none.
 
     Combine brings back, from each expert rank in rank order, the pairs of
     every member of this rank's DP group (members in rank order), each
     member's pairs in its return order (:func:`send_plan`). One sort of the
-    whole table on its device.
+    whole table on its device. ``pairs``: :func:`flat_pairs` of the table, if
+    the caller has them.
 
     Examples
     --------
@@ -411,7 +421,7 @@ def return_slots(
     """
     m, k = topk_idx.shape
     E = int(placement.numel())
-    tok, slot, e, valid = _flat_pairs(topk_idx, E)
+    tok, slot, e, valid = flat_pairs(topk_idx, E) if pairs is None else pairs
     mm = max(m, 1)
     block = (placement[e] * dp_size + tok % dp_size)
     if layout == "compact":

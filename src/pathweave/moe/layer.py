@@ -302,8 +302,9 @@ class MoEAllToAll:
 
     def _local_plan(
         self, x: torch.Tensor, topk_idx: torch.Tensor
-    ) -> tuple[R.SendPlan, np.ndarray]:
-        """This rank's send plan (untrimmed) and its counts, read back in one transfer.
+    ) -> tuple[R.SendPlan, np.ndarray, torch.Tensor]:
+        """This rank's send plan (untrimmed), its counts, read back in one transfer, and
+        combine's row for each slot (:func:`~pathweave.moe._routing.return_slots`).
 
         ``counts``: the routing check (:func:`~pathweave.moe._routing.check_topk`'s
         two words), the routing digest (0 without DP groups: only members of
@@ -312,8 +313,11 @@ class MoEAllToAll:
         """
         place, local, order = self._tables(x.device)
         idx = topk_idx.to(torch.int64)
+        pairs = R.flat_pairs(idx, self.num_experts)
         plan = R.send_plan(idx, place, local, order, self.num_ranks, layout=self.layout,
-                           dp_size=self.dp_size, member=self._member)
+                           dp_size=self.dp_size, member=self._member, pairs=pairs)
+        slot_pos = R.return_slots(idx, place, order, layout=self.layout, dp_size=self.dp_size,
+                                  pairs=pairs)
         digest = R.routing_digest(idx).view(1) if self.dp_size > 1 else idx.new_zeros(1)
         counts = torch.cat([
             R.check_topk(idx, self.num_experts), digest,
@@ -322,7 +326,7 @@ class MoEAllToAll:
         code, i, j, v = R.topk_problem(counts[:2], *idx.shape)
         if code:
             raise ArgProblem(108 if code == 1 else 109, i, j, v)
-        return plan, counts
+        return plan, counts, slot_pos
 
     # ------------------------------------------------------------ dispatch
     def dispatch(
@@ -380,10 +384,10 @@ class MoEAllToAll:
         n = self.num_ranks
         E = self.num_experts
         err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
-        cols, plan, counts = -1, None, None
+        cols, plan, counts, slot_pos = -1, None, None, None
         try:
             cols = C.check_dispatch(self, x, topk_idx, x_scale)
-            plan, counts = self._local_plan(x, topk_idx)
+            plan, counts, slot_pos = self._local_plan(x, topk_idx)
         except ArgProblem as exc:
             err = exc.words()
             plan = None
@@ -411,14 +415,14 @@ class MoEAllToAll:
         pairs = meta[:, c0 : c0 + E]  # [src, expert]
         rows = meta[:, c0 + E :]  # [src, dst]
         C.check_global(self, ms, digests, scols, pairs)
-        assert plan is not None and packed is not None
+        assert plan is not None and packed is not None and slot_pos is not None
         grad = bool(meta[:, PROBLEM_WORDS + 4].any())  # every rank joins the backward, or none
         digests = meta[:, PROBLEM_WORDS + 5].copy()
-        return self._dispatch_data(x, topk_idx, plan, pairs, rows, cols, packed, async_op, grad,
+        return self._dispatch_data(x, slot_pos, plan, pairs, rows, cols, packed, async_op, grad,
                                    digests)
 
     def _dispatch_data(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, plan: R.SendPlan, pairs: np.ndarray,
+        self, x: torch.Tensor, slot_pos: torch.Tensor, plan: R.SendPlan, pairs: np.ndarray,
         rows: np.ndarray, cols: int, send: torch.Tensor, async_op: bool, grad: bool,
         digests: np.ndarray,
     ) -> Any:
@@ -446,9 +450,7 @@ class MoEAllToAll:
             send_slot_row=plan.slot_row,
         )
         self._dispatches += 1
-        place, _, order = self._tables(dev)
-        handle.slot_pos = R.return_slots(topk_idx.to(torch.int64), place, order,
-                                         layout=self.layout, dp_size=self.dp_size)
+        handle.slot_pos = slot_pos
         if not compact:
             handle.positions = R.expert_major_positions(block, self.expert_capacity)
             handle.positions_t = P.i64(handle.positions, dev)
