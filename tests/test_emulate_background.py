@@ -76,7 +76,7 @@ def test_co_tenant_paces_its_datagrams_and_stops_by_itself():
     processes stop at exit and by themselves. Counted in bytes, not timed: the share
     it takes of a loaded rail is measured by ``pathweave bench emulate --background``."""
     from pathweave.emulate import Emulator, probe_transfer
-    from pathweave.emulate.background import _BLOCK
+    from pathweave.emulate._cotenant import BLOCK
 
     fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh")
     (t,) = parse_background("rail0:0.6", fab)
@@ -97,7 +97,7 @@ def test_co_tenant_paces_its_datagrams_and_stops_by_itself():
     moved = {role: [b for _, r, b in bg.bytes_moved if r == role] for role in ("sent", "received")}
     assert len(moved["sent"]) == 2 and len(moved["received"]) == 2, bg.bytes_moved  # both ways
     # Every datagram that arrived was sent, none beyond the pacing; some arrived each way.
-    assert all(0 < b <= rate * 1.0 + _BLOCK for b in moved["sent"]), (moved, rate)
+    assert all(0 < b <= rate * 1.0 + BLOCK for b in moved["sent"]), (moved, rate)
     assert all(0 < b for b in moved["received"]), moved
     assert sum(moved["received"]) <= sum(moved["sent"]), moved
 

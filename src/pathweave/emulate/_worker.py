@@ -2,8 +2,8 @@
 
 ``python -m pathweave.emulate._worker worker SPEC RANK`` runs one rank
 (:mod:`pathweave.emulate._rankworker`); ``probe-recv``/``probe-send`` move plain TCP
-bytes (:mod:`pathweave.emulate._probe`, see :func:`pathweave.emulate.run.probe_transfer`);
-``background-recv``/``background-send`` are a co-tenant (:mod:`pathweave.emulate.background`).
+bytes (:mod:`pathweave.emulate._probe`, see :func:`pathweave.emulate.run.probe_transfer`).
+The co-tenant's processes run :mod:`pathweave.emulate._cotenant` as a script instead.
 A module of its own, so that ``-m`` does not re-run a module the package already imported.
 """
 
@@ -27,9 +27,4 @@ def _main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1].startswith("background-"):
-        from pathweave.emulate.background import _main as _background
-
-        _background(sys.argv[1:])
-    else:
-        _main(sys.argv[1:])
+    _main(sys.argv[1:])

@@ -26,10 +26,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pathweave.emulate import _cotenant
 from pathweave.emulate.topology import framing_factor
 from pathweave.errors import InputError
 from pathweave.fabric import Fabric
@@ -37,10 +39,8 @@ from pathweave.fabric import Fabric
 __all__ = ["Background", "CoTenant", "parse_background", "residual_fabric"]
 
 _PORT = 29701
-#: Datagram size: IP fragments of it fill full frames; few sends per second.
-_BLOCK = 16 * 1024
-#: How much longer than its duration a receiver waits for its sender's first datagram.
-_START_GRACE_S = 10.0
+#: The processes' script, run by path (``_cotenant``'s docstring says why).
+_SCRIPT = Path(_cotenant.__file__)
 #: Least capacity a link keeps in the residual fabric (as the simulator's background).
 _FLOOR = 0.01
 
@@ -151,8 +151,8 @@ class Background:
         From :func:`parse_background` on the emulator's (unscaled) fabric.
     duration_s
         Every process exits by itself after this long: a sender from its
-        start, a receiver from its first datagram (or ``_START_GRACE_S``
-        later if none came).
+        start, a receiver from its first datagram (or
+        :data:`~pathweave.emulate._cotenant.START_GRACE_S` later if none came).
 
     Attributes
     ----------
@@ -176,7 +176,7 @@ class Background:
 
     def _start(self, rank: int, argv: list[str], tenant: int) -> subprocess.Popen:
         p = subprocess.Popen(
-            self.emu.exec_argv(rank, [sys.executable, "-m", "pathweave.emulate._worker", *argv]),
+            self.emu.exec_argv(rank, [sys.executable, str(_SCRIPT), *argv]),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.emu.record_process(p.pid)
@@ -197,12 +197,12 @@ class Background:
                 for src, dst in ((t.a, t.b), (t.b, t.a)):
                     port = str(_PORT + 2 * k + (src > dst))
                     addr = lay.rank_address[dst]
-                    _ready(self._start(dst, ["background-recv", addr, port,
+                    _ready(self._start(dst, ["recv", addr, port,
                                              str(self.duration_s)], k), "listening", "receiver")
                     # NOTE: wait for the sender itself, not a fixed time: starting its
                     # interpreter took over the 0.5 s once slept here on a busy 2-core
                     # host, and a probe then ran before the co-tenant did.
-                    _ready(self._start(src, ["background-send", addr, port, repr(rate),
+                    _ready(self._start(src, ["send", addr, port, repr(rate),
                                              str(self.duration_s)], k), "sending", "sender")
             time.sleep(0.1)  # its first datagrams reach the links
         except BaseException:
@@ -239,65 +239,3 @@ def _ready(proc: subprocess.Popen, word: str, what: str) -> None:
             return
         seen.append(line)
     raise InputError(f"co-tenant {what} did not start: {b''.join(seen)[-300:]!r}")
-
-
-# ------------------------------------------------------------ processes
-def _recv(addr: str, port: int, duration_s: float) -> None:
-    import socket
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind((addr, port))
-    sock.settimeout(1.0)
-    print("listening", flush=True)
-    # NOTE: the sender starts after this process (an interpreter start, over a
-    # second on a busy host), so the duration counts from the first datagram,
-    # awaited for up to _START_GRACE_S more: counted from this process's
-    # start, a receiver of a short co-tenant ended before its sender began.
-    end = time.monotonic() + duration_s + _START_GRACE_S
-    received = 0
-    while time.monotonic() < end:
-        try:
-            n = len(sock.recv(1 << 16))
-        except TimeoutError:
-            continue
-        except OSError:
-            break
-        if not received:
-            end = time.monotonic() + duration_s + 0.1
-        received += n
-    sock.close()
-    print("received", received, flush=True)
-
-
-def _send(addr: str, port: int, rate_Bps: float, duration_s: float) -> None:
-    """Datagrams at ``rate_Bps`` of payload, whatever else the link carries (no back-off)."""
-    import socket
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    end = time.monotonic() + duration_s
-    block = bytes(_BLOCK)
-    t0, paced, sent = time.monotonic(), 0, 0
-    print("sending", flush=True)
-    while (now := time.monotonic()) < end:
-        due = t0 + paced / rate_Bps
-        if due > now:
-            time.sleep(min(due - now, end - now))
-            continue
-        try:
-            sent += sock.sendto(block, (addr, port))
-        except OSError:  # a full queue drops, as on a wire
-            time.sleep(0.001)
-        paced += _BLOCK
-    sock.close()
-    print("sent", sent, flush=True)
-
-
-def _main(argv: Sequence[str]) -> None:
-    cmd, *args = argv
-    if cmd == "background-recv":
-        _recv(args[0], int(args[1]), float(args[2]))
-    elif cmd == "background-send":
-        _send(args[0], int(args[1]), float(args[2]), float(args[3]))
-    else:
-        raise SystemExit(f"unknown command {cmd!r}")
