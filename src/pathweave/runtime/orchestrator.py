@@ -753,7 +753,7 @@ class Orchestrator:
             def decode() -> V.A2ALayout:
                 return given
         else:
-            meta = self._exchange_a2a(st, row, deadline)
+            meta = self._exchange_rows(st, row, deadline)
             mkey = b"A" + meta.tobytes()
 
             def decode() -> V.A2ALayout:
@@ -794,22 +794,20 @@ class Orchestrator:
                 return tr.global_ranks.index(peer)
             return peer if group is None else n + peer  # out of range: reported as such
 
-        def exchange(width: int, plane: np.ndarray) -> np.ndarray:
-            meta = tr.exchange(np.r_[words, plane, V.encode_p2p(ops, peer_of, n, width)],
-                               deadline)
+        def exchange(width: int, first: bool) -> np.ndarray:
+            # The first exchange carries the plane words, as every call's does.
+            row = np.r_[words, V.encode_p2p(ops, peer_of, n, width)]
+            meta = self._exchange_rows(st, row, deadline) if first else tr.exchange(row, deadline)
             V.check_fingerprints(meta[:, : V.FP_WORDS], "batch_isend_irecv")
-            col = V.FP_WORDS + plane.size
-            if plane.size:
-                self._absorb_plane_words(st, meta[:, V.FP_WORDS : col], deadline)
-            return meta[:, col:]
+            return meta[:, V.FP_WORDS :]
 
-        meta = exchange(8, self._plane_words(st))
+        meta = exchange(8, first=True)
         bad = np.flatnonzero(meta[:, 0])
         if bad.size:
             V.raise_problem(int(bad[0]), meta[int(bad[0]), :4])
         counts = meta[:, 3]
         if int(counts.max(initial=0)) > 8:
-            meta = exchange(int(counts.max()), np.zeros(0, dtype=np.int64))
+            meta = exchange(int(counts.max()), first=False)
 
         def decode() -> _P2PLayout:
             tables = [
@@ -1031,7 +1029,7 @@ class Orchestrator:
         rank that passed no matrix still meets this one in the same
         collective, and a configuration that differs raises on every rank.
         """
-        layout = V.decode_a2a(self._exchange_a2a(st, row, deadline))
+        layout = V.decode_a2a(self._exchange_rows(st, row, deadline))
         if not np.array_equal(layout.in_rows, given.in_rows):
             s, d = (int(v) for v in np.argwhere(layout.in_rows != given.in_rows)[0])
             raise ValueError(
@@ -1058,8 +1056,8 @@ class Orchestrator:
         return sched, link_bytes, kinds, fpath
 
     # --------------------------------------------------- live adaptation
-    def _exchange_a2a(self, st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
-        """Exchange ``all_to_all_single`` rows with the plane words; the rows without."""
+    def _exchange_rows(self, st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
+        """Exchange a call's metadata rows with the plane words; the rows without."""
         meta = st.transport.exchange(np.concatenate([row, self._plane_words(st)]), deadline)
         self._absorb_plane_words(st, meta[:, row.size :], deadline)
         return np.ascontiguousarray(meta[:, : row.size])
