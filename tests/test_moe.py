@@ -451,7 +451,8 @@ def test_moe_constructor_errors() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_slot_sum_batched_and_slot_by_slot_give_the_same_bits(dtype, weighted, monkeypatch):
-    """Combine's weighted sum: all slots at once and one slot at a time, against a plain loop."""
+    """Combine's weighted sum: all slots at once, one at a time and in groups of two (the last
+    group shorter), against a plain loop."""
     from pathweave.moe import layer
     from pathweave.moe._pool import Pool
 
@@ -468,7 +469,8 @@ def test_slot_sum_batched_and_slot_by_slot_give_the_same_bits(dtype, weighted, m
                            torch.zeros(()))
         want = want + (part * w[:, j : j + 1] if weighted else part)
     got = {}
-    for name, limit in (("batched", 1 << 40), ("by slot", 0)):
+    for name, limit in (("batched", 1 << 40), ("by slot", 0),
+                        ("two slots at a time", 2 * m * H * (rows.element_size() + 4))):
         monkeypatch.setattr(layer, "SLOT_SUM_BATCH_BYTES", limit)
         got[name] = layer._slot_sum(rows, slot, w, m, H, Pool(), zero_row=n)
     for name, out in got.items():

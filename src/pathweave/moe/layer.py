@@ -722,8 +722,8 @@ class MoEAllToAll:
         return CombineWork(work, finish)
 
 
-#: Most bytes of the ``[m, k, H]`` temporaries with which :func:`_slot_sum` weighs
-#: every slot at once (64 MiB: 128 tokens of top-8 at hidden 7168 in bf16 take 44 MiB).
+#: Most bytes of the temporaries with which :func:`_slot_sum` weighs a group of slots at
+#: once (64 MiB: all of 128 tokens' top-8 slots at hidden 7168 in bf16 take 44 MiB).
 SLOT_SUM_BATCH_BYTES = 64 << 20
 
 
@@ -742,10 +742,10 @@ def _slot_sum(
     of zeros in ``rows``: slots without a row read it (adding ``+-0.0``
     leaves the sum's bits alone) instead of being masked, and the
     temporaries come from ``pool`` (fresh buffers would cost a page fault
-    per page, more than the arithmetic). Then every slot's rows are gathered,
-    cast and weighted at once while that takes at most
-    :data:`SLOT_SUM_BATCH_BYTES` (a decode step: four operations instead of
-    four per slot, each a kernel launch on a GPU), else slot by slot; the
+    per page, more than the arithmetic). Then the rows of as many slots as
+    fit :data:`SLOT_SUM_BATCH_BYTES` (all of a decode step's, at least one)
+    are gathered, cast and weighted at once: four operations per group of
+    slots instead of four per slot, each a kernel launch on a GPU. The
     additions run in slot order either way, so the bits are the same.
     """
     acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
@@ -753,36 +753,28 @@ def _slot_sum(
         link = rows.sum().to(torch.float32) * 0
         return acc + (link if w is None else link + w.sum() * 0)
     k = slot_row.shape[1]
-    if pool is not None and zero_row is not None and (
-            m * k * H * (rows.element_size() + 4) <= SLOT_SUM_BATCH_BYTES):
-        lo = pool.get("c_tmp", m * k, H * rows.element_size(), rows.device)
-        lo = lo.view(rows.dtype).view(m * k, H)
-        torch.index_select(rows, 0, torch.where(slot_row < 0, zero_row, slot_row).view(-1),
-                           out=lo)
-        part = pool.get("c_tmp32", m * k, 4 * H, rows.device).view(torch.float32)
-        part = part.view(m, k, H)
-        part.copy_(lo.view(m, k, H))
-        if w is not None:
-            part.mul_(w.unsqueeze(2))
+    if zero_row is None or pool is None:
         for j in range(k):
-            acc.add_(part[:, j])
-        return acc
-    for j in range(k):
-        pos = slot_row[:, j]
-        if zero_row is None or pool is None:
+            pos = slot_row[:, j]
             part = rows.index_select(0, pos.clamp(min=0)).to(torch.float32)
             if w is not None:
                 part = part * w[:, j : j + 1]
             acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
-            continue
-        lo = pool.get("c_tmp", m, H * rows.element_size(), rows.device)
-        lo = lo.view(rows.dtype).view(m, H)
-        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos), out=lo)
-        part = pool.get("c_tmp32", m, 4 * H, rows.device).view(torch.float32).view(m, H)
-        part.copy_(lo)
+        return acc
+    es = rows.element_size()
+    group = max(1, min(k, SLOT_SUM_BATCH_BYTES // (m * H * (es + 4))))
+    for j0 in range(0, k, group):
+        pos = slot_row[:, j0 : j0 + group]
+        g = pos.shape[1]
+        lo = pool.get("c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
+        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
+        part = pool.get("c_tmp32", m * g, 4 * H, rows.device).view(torch.float32)
+        part = part.view(m, g, H)
+        part.copy_(lo.view(m, g, H))
         if w is not None:
-            part.mul_(w[:, j : j + 1])
-        acc.add_(part)
+            part.mul_(w[:, j0 : j0 + g].unsqueeze(2))
+        for j in range(g):
+            acc.add_(part[:, j])
     return acc
 
 
