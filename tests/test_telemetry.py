@@ -143,6 +143,49 @@ def test_steady_estimates_never_probe_and_noise_keeps_the_plan():
     assert pol.should_probe(planned, slow)             # the link recovered: try it again
 
 
+def test_a_late_slowdown_is_learned_from_a_plans_first_calls():
+    """A co-tenant that arrives after a plan's first call is learned by its third.
+
+    Every rank's :class:`Adaptation` sees fluid stream times (the plan's link
+    bytes over the true capacities): the first call on the nominal fabric,
+    the next ones with rail0 at 40 %. One nominal observation and one slow one
+    leave the median halfway (no probe); the third call decides. Sampling
+    only a plan's first call and then every 8th left the estimate at nominal
+    until call 8.
+    """
+    from pathweave.runtime.telemetry import Adaptation
+
+    d = np.asarray(parse_workload("hotspot:0.6", N, bytes_per_rank=4 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+    plan = make(FAB, d, "mwu", paths=PS)
+    keep = plan.flow_bytes > 0
+    fp = plan.flow_path[keep]
+    rows = PS.links[fp]
+    w = np.broadcast_to(plan.flow_bytes[keep][:, None].astype(float), rows.shape)
+    lb = np.bincount(rows[rows >= 0], weights=w[rows >= 0], minlength=FAB.num_links)
+    streams = stream_links(PS, fp, N)
+    ranks = [Adaptation(FAB, PS, r) for r in range(N)]
+    slow = np.ones(FAB.num_links)
+    slow[_rail0_links()] = 0.4
+    replans = []
+    for call, ratio in enumerate([np.ones(FAB.num_links), slow, slow]):
+        link_s = lb / (FAB.capacity_Bps * 1e-4 * ratio)
+        for a in ranks:
+            a.note(fp, lb)
+            assert a.sampled, f"call {call} of a new plan is not timed"
+            a.observe([(k // N // N, k // N % N, float(link_s[ls].max()))
+                       for k, ls in streams.items() if k % N == a.rank])
+        words = np.stack([a.words() for a in ranks])
+        for a in ranks:
+            a.absorb(words)
+        replans.append([a.replan() for a in ranks])
+    # Every rank decides alike: no probe after 1 nominal + 1 slow sample, a probe after 2 slow.
+    assert replans == [[False] * N, [False] * N, [True] * N]
+    q = ranks[0].est.ratio_q()
+    assert (q[_rail0_links()] <= 0.45 * 64).any() and (np.delete(q, _rail0_links()) == 64).all()
+    assert all((a.est.ratio_q() == q).all() for a in ranks)
+
+
 # ------------------------------------------------- the runtime, 8 gloo ranks
 def _synthetic_observe(true_ratio):
     """An ``Adaptation.observe`` that replaces measured times by fluid times on ``true_ratio``.
@@ -295,13 +338,14 @@ def test_telemetry_words_follow_only_when_adapting_one_word_per_stream_into_a_ra
         # nothing more: one exchange per call without adaptation.
         row = off["base"] + PLANE_WORDS
         assert off["widths"] == [row] * 10
-        # The first call has no previous call to report. A plan's first call and
-        # every 8th after it are sampled: the next call's exchange is followed by
-        # one more, of one word per stream into the rank that receives the most
-        # streams of that plan.
+        # The first call has no previous call to report. A plan's first three
+        # calls and every 8th after them are sampled: the next call's exchange
+        # is followed by one more, of one word per stream into the rank that
+        # receives the most streams of that plan.
         assert on["plans"] == [on["plans"][0]] * 10               # a steady plan
         words = on["streams"][0]
-        assert on["widths"] == [row, row, words, *[row] * 7, row, words]
+        assert on["widths"] == [row, row, words, row, words, row, words, *[row] * 5, row,
+                                words]
         assert 0 < max(on["streams"]) < N * N                    # not N * N words
         assert r["mismatch"] == [
             "all_to_all_single: rank 1 uses adapt False but rank 0 uses True; every rank of "

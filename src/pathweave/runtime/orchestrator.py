@@ -1111,8 +1111,8 @@ class Orchestrator:
 
         Every rank reads the same words, so every rank takes the same
         branch. If all ranks report the same number of telemetry words
-        (> 0), one more exchange carries them (a plan's first call and every
-        :attr:`~pathweave.runtime.telemetry.Adaptation.SAMPLE_EVERY`-th) and
+        (> 0), one more exchange carries them (a plan's first few calls and
+        every :attr:`~pathweave.runtime.telemetry.Adaptation.SAMPLE_EVERY`-th) and
         every rank absorbs them alike; otherwise the observation is dropped
         everywhere. Ranks whose call counts differ are out of step (their
         messages' tags would not match): the next call raises, on every rank.

@@ -448,9 +448,14 @@ class Adaptation:
     where the call was timed.
     """
 
-    #: A plan's first call is timed, then every ``SAMPLE_EVERY``-th: timing and
-    #: absorbing a call cost about 1.5 % of a call in the emulator (every rank
-    #: computes the same estimates on 2 shared cores), sampling makes that 0.2 %.
+    #: A plan's first ``FIRST_SAMPLES`` calls are timed, then every
+    #: ``SAMPLE_EVERY``-th: timing and absorbing a call cost about 1.5 % of a
+    #: call in the emulator (every rank computes the same estimates on 2 shared
+    #: cores), sampling makes that 0.2 %. Timing only a plan's first call let one
+    #: noisy observation decide a short job (the median of a link's window needs
+    #: a second agreeing sample to move past an earlier nominal one, and that
+    #: sample came 8 calls later): the first few calls are where a job learns.
+    FIRST_SAMPLES = 3
     SAMPLE_EVERY = 8
 
     def __init__(self, fabric: Fabric, paths: object, rank: int, **estimator: int):
@@ -465,7 +470,7 @@ class Adaptation:
         self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         # plan key -> [stream links, streams into each rank, this rank's stream -> word,
-        # calls of the plan since its last sampled one], for the last few plans
+        # calls of the plan before this one], for the last few plans
         self._plans: dict[bytes, list] = {}
         self._plan: list = [{}, [], {}, 0]
 
@@ -486,8 +491,9 @@ class Adaptation:
         """The call that the next words describe: its flows' paths and link bytes.
 
         ``None``: a call without telemetry (torch's path, an op that is not
-        timed): the next row carries no words. A plan's first call is
-        sampled, then every :attr:`SAMPLE_EVERY`-th; the others are not
+        timed): the next row carries no words. A plan's first
+        :attr:`FIRST_SAMPLES` calls are sampled, then every
+        :attr:`SAMPLE_EVERY`-th; the others are not
         (:attr:`sampled` is false, no words). Called on every rank with the
         same plans in the same order, so every rank agrees on :attr:`width`;
         a rank that did not time a sampled call (``async_op``) sends zeros
@@ -505,9 +511,9 @@ class Adaptation:
             plan = self._plans[key] = [streams, into, pos, -1]
             if len(self._plans) > 16:  # calls that alternate plans keep theirs
                 del self._plans[next(iter(self._plans))]
-        plan[3] = (plan[3] + 1) % self.SAMPLE_EVERY
+        plan[3] += 1
         self._plan = plan
-        if plan[3]:
+        if plan[3] >= self.FIRST_SAMPLES and plan[3] % self.SAMPLE_EVERY:
             return
         width = max((k.size for k in plan[1]), default=0)
         self._last = (np.asarray(fpath), np.asarray(link_bytes))
