@@ -126,13 +126,13 @@ def check_physical(fab: object, label: str | None = None) -> None:
 
     Examples
     --------
-    >>> from pathweave.fabric import preset
-    >>> check_physical(preset("dgx-h100"))   # 18 links x 25 GB/s per H100: fine
+    >>> from pathweave.fabric.builders import cluster
+    >>> check_physical(cluster(nodes=2))   # 18 links x 25 GB/s per H100: fine
     >>> try:
-    ...     check_physical(preset("dgx-h100:nvlink_Bps=2e12"), "fast")
+    ...     check_physical(cluster(nodes=2, nvlink_Bps=2e12), "fast")
     ... except ValueError as exc:
-    ...     print(str(exc)[:60])
-    fast: GPU g0.0 has 2,000 GB/s of NVLink per direction; the f
+    ...     print(str(exc)[:57])
+    fast: GPU n0.gpu0 has 2,000 GB/s of NVLink per direction;
     """
     from pathweave.fabric._core import Fabric
 
