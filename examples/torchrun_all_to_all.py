@@ -64,7 +64,7 @@ def main() -> int:
     out = torch.empty(sum(recv), dtype=torch.bfloat16, device=device)
     ref = torch.empty_like(out)
 
-    orch = pw.Orchestrator()  # fabric from PATHWEAVE_FABRIC, policy mwu, enabled="auto"
+    orch = pw.Orchestrator()  # fabric from PATHWEAVE_FABRIC, default policy mintime, enabled="auto"
 
     def pathweave_a2a(output, input, output_split_sizes, input_split_sizes) -> None:
         pwdist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,

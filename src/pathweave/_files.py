@@ -7,12 +7,16 @@ socket is refused, because the write-then-rename that keeps readers from
 seeing half a file would otherwise replace a device node with a plain file.
 :func:`output_path` and :func:`output_dir` run the same checks without
 writing, so a command can refuse a bad path before it starts any work.
+The path :data:`STDOUT` (``-``) means standard output, as in most command
+line tools: it passes every check and :func:`atomic_write` writes the bytes
+there.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -22,6 +26,17 @@ from pathweave.errors import OutputFileError
 #: Suffixes matplotlib writes (the drawing's format follows the suffix).
 IMAGE_SUFFIXES = (".png", ".svg", ".svgz", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif",
                   ".tiff", ".webp")
+#: The output path that means standard output.
+STDOUT = "-"
+
+
+def is_stdout(path: str | os.PathLike[str] | None) -> bool:
+    """Whether ``path`` is :data:`STDOUT`.
+
+    >>> is_stdout("-"), is_stdout("./-"), is_stdout(None)
+    (True, False, False)
+    """
+    return path is not None and os.fspath(path) == STDOUT
 
 
 def _nearest_existing(p: Path) -> Path:
@@ -100,6 +115,8 @@ def output_path(
     text = os.fspath(path)
     if not str(text).strip():
         raise OutputFileError("output path is empty")
+    if is_stdout(text):
+        return Path(STDOUT)  # standard output; the format comes from the option
     p = Path(text)
     _check_existing(p)  # as given: `--png /dev/null` must not become /dev/null.png
     if default_suffix and not p.suffix:
@@ -134,6 +151,8 @@ def output_dir(path: str | os.PathLike[str]) -> Path:
 def atomic_write(path: str | os.PathLike[str], payload: bytes) -> Path:
     """Write ``payload`` to the regular file ``path`` so that readers never see half a file.
 
+    ``-`` (:data:`STDOUT`) writes the bytes to standard output instead.
+
     The folder is created if needed; the bytes go to a unique sibling first,
     are flushed to disk and renamed over ``path`` (``os.replace`` is atomic on
     one file system). A symbolic link is written through, not replaced.
@@ -150,6 +169,15 @@ def atomic_write(path: str | os.PathLike[str], payload: bytes) -> Path:
     OSError
         The write failed (disk full, permission, ...); no file is left behind.
     """
+    if is_stdout(path):
+        stream = getattr(sys.stdout, "buffer", None)
+        if stream is None:  # a text-only stream (some test harnesses)
+            sys.stdout.write(payload.decode("utf-8", errors="replace"))
+        else:
+            sys.stdout.flush()  # keep whatever was printed before in order
+            stream.write(payload)
+            stream.flush()
+        return Path(STDOUT)
     p = output_path(path)
     if p.is_symlink():
         p = p.resolve()

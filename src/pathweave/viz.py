@@ -71,6 +71,8 @@ def _figure(width_in: float, height_in: float) -> Figure:
 def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Render ``fig`` in the format of the suffix (``.png`` if none) and write it.
 
+    ``-`` writes a PNG to standard output.
+
     Rendered into memory first, then written by the one writer
     (:func:`pathweave._files.atomic_write`), so a device or directory is
     refused and a failed render leaves no half-written file.
@@ -81,7 +83,8 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
     out = output_path(path, suffixes=IMAGE_SUFFIXES, default_suffix=".png")
     buf = io.BytesIO()
-    fig.savefig(buf, format=out.suffix.lstrip(".").lower(), dpi=130)
+    # Standard output (``-``) has no suffix to go by: PNG.
+    fig.savefig(buf, format=out.suffix.lstrip(".").lower() or "png", dpi=130)
     return atomic_write(out, buf.getvalue())
 
 

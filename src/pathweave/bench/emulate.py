@@ -206,7 +206,7 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path
 # ------------------------------------------------------- co-tenant sweep
 #: Co-tenant loads of ``bench emulate --background LINK`` (fractions of the link).
 BACKGROUND_LOADS = (0.0, 0.2, 0.4, 0.6, 0.8)
-#: Issue 13's targets: at 60 % load the adaptive default policy within 0.9x the best blind
+#: Co-tenant targets: at 60 % load the adaptive default policy within 0.9x the best blind
 #: baseline and 1.2x its residual-capacity bound; without load within 1.02x the blind one.
 TARGET_LOAD, TARGET_VS_BLIND, TARGET_VS_BOUND, TARGET_IDLE_COST = 0.6, 0.9, 1.2, 1.02
 #: Load 0 runs this many times ``repeat`` calls: its 2 % target is finer than
@@ -270,7 +270,7 @@ def run_background(
 
 
 def background_checks(records: Sequence[dict[str, Any]]) -> list[tuple[bool, str]]:
-    """Issue 13's PASS/MISS lines over :func:`run_background` records."""
+    """The co-tenant targets' PASS/MISS lines over :func:`run_background` records."""
     *blind, default, adaptive = background_policies()
     by = {(r["load"], r["policy"]): r for r in records}
     out = []

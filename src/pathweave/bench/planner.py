@@ -121,7 +121,7 @@ REPLAN_SEED = 1
 #: simulate (2-core VM), and every policy on six workloads took the full run
 #: past 7 minutes.
 SIM_MAX_RANKS = 64
-#: Time targets of the default policy (issue 10): simulated makespan at most the
+#: Time targets of the default policy: simulated makespan at most the
 #: best baseline's on every case and never above ``static``'s; predicted time
 #: within 2 % (median) and 5 % (worst) of the time yardstick.
 TIME_VS_BASELINE_TARGET = 1.0

@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,10 +16,12 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
-from pathweave._files import IMAGE_SUFFIXES, atomic_write, output_dir, output_path
+from pathweave._files import IMAGE_SUFFIXES, atomic_write, is_stdout, output_dir, output_path
 from pathweave.errors import InputError, OutputFileError, PathweaveError
 from pathweave.fabric import Fabric
 from pathweave.plan import policies, policy_info
@@ -35,13 +38,86 @@ def console(*, stderr: bool = False) -> Console:
     """A rich console bound to the current stdout or stderr.
 
     Built per call rather than once at import so that test runners which
-    swap ``sys.stdout`` see the output. Off a terminal rich would fall back
-    to 80 columns, which wraps the wider tables; 120 keeps them on one line
-    in logs and captured output.
+    swap ``sys.stdout`` see the output. Off a terminal (a pipe, a CI log)
+    rich would fall back to 80 columns and cut the columns of wider tables
+    short; there the width is :data:`PIPE_WIDTH`, so tables keep their natural
+    width and every column.
     """
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 120
+    width = None if stream.isatty() else PIPE_WIDTH
     return Console(file=stream, width=width, highlight=False)
+
+
+#: Console width off a terminal: wider than any table pathweave prints.
+PIPE_WIDTH = 10_000
+#: Rule width off a terminal (rich would draw :data:`PIPE_WIDTH` characters).
+PIPE_RULE_WIDTH = 100
+
+
+def human_console(*outputs: Path | None) -> Console:
+    """The console for tables and notes: stderr when an output option is ``-`` (stdout)."""
+    return console(stderr=any(is_stdout(o) for o in outputs))
+
+
+def rule(out: Console, title: str = "") -> None:
+    """A horizontal rule with ``title``, no wider than :data:`PIPE_RULE_WIDTH` off a terminal."""
+    if out.width <= PIPE_RULE_WIDTH or out.is_terminal:
+        out.rule(title, align="left")
+        return
+    head = f"── {title} " if title else ""
+    out.print(head + "─" * max(3, PIPE_RULE_WIDTH - len(Text.from_markup(head))))
+
+
+def wrote(out: Console, path: Path) -> None:
+    """``wrote PATH`` after an output file; nothing for standard output."""
+    if not is_stdout(path):
+        out.print(f"wrote {path}")
+
+
+#: Work that runs longer than this reports its steps on stderr when stderr is no terminal.
+PROGRESS_AFTER_S = 1.0
+
+
+class Steps:
+    """Progress of a command's steps on stderr, so stdout keeps only the results.
+
+    On a terminal a transient rich progress bar; elsewhere (a pipe, a CI log)
+    one ``label: step (i/n)`` line per step once the work has run longer than
+    :data:`PROGRESS_AFTER_S`, so quick commands stay quiet.
+    """
+
+    def __init__(self, label: str, total: int | None = None) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self._start = time.monotonic()
+        err = console(stderr=True)
+        self._bar: Progress | None = None
+        if err.is_terminal:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                                 transient=True)
+            self._task = self._bar.add_task(label, total=total)
+        self._err = err
+
+    def __enter__(self) -> Steps:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, text: str, done: int | None = None, total: int | None = None) -> None:
+        """Step ``text`` begins; ``done`` steps of ``total`` are finished (default: one more)."""
+        self.done = self.done + 1 if done is None else done
+        self.total = total if total is not None else self.total
+        what = f"{self.label}: {text}"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, total=self.total,
+                             description=what)
+        elif time.monotonic() - self._start >= PROGRESS_AFTER_S:
+            count = f" ({self.done}/{self.total})" if self.total else ""
+            self._err.print(f"[dim]{escape(what)}{count}[/]", soft_wrap=True)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -208,6 +284,23 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{value:.{digits}f} {unit}"
 
 
+def fmt_time(seconds: float | None, digits: int = 3) -> str:
+    """A time in the unit that suits it, with ``digits`` decimals: ``21.315 ms``, ``426.7 ns``.
+
+    Each value picks its own unit (s, ms, us, ns), so a latency-bound size
+    does not print as ``0.000 ms``.
+
+    >>> fmt_time(0.021315), fmt_time(4.2e-7), fmt_time(2.5), fmt_time(None)
+    ('21.315 ms', '420.000 ns', '2.500 s', 'n/a')
+    """
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.{digits}f} {unit}"
+    return f"{seconds / 1e-9:.{digits}f} ns"
+
+
 def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}x"
 
@@ -222,6 +315,23 @@ def fmt_bytes(nbytes: float) -> str:
     return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
 
 
+def workload_header(fab: Fabric, workload: str, demand: Any) -> str:
+    """``fabric (N GPUs), workload W, X per rank, Y in all``, the sizes from ``demand`` itself.
+
+    A workload such as ``moe:...`` or a demand file sizes itself, so the
+    ``--bytes`` option does not say how much moves; the matrix does. Unequal
+    rows give the mean and the largest.
+    """
+    rows = [float(x) for x in demand.sum(axis=1)]
+    total = sum(rows)
+    mean = total / max(1, len(rows))
+    per_rank = f"{fmt_bytes(mean)} per rank"
+    if rows and max(rows) > mean * 1.001:
+        per_rank = f"{fmt_bytes(mean)} per rank on average (at most {fmt_bytes(max(rows))})"
+    return (f"[bold]{escape(fab.name)}[/] ({fab.num_ranks} GPUs), workload "
+            f"[bold]{escape(workload)}[/], {per_rank}, {fmt_bytes(total)} in all")
+
+
 def write_json(path: Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON through the one writer; the file written."""
+    """Write ``data`` as indented JSON through the one writer (``-``: stdout); the file written."""
     return atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())

@@ -16,7 +16,7 @@ from rich.table import Table
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave.bench.planner import warm_up
-from pathweave.cli._common import fmt_duration, fmt_ms, fmt_ratio
+from pathweave.cli._common import fmt_duration, fmt_ratio, fmt_time
 from pathweave.errors import SolverError
 from pathweave.fabric import Fabric
 from pathweave.plan import Plan
@@ -97,9 +97,9 @@ class Comparison:
         planning time."""
         table = Table(title=title, title_justify="left")
         table.add_column("policy")
-        table.add_column("congestion (ms)", justify="right")
+        table.add_column("congestion", justify="right")
         table.add_column("x optimal", justify="right")
-        table.add_column("time (ms)", justify="right")
+        table.add_column("time", justify="right")
         table.add_column("paths", justify="right")
         table.add_column("split", justify="right")
         table.add_column("planned in", justify="right")
@@ -113,9 +113,9 @@ class Comparison:
             style = "green" if ratio is not None and ratio <= 1.02 else None
             table.add_row(
                 r.policy,
-                fmt_ms(p.congestion_s),
+                fmt_time(p.congestion_s),
                 fmt_ratio(ratio),
-                fmt_ms(r.predicted_s),
+                fmt_time(r.predicted_s),
                 str(p.paths_used),
                 str(p.split_pairs()),
                 fmt_duration(p.plan_s),
@@ -134,12 +134,15 @@ def compare(
     bytes_per_rank: float,
     time_limit_s: float = 120.0,
     on_policy: Callable[[str], None] | None = None,
+    lp: bool = True,
 ) -> Comparison:
     """Plan ``demand`` with every policy in ``policies`` and with ``optimal``.
 
     ``optimal`` runs even when not requested, because every ratio is
     measured against it; if HiGHS fails or exceeds ``time_limit_s`` the
-    ratios are ``None`` and the solver's message is kept. Any other error
+    ratios are ``None`` and the solver's message is kept. ``lp=False`` skips
+    the LP (at 1024 GPUs it needs ~16 GB and minutes): no ratios then, and
+    ``optimal`` is left out even when requested. Any other error
     (an unknown policy, a bad demand) propagates: it is the caller's input
     that is wrong.
     """
@@ -148,8 +151,8 @@ def compare(
     results: list[PolicyResult] = []
     optimal_plan: Plan | None = None
     optimum_error: str | None = None
-    todo = list(policies)
-    if "optimal" not in todo:
+    todo = [p for p in policies if lp or p != "optimal"]
+    if lp and "optimal" not in todo:
         todo.append("optimal")
     for name in todo:
         if on_policy is not None:
@@ -165,6 +168,8 @@ def compare(
         if name in policies:
             results.append(PolicyResult(name, plan, None if plan else "LP not solved"))
     optimum = None
+    if not lp:
+        optimum_error = "skipped (--no-lp)"
     if optimal_plan is not None:
         # The LP's fractional optimum is the true lower bound; the rounded
         # plan's congestion can sit a few bytes above it.

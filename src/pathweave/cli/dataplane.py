@@ -24,9 +24,11 @@ from pathweave.cli._common import (
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
+    human_console,
     out_file,
     parse_bytes,
     write_json,
+    wrote,
 )
 
 #: Exit code when an output differs from torch's.
@@ -166,7 +168,7 @@ def overhead_note() -> str:
 def bench_dataplane(
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON.")
+                                  help="Write the records as JSON (- for stdout).")
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Sizes up to 4 MiB per pair only.")
@@ -226,7 +228,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, w
             quick=quick, repeat=repeat, world_size=world_size, sizes_per_pair=sizes_per_pair,
             multipath_fabric=multipath_fabric, on_progress=on_progress,
         )
-    out = console()
+    out = human_console(json_out)
     out.print(transfer_table(records))
     out.print(f"[dim]{transfer_note(records)}[/]")
     out.print(overhead_table(records))
@@ -236,7 +238,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, w
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}", soft_wrap=True)
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, records)}")
+        wrote(out, write_json(json_out, records))
     if not all(r["verified"] for r in records):
         raise typer.Exit(EXIT_MISMATCH)
 

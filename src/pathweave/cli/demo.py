@@ -17,7 +17,7 @@ from rich.console import Console
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
-from pathweave.cli._common import fmt_bytes, fmt_ms, ordered_policies
+from pathweave.cli._common import fmt_bytes, fmt_ms, ordered_policies, rule
 from pathweave.cli._compare import Comparison, compare
 from pathweave.cli._demo_emulate import emulate_step
 from pathweave.cli._demo_execute import execute_step
@@ -175,7 +175,7 @@ def run_demo(
     ctx = DemoContext(out_dir=Path(out_dir), console=console)
     steps = STEPS if steps is None else steps
     for i, step in enumerate(steps, 1):
-        console.rule(f"[bold]{i}/{len(steps)}  {step.heading}", align="left")
+        rule(console, f"[bold]{i}/{len(steps)}  {step.heading}")
         step.run(ctx)
     return ctx
 

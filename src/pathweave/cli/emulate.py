@@ -20,12 +20,14 @@ from pathweave.cli._common import (
     fmt_bytes,
     fmt_duration,
     handles_user_errors,
+    human_console,
     load_fabric,
     out_file,
     out_folder,
     parse_bytes,
     parse_policies,
     write_json,
+    wrote,
 )
 
 emulate_app = typer.Typer(
@@ -35,7 +37,9 @@ emulate_app = typer.Typer(
 )
 
 FabricOpt = Annotated[str, typer.Option("--fabric", metavar="PRESET|FILE",
-                                        help="Fabric preset spec or YAML/JSON file.")]
+                                        help="Preset spec or topology file (fabric "
+                                        "YAML/JSON, nvidia-smi topo -m text, NCCL XML).")]
+
 def _scale(value: float) -> float:
     if not (0 < value <= 1):  # also refuses nan
         raise typer.BadParameter(f"{value!r} is not in (0, 1]")
@@ -211,7 +215,8 @@ def run_cmd(
     chunk_bytes: Annotated[str, typer.Option(
         "--chunk", metavar="SIZE", help="Data-plane chunk (512K, 1M, ...).")] = "512K",
     json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                                  help="Also write the results as JSON.")]
+                                                  help="Also write the results as JSON "
+                                                  "(- for stdout).")]
     = None,
     prefix: PrefixOpt = "pw",
     background: Annotated[str | None, typer.Option(
@@ -228,7 +233,7 @@ def run_cmd(
     """
     from pathweave.emulate import run_emulated
 
-    out = console()
+    out = human_console(json_out)
     res = run_emulated(
         load_fabric(fabric), scale=scale, workload=workload,
         bytes_per_rank=parse_bytes(bytes_per_rank),
@@ -238,7 +243,7 @@ def run_cmd(
     )
     out.print(result_table(res))
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, res.to_dict())}")
+        wrote(out, write_json(json_out, res.to_dict()))
 
 
 @handles_user_errors
@@ -263,7 +268,7 @@ def bench_emulate(
         "--background", metavar="LINK",
         help="Instead: sweep a co-tenant's load 0..0.8 on LINK (e.g. rail0) under "
         "--workload, for static, multirail, the default policy blind and adapting; "
-        "PASS/MISS lines for issue 13's targets.")] = None,
+        "PASS/MISS lines for the co-tenant targets.")] = None,
     workload: Annotated[str, typer.Option(
         "--workload", help="Workload of the --background sweep.")] = "hotspot:0.6",
 ) -> None:

@@ -14,7 +14,6 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import pathweave
@@ -24,12 +23,15 @@ from pathweave import traffic, viz
 from pathweave.cli._common import (
     EXIT_BAD_INPUT,
     OneLineErrors,
+    Steps,
     console,
     fail,
     fmt_bytes,
     fmt_duration,
     fmt_ms,
+    fmt_time,
     handles_user_errors,
+    human_console,
     load_fabric,
     ordered_policies,
     out_file,
@@ -37,7 +39,10 @@ from pathweave.cli._common import (
     out_image,
     parse_bytes,
     parse_policies,
+    rule,
+    workload_header,
     write_json,
+    wrote,
 )
 from pathweave.cli._compare import compare
 from pathweave.cli.dataplane import bench_dataplane
@@ -55,8 +60,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     cls=OneLineErrors,
 )
-topo_app = typer.Typer(help="Inspect and check fabrics (presets or YAML/JSON files).",
-                       no_args_is_help=True)
+topo_app = typer.Typer(help="Inspect and check fabrics: presets, fabric YAML/JSON files, "
+                       "`nvidia-smi topo -m` text or NCCL topology XML.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks of pathweave's own parts.", no_args_is_help=True)
 app.add_typer(topo_app, name="topo")
 app.add_typer(bench_app, name="bench")
@@ -67,8 +72,9 @@ FabricArg = Annotated[
     str,
     typer.Argument(
         metavar="PRESET|FILE",
-        help="A preset spec (h100-2x4, dgx-h100:nodes=4, cluster:nodes=8,...) or a fabric "
-        "YAML/JSON file.",
+        help="A preset spec (h100-2x4, dgx-h100:nodes=4, cluster:nodes=8,...) or a topology "
+        "file: a fabric YAML/JSON file, the text of `nvidia-smi topo -m` or an NCCL topology "
+        "XML (NCCL_TOPO_DUMP_FILE), optionally with options: FILE:nodes=4,gpu=h100.",
         show_default=False,
     ),
 ]
@@ -90,18 +96,6 @@ def _main(
     """Skew-aware multi-path planning for GPU all-to-all and send/recv."""
 
 
-def _progress() -> Progress:
-    # On stderr and transient, so stdout holds only the tables and can be piped.
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console(stderr=True),
-        transient=True,
-    )
-
-
 # ------------------------------------------------------------------- topo
 @topo_app.command("show")
 @handles_user_errors
@@ -110,7 +104,7 @@ def topo_show(
     png: Annotated[
         Path | None, typer.Option("--png", callback=out_image,
                                   help="Also draw the fabric to this image file (.png, .svg, "
-                                  ".pdf, ...; .png if no suffix).")
+                                  ".pdf, ...; .png if no suffix; - for a PNG on stdout).")
     ] = None,
     max_nodes: Annotated[
         int, typer.Option("--max-nodes", min=1, help="Most nodes to draw in --png.")
@@ -121,7 +115,7 @@ def topo_show(
 
     fab = load_fabric(fabric)
     paths = pwfabric.candidate_paths(fab)
-    out = console()
+    out = human_console(png)
     for table in summary_tables(fab, paths):
         out.print(table)
     if len(fab.rails) and fab.num_nodes > 1:
@@ -129,8 +123,9 @@ def topo_show(
     if png is not None:
         written = viz.draw_fabric(fab, png, max_nodes=max_nodes)
         shown = min(fab.num_nodes, max_nodes)
-        note = f" ({shown} of {fab.num_nodes} nodes drawn)" if shown < fab.num_nodes else ""
-        out.print(f"wrote {written}{note}")
+        if shown < fab.num_nodes:
+            out.print(f"{shown} of {fab.num_nodes} nodes drawn")
+        wrote(out, written)
 
 
 @topo_app.command("validate")
@@ -161,7 +156,9 @@ def plan_cmd(
     workload: Annotated[
         str, typer.Option("--workload", "-w", metavar="SPEC",
                           help="Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
-                          "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...",
+                          "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
+                          "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
+                          "sender, bytes).",
                           show_default=False)
     ],
     policy: Annotated[
@@ -176,13 +173,17 @@ def plan_cmd(
         float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
                             help="HiGHS time limit for the LP optimum.")
     ] = 120.0,
+    no_lp: Annotated[
+        bool, typer.Option("--no-lp", help="Skip the LP optimum (no 'x optimal'); at 1024 GPUs "
+                           "it needs ~16 GB and minutes.")
+    ] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON.")
+                                  help="Write the records as JSON (- for stdout).")
     ] = None,
     png: Annotated[
         Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
-                                  help="Bar chart of congestion per policy.")
+                                  help="Bar chart of congestion per policy (- for stdout).")
     ] = None,
 ) -> None:
     """Plan one workload with several policies and compare them with the LP optimum."""
@@ -192,35 +193,30 @@ def plan_cmd(
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
-    with _progress() as progress:
-        task = progress.add_task("planning", total=len(names) + ("optimal" not in names))
+    lp = not no_lp
+    with Steps("planning", len(names) + (lp and "optimal" not in names)) as steps:
         cmp = compare(
             fab, demand, names, workload=workload, bytes_per_rank=size, time_limit_s=time_limit,
-            on_policy=lambda n: progress.update(task, description=f"planning: {n}", advance=1),
+            on_policy=steps.update, lp=lp,
         )
-    out = console()
-    total = float(demand.sum())
-    out.print(
-        f"[bold]{fab.name}[/] ({fab.num_ranks} GPUs), workload [bold]{workload}[/], "
-        f"{fmt_bytes(size)} per rank, {fmt_bytes(total)} in all"
-    )
+    out = human_console(json_out, png)
+    out.print(workload_header(fab, workload, demand))
     out.print(cmp.table())
+    legend = ("congestion = max over links of load / capacity; time = predicted completion "
+              "(pathweave.plan.predict_time: congestion + forwarding, set-up, pipeline fill)")
     if cmp.optimum_s is not None:
-        out.print(
-            f"congestion = max over links of load / capacity; x optimal = congestion / LP "
-            f"optimum ({fmt_ms(cmp.optimum_s)} ms); time = predicted completion "
-            "(pathweave.plan.predict_time: congestion + forwarding, set-up, pipeline fill)"
-        )
+        out.print(f"{legend}; x optimal = congestion / LP optimum ({fmt_time(cmp.optimum_s)})")
+    elif no_lp:
+        out.print(f"{legend}; LP optimum skipped (--no-lp)")
     else:
         out.print(f"[yellow]LP optimum not available:[/] {cmp.optimum_error}", soft_wrap=True)
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, cmp.records())}")
+        wrote(out, write_json(json_out, cmp.records()))
     if png is not None:
-        written = viz.plot_policy_comparison(
+        wrote(out, viz.plot_policy_comparison(
             {r.policy: r.congestion_s for r in cmp.results}, png, optimum_s=cmp.optimum_s,
-            title=f"{fab.name}, {workload}, {fmt_bytes(size)} per rank",
-        )
-        out.print(f"wrote {written}")
+            title=f"{fab.name}, {workload}, {fmt_bytes(float(demand.sum()))} in all",
+        ))
 
 
 # ------------------------------------------------------------------ bench
@@ -251,7 +247,7 @@ def bench_planner(
     ] = 256,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON.")
+                                  help="Write the records as JSON (- for stdout).")
     ] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
@@ -262,24 +258,20 @@ def bench_planner(
     from pathweave.bench import planner
 
     size = parse_bytes(bytes_per_rank)
-    with _progress() as progress:
-        task = progress.add_task("bench", total=None)
-
-        def on_progress(done: int, total: int, text: str) -> None:
-            progress.update(task, completed=done, total=total, description=text)
-
+    with Steps("bench") as steps:
         records = planner.run(
             quick=quick, repeat=repeat, bytes_per_rank=size, time_limit_s=time_limit,
-            lp_max_ranks=lp_max_ranks, on_progress=on_progress,
+            lp_max_ranks=lp_max_ranks,
+            on_progress=lambda done, total, text: steps.update(text, done, total),
         )
-    out = console()
+    out = human_console(json_out)
     out.print(_bench_table(records))
     summary = planner.summarize(records)
     for check in summary.checks:
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}")
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, records)}")
+        wrote(out, write_json(json_out, records))
     if out_dir is not None:
         labels = {r["workload"]: planner.workload_label(r["workload"]) for r in records}
         written = viz.plot_bench_ratios(records, Path(out_dir) / "bench_planner.png",
@@ -305,7 +297,7 @@ def bench_sim(
     ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON.")
+                                  help="Write the records as JSON (- for stdout).")
     ] = None,
 ) -> None:
     """Simulator wall time for a uniform all-to-all (mwu plan) on 64 to 1024 GPUs."""
@@ -321,14 +313,10 @@ def bench_sim(
         if bad or not sizes:
             fail(f"--ranks {ranks!r}: GPU counts must be positive multiples of "
                  f"{bench_sim_mod.GPUS_PER_NODE}")
-    with _progress() as progress:
-        task = progress.add_task("bench", total=None)
-
-        def on_progress(done: int, total: int, text: str) -> None:
-            progress.update(task, completed=done, total=total, description=text)
-
+    with Steps("bench") as steps:
         records = bench_sim_mod.run(
-            sizes, repeat=repeat, on_progress=on_progress,
+            sizes, repeat=repeat,
+            on_progress=lambda done, total, text: steps.update(text, done, total),
         )
     table = Table(title="simulator benchmark: uniform all-to-all, 256 MiB per rank, mwu plan",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
@@ -343,13 +331,13 @@ def bench_sim(
             fmt_duration(r["exact_sim_s"]) if r["exact_sim_s"] is not None else "",
             str(r["exact_events"] or ""),
         )
-    out = console()
+    out = human_console(json_out)
     out.print(table)
     for check in bench_sim_mod.summarize(records):
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}")
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, records)}")
+        wrote(out, write_json(json_out, records))
 
 
 bench_app.command("paper")(bench_paper)
@@ -416,13 +404,21 @@ def demo(
         Path, typer.Option("--out", metavar="DIR", callback=out_folder,
                            help="Where to write the plots.")
     ] = Path("pathweave-demo"),
+    no_emulate: Annotated[
+        bool, typer.Option("--no-emulate", help="Leave out the emulator step (it needs root "
+                           "and takes under a minute).")
+    ] = False,
 ) -> None:
     """A skewed all-to-all on the NIMBLE testbed, planned by every policy, with plots."""
-    from pathweave.cli.demo import run_demo
+    from pathweave.cli import demo as demo_mod
 
-    ctx = run_demo(out_dir, console())
-    console().rule()
-    console().print("files: " + ", ".join(str(f) for f in ctx.files))
+    out = console()
+    steps = [s for s in demo_mod.STEPS if not (no_emulate and s.name == "emulate")]
+    ctx = demo_mod.run_demo(out_dir, out, steps)
+    rule(out)
+    if len(steps) < len(demo_mod.STEPS):
+        out.print("emulate step left out (--no-emulate)")
+    out.print("files: " + ", ".join(str(f) for f in ctx.files))
 
 
 # --------------------------------------------------------------- policies

@@ -27,9 +27,12 @@ from pathweave.cli._common import (
     fail,
     fmt_duration,
     handles_user_errors,
+    human_console,
     out_file,
     out_folder,
+    rule,
     write_json,
+    wrote,
 )
 
 #: Most rows of a figure printed; the CSV holds them all.
@@ -122,7 +125,7 @@ def comparisons_table(result: Any) -> Table:
 
 def render_result(out: Console, result: Any) -> None:
     """Print one figure: its rows, the paper comparison, the notes and the files."""
-    out.rule(f"[bold]{escape(result.name)}[/]  {escape(result.title)}", align="left")
+    rule(out, f"[bold]{escape(result.name)}[/]  {escape(result.title)}")
     if result.rows:
         out.print(rows_table(result))
     if result.comparisons:
@@ -209,7 +212,8 @@ def bench_paper(
     ] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write rows, comparisons and failures as JSON.")
+                                  help="Write rows, comparisons and failures as JSON "
+                                  "(- for stdout).")
     ] = None,
 ) -> None:
     """Reproduce the NIMBLE paper's figures (simulated): CSV, PNG and paper-vs-ours tables."""
@@ -238,14 +242,14 @@ def bench_paper(
         outcome = paper.run_all(out_dir, quick=quick, progress=on_progress, names=names,
                                 on_figure=on_figure)
         bar.update(overall, completed=len(names))
-    out = console()
+    out = human_console(json_out)
     for result in outcome.results:
         render_result(out, result)
     if len(names) > 1:
-        out.rule()
+        rule(out)
         out.print(_summary_table(outcome, names))
     if json_out is not None:
-        out.print(f"wrote {write_json(json_out, records(outcome))}")
+        wrote(out, write_json(json_out, records(outcome)))
     if outcome.failures:
         err = console(stderr=True)
         for f in outcome.failures:

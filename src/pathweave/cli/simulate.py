@@ -12,17 +12,19 @@ from rich.table import Table
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
 from pathweave.cli._common import (
-    console,
-    fmt_bytes,
-    fmt_ms,
+    Steps,
+    fmt_time,
     handles_user_errors,
+    human_console,
     load_fabric,
     ordered_policies,
     out_file,
     out_image,
     parse_bytes,
     parse_policies,
+    workload_header,
     write_json,
+    wrote,
 )
 from pathweave.plan import Plan
 
@@ -36,17 +38,17 @@ def simulation_table(
     base = results.get("static")
     table = Table()
     table.add_column("policy")
-    table.add_column("congestion (ms)", justify="right")
-    table.add_column("makespan (ms)", justify="right")
+    table.add_column("congestion", justify="right")
+    table.add_column("makespan", justify="right")
     table.add_column("/ congestion", justify="right")
-    table.add_column("p99 pair (ms)", justify="right")
+    table.add_column("p99 pair", justify="right")
     table.add_column("vs static", justify="right")
     for name, plan in plans:
         res = results[name]
         table.add_row(
-            name, fmt_ms(plan.congestion_s), fmt_ms(res.makespan_s),
+            name, fmt_time(plan.congestion_s), fmt_time(res.makespan_s),
             f"{res.makespan_s / plan.congestion_s:.3f}" if plan.congestion_s else "n/a",
-            fmt_ms(res.p99_s),
+            fmt_time(res.p99_s),
             f"{base.makespan_s / res.makespan_s:.2f}x" if base is not None else "n/a",
         )
     return table
@@ -72,11 +74,12 @@ def simulate_cmd(
     ] = "256M",
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON.")
+                                  help="Write the records as JSON (- for stdout).")
     ] = None,
     png: Annotated[
         Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
-                                  help="Link-utilisation heatmap (links x time per policy).")
+                                  help="Link-utilisation heatmap (links x time per policy; "
+                                  "- for a PNG on stdout).")
     ] = None,
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
@@ -86,22 +89,44 @@ def simulate_cmd(
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
-    out = console()
-    plans = [(name, pwplan.make(fab, demand, policy=name)) for name in names]
-    results = {name: sim.simulate(fab, p) for name, p in plans}
-    out.print(
-        f"[bold]{fab.name}[/] ({fab.num_ranks} GPUs), workload [bold]{workload}[/], "
-        f"{fmt_bytes(size)} per rank, simulated with the default SimModel"
-    )
+    out = human_console(json_out, png)
+    with Steps("simulating", 2 * len(names) + 1) as steps:
+        steps.update("loading the simulator's kernels")
+        warm_up()  # numba compiles (or loads) here, not inside the first policy's sim_s
+        plans, results = [], {}
+        for name in names:
+            steps.update(f"planning {name}")
+            plans.append((name, pwplan.make(fab, demand, policy=name)))
+            steps.update(f"simulating {name}")
+            results[name] = sim.simulate(fab, plans[-1][1])
+    out.print(workload_header(fab, workload, demand) + ", simulated with the default SimModel")
     out.print(simulation_table(plans, results))
     if json_out is not None:
-        written = write_json(json_out, [
-            {**results[name].summary(), "policy": name, "congestion_s": p.congestion_s}
+        head = {"fabric": fab.name, "ranks": fab.num_ranks, "workload": workload,
+                "bytes_per_rank": size}
+        wrote(out, write_json(json_out, [
+            {**head, "policy": name, **results[name].summary(), "congestion_s": p.congestion_s}
             for name, p in plans
-        ])
-        out.print(f"wrote {written}")
+        ]))
     if png is not None:
-        written = viz.plot_link_utilisation(
+        wrote(out, viz.plot_link_utilisation(
             results, fab, png, title=f"link utilisation, {fab.name}, {workload}"
-        )
-        out.print(f"wrote {written}")
+        ))
+
+
+def warm_up() -> None:
+    """Compile (or load) every policy's and the simulator's numba kernels, untimed.
+
+    Every kernel the simulator runs is called once on a small fabric, so no
+    ``sim_s`` of the command's own runs includes numba's compile time.
+    """
+    from pathweave.bench.planner import warm_up as warm_up_planners
+    from pathweave.fabric import preset
+
+    warm_up_planners()
+    fab = preset("h100-2x4")
+    for workload in ("hotspot:0.9", "stencil:dims=1"):
+        demand = traffic.parse_workload(workload, fab.num_ranks, bytes_per_rank=1 << 20)
+        for name in pwplan.policies():
+            if name != "optimal":
+                sim.simulate(fab, pwplan.make(fab, demand, policy=name))

@@ -39,7 +39,7 @@ from typing import Any
 from pathweave import _spec
 from pathweave.errors import FabricError
 from pathweave.fabric._core import Fabric
-from pathweave.fabric._limits import check_fabric, check_size
+from pathweave.fabric._limits import check_fabric, check_physical, check_size
 from pathweave.fabric.builders import (
     NDR400_Bps,
     NVSWITCH_H100_GPU_Bps,
@@ -183,14 +183,17 @@ def preset(name: str, **params: Any) -> Fabric:
     """
     base, rest = _spec.split(name, "fabric spec")
     if base not in PRESETS:
-        raise FabricError(f"unknown fabric preset {base!r}; known presets: {', '.join(PRESETS)}")
+        raise FabricError(f"unknown fabric preset {base!r}{_spec.did_you_mean(base, list(PRESETS))}"
+                          f"; known presets: {', '.join(PRESETS)}")
     kw = parse_options(name, rest or "")
     kw.update(params)
     try:
         _check_shape(name, base, kw)
-        return PRESETS[base](**kw)
+        fab = PRESETS[base](**kw)
     except TypeError as exc:
         raise FabricError(f"fabric preset {base!r}: {exc}") from None
+    check_physical(fab, name)
+    return fab
 
 
 def sniff(raw: bytes) -> str:
@@ -252,6 +255,7 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
     if kind == "fabric":
         fab = io.load(path)
         check_fabric(fab, label)
+        check_physical(fab, label)
         return fab
     reader = discovery.from_nccl_xml if kind == "nccl-xml" else discovery.from_nvidia_smi
     nodes = int(options.pop("nodes", 1))
@@ -260,6 +264,7 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
         one = reader(Path(path), 1, **options)
         check_size(label, nodes=nodes, gpus_per_node=one.gpus_per_node, rails=len(one.rails),
                    spines=0, links=one.num_links * nodes, relays=one.nvlink_kind != "nvswitch")
+        check_physical(one, label)
         fab = one if nodes == 1 else reader(Path(path), nodes, **options)
     for text in dict.fromkeys(str(w.message) for w in caught):
         warnings.warn(text, discovery.DiscoveryWarning, stacklevel=2)
@@ -299,5 +304,6 @@ def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
     if found is None:
         raise FabricError(
             f"fabric {text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
+            + _spec.did_you_mean(base, list(PRESETS))
         )
     return load_topology(found[0], text, **found[1])

@@ -11,6 +11,10 @@ Two file formats, chosen by suffix:
     ``{"format": "pathweave-demand", "version": 1, "num_ranks": N,
     "bytes": [[...], ...], "meta": {...}}``.
 
+:func:`load_demand` also reads a bare matrix measured elsewhere: ``.npy``
+(``numpy.save``, no pickles) or ``.csv`` (one row per sender, comma
+separated, ``#`` comments).
+
 Files are written atomically (a temporary file in the same folder, then
 ``os.replace``), so a reader never sees half a file.
 """
@@ -35,6 +39,8 @@ __all__ = ["FORMAT_TAG", "FORMAT_VERSION", "load_demand", "save_demand", "valida
 FORMAT_TAG = "pathweave-demand"
 FORMAT_VERSION = 1
 _SUFFIXES = (".npz", ".json")
+#: Suffixes :func:`load_demand` reads: the two above and bare matrices.
+LOAD_SUFFIXES = (*_SUFFIXES, ".npy", ".csv")
 
 PathLike = str | os.PathLike[str]
 
@@ -111,12 +117,12 @@ def validate_demand(D: Any, num_ranks: int | None = None) -> np.ndarray:
     return out
 
 
-def _suffix(path: Path) -> str:
+def _suffix(path: Path, known: tuple[str, ...] = _SUFFIXES) -> str:
     suffix = path.suffix.lower()
-    if suffix not in _SUFFIXES:
+    if suffix not in known:
         raise WorkloadError(
             f"demand file {str(path)!r}: unsupported suffix {path.suffix!r}; "
-            f"use one of {', '.join(_SUFFIXES)}"
+            f"use one of {', '.join(known)}"
         )
     return suffix
 
@@ -235,6 +241,28 @@ def _load_npz(path: Path) -> tuple[Any, dict[str, Any]]:
     return matrix, meta
 
 
+def _load_bare(path: Path, suffix: str) -> tuple[Any, dict[str, Any]]:
+    """A matrix without header: ``.npy`` or ``.csv``."""
+    import warnings
+
+    try:
+        if suffix == ".npy":
+            matrix = np.load(path, allow_pickle=False)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # an empty file is an error, not a warning
+                matrix = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, UserWarning) as exc:
+        raise _fail(path, f"cannot be read as {suffix}: {exc}") from None
+    if not isinstance(matrix, np.ndarray) or matrix.ndim != 2:
+        raise _fail(path, "does not hold a two-dimensional matrix")
+    if matrix.shape[0] != matrix.shape[1]:
+        raise _fail(path, f"matrix is not square: {matrix.shape[0]} x {matrix.shape[1]}")
+    return matrix, {}
+
+
 def _load_json(path: Path) -> tuple[Any, dict[str, Any]]:
     text = path.read_text(encoding="utf-8")
     try:
@@ -278,7 +306,8 @@ def load_demand(
     Parameters
     ----------
     path : str or os.PathLike
-        A ``.npz`` or ``.json`` demand file.
+        A ``.npz`` or ``.json`` demand file, or a bare ``.npy`` or ``.csv`` matrix
+        (empty metadata).
     with_meta : bool, default False
         Also return the stored metadata dict.
 
@@ -306,8 +335,13 @@ def load_demand(
     True
     """
     source = Path(path)
-    suffix = _suffix(source)
-    matrix, meta = _load_npz(source) if suffix == ".npz" else _load_json(source)
+    suffix = _suffix(source, LOAD_SUFFIXES)
+    if suffix == ".npz":
+        matrix, meta = _load_npz(source)
+    elif suffix == ".json":
+        matrix, meta = _load_json(source)
+    else:
+        matrix, meta = _load_bare(source, suffix)
     try:
         demand = validate_demand(matrix)
     except WorkloadError as exc:

@@ -33,8 +33,8 @@ Examples
 
 from __future__ import annotations
 
-import difflib
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,8 +240,7 @@ _BYTES_KEYS = ("bytes", "bytes_per_rank")
 
 
 def _unknown(what: str, given: str, valid: list[str]) -> WorkloadError:
-    close = difflib.get_close_matches(given, valid, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = _spec.did_you_mean(given, valid)
     return WorkloadError(f"unknown {what} {given!r}{hint}; valid: {', '.join(valid)}")
 
 
@@ -397,6 +396,29 @@ class WorkloadSpec:
         return self.name + (":" + ",".join(items) if items else "")
 
 
+def is_demand_file(spec: str) -> bool:
+    """Whether ``spec`` names a demand file (by its suffix) rather than a generator.
+
+    >>> is_demand_file("measured.npz"), is_demand_file("hotspot:0.8")
+    (True, False)
+    """
+    from .io import LOAD_SUFFIXES
+
+    return os.path.splitext(spec.strip())[1].lower() in LOAD_SUFFIXES
+
+
+def _load_file(path: str, num_ranks: int) -> np.ndarray:
+    from .io import load_demand
+
+    demand = load_demand(path.strip())
+    if demand.shape[0] != num_ranks:
+        raise WorkloadError(
+            f"demand file {path!r} is {demand.shape[0]} x {demand.shape[0]}; "
+            f"the fabric has {num_ranks} ranks"
+        )
+    return demand
+
+
 def parse_workload(
     spec: str,
     num_ranks: int,
@@ -410,7 +432,9 @@ def parse_workload(
     Parameters
     ----------
     spec : str
-        Workload spec, e.g. ``"hotspot:0.8"`` or ``"stencil:dims=2"``.
+        Workload spec, e.g. ``"hotspot:0.8"`` or ``"stencil:dims=2"``, or a
+        demand file (``.npz``, ``.json``, ``.npy``, ``.csv``; see
+        :func:`~pathweave.traffic.load_demand`), whose matrix is used as it is.
     num_ranks : int
         Number of ranks.
     bytes_per_rank : float, default 256 MiB
@@ -431,6 +455,8 @@ def parse_workload(
     >>> parse_workload("many_to_few:sinks=2", 4, bytes_per_rank=100).astype(int).tolist()
     [[0, 0, 0, 0], [0, 0, 0, 0], [50, 50, 0, 0], [50, 50, 0, 0]]
     """
+    if is_demand_file(spec):
+        return _load_file(spec, num_ranks)
     return WorkloadSpec.parse(spec).build(
         num_ranks, bytes_per_rank, gpus_per_node=gpus_per_node, seed=seed
     )
