@@ -6,8 +6,11 @@ process per would-be GPU over gloo)::
     PATHWEAVE_FABRIC=h100-2x4 torchrun --nproc-per-node 8 examples/torchrun_all_to_all.py
 
 ``PATHWEAVE_FABRIC`` names the fabric the planner routes over (a preset or a
-fabric file, with as many GPUs as the job has ranks); without it the script
-uses ``h100-2x4``, the NIMBLE testbed (2 nodes x 4 H100), which needs 8 ranks.
+fabric file, with as many GPUs as the job has ranks); without it pathweave
+takes DGX H100-like nodes, one per host, of as many GPUs as the host runs
+ranks (``PATHWEAVE_DEBUG=INFO`` logs which). One node has a single path per
+pair, so there multi-path does not engage; ``PATHWEAVE_FABRIC=h100-2x4`` with
+8 ranks on one machine routes as over the NIMBLE testbed (2 nodes x 4 H100).
 With CUDA GPUs for every local rank it uses NCCL, otherwise gloo on CPU.
 
 Every rank sends ``--mib`` MiB of bfloat16 data, 80 % of it to rank 0
@@ -44,7 +47,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    os.environ.setdefault("PATHWEAVE_FABRIC", "h100-2x4")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
@@ -64,7 +66,9 @@ def main() -> int:
     out = torch.empty(sum(recv), dtype=torch.bfloat16, device=device)
     ref = torch.empty_like(out)
 
-    orch = pw.Orchestrator()  # fabric from PATHWEAVE_FABRIC, default policy mintime, enabled="auto"
+    # Fabric from PATHWEAVE_FABRIC, else shaped by the ranks per host; the default policy mintime, enabled="auto".
+    orch = pw.Orchestrator()
+    fabric = orch.group_fabric()  # PATHWEAVE_DEBUG=INFO logs it and where it came from
 
     def pathweave_a2a(output, input, output_split_sizes, input_split_sizes) -> None:
         pwdist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
@@ -104,7 +108,7 @@ def main() -> int:
         total = reports[0]["kinds"]  # the orchestrator counts every rank's traffic
         moved = int(demand.sum()) // element_bytes * element_bytes
         print(f"{world} ranks on {'NCCL' if use_cuda else 'gloo'}, fabric "
-              f"{os.environ['PATHWEAVE_FABRIC']}, hotspot {args.ratio}: "
+              f"{fabric.name}, hotspot {args.ratio}: "
               f"{moved / (1 << 20):.1f} MiB per call")
         by_kind = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in total.items() if v)
         print(f"multi-path: {all(r['multipath'] for r in reports)}; bytes per call by path "

@@ -20,7 +20,9 @@ True
 
 from typing import Any
 
-from pathweave import errors, fabric, plan, sim, traffic
+from pathweave import _log, errors, fabric, plan, sim, traffic
+
+_log.configure()  # PATHWEAVE_DEBUG: the one place logging is set up
 
 __version__ = "0.1.0"
 __all__ = ["Orchestrator", "__version__", "errors", "fabric", "plan", "sim", "traffic"]

@@ -47,8 +47,10 @@ from pathweave.cli._common import (
 from pathweave.cli._compare import compare
 from pathweave.cli.dataplane import bench_dataplane
 from pathweave.cli.emulate import bench_emulate, emulate_app
+from pathweave.cli.hostcost import bench_hostcost
 from pathweave.cli.moe import bench_moe
 from pathweave.cli.paper import bench_paper
+from pathweave.cli.perf import PERF_SETTINGS, perf_cmd
 from pathweave.cli.simulate import simulate_cmd
 from pathweave.errors import PathweaveError
 
@@ -67,6 +69,7 @@ app.add_typer(topo_app, name="topo")
 app.add_typer(bench_app, name="bench")
 app.add_typer(emulate_app, name="emulate")
 app.command("simulate")(simulate_cmd)
+app.command("perf", context_settings=PERF_SETTINGS, add_help_option=False)(perf_cmd)
 
 FabricArg = Annotated[
     str,
@@ -344,6 +347,7 @@ bench_app.command("paper")(bench_paper)
 bench_app.command("dataplane")(bench_dataplane)
 bench_app.command("emulate")(bench_emulate)
 bench_app.command("moe")(bench_moe)
+bench_app.command("hostcost")(bench_hostcost)
 
 
 def _bench_table(records: list[dict]) -> Table:

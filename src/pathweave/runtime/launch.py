@@ -82,6 +82,9 @@ def _child(
         }
     )
     os.environ.update(env)
+    from pathweave import _log
+
+    _log.configure()  # the fork server configured logging from its own environment
     dist = None
     try:
         import torch

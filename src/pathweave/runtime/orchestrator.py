@@ -48,8 +48,10 @@ rank makes the same decisions without talking about them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pathweave._log import TRACE
 from pathweave.errors import CommError, FabricError, PlanError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
 from pathweave.fabric.paths import ROLES
@@ -74,6 +77,8 @@ __all__ = [
     "MAX_WINDOW", "MIN_CHUNK_BYTES", "CallStats", "Orchestrator", "OrchestratorStats",
     "default_fabric", "quantise", "split_options",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Environment variable naming the fabric (a preset spec or a fabric file).
 FABRIC_ENV = "PATHWEAVE_FABRIC"
@@ -169,6 +174,9 @@ class _Decision:
     flow_weight: np.ndarray
     predicted_s: float  # predicted time (time model) of this decision on its demand
     static_s: float
+    #: Why torch's collective runs: ``"category: detail"`` (the log's text; the
+    #: category alone marks a change of decision). Empty for a multi-path plan.
+    reason: str = ""
 
 
 def quantise(pair_bytes: np.ndarray) -> np.ndarray:
@@ -199,6 +207,7 @@ class SubgroupWarning(UserWarning):
 
 def default_fabric(
     group_size: int, *, is_world: bool = True, global_ranks: Sequence[int] | None = None,
+    hosts: Sequence[int] | None = None,
 ) -> Fabric:
     """The fabric a job runs on when none is given.
 
@@ -208,14 +217,15 @@ def default_fabric(
     that fabric its members hold (:meth:`~pathweave.fabric.Fabric.subset`),
     or, where their nodes hold different numbers of members, a stand-in
     fabric on which the group always runs torch's own all-to-all (a
-    :class:`SubgroupWarning` says so, once per group); otherwise
-    DGX H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
-    GPU on its own rail) of ``LOCAL_WORLD_SIZE`` GPUs each (as ``torchrun``
-    sets it; one node of the whole group if unset or if the group is not the
-    default group). Host names are not consulted: learning them would cost a
-    collective on first use, and ``torchrun`` numbers ranks node-major with
-    ``LOCAL_WORLD_SIZE`` per node anyway. Its ``num_ranks`` must equal the
-    group size.
+    :class:`SubgroupWarning` says so, once per group). Otherwise DGX
+    H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
+    GPU on its own rail), shaped by the ranks per host (:func:`hosts_shape`)
+    when ``hosts`` (every member's :func:`~pathweave.runtime.telemetry.host_word`,
+    in group rank order; the :class:`Orchestrator` gathers them on a group's
+    first use) are given, else by ``LOCAL_WORLD_SIZE`` GPUs per node (as
+    ``torchrun`` sets it; one node of the whole group if unset or if the
+    group is not the default group). Its ``num_ranks`` must equal the group
+    size. The fabric and where it came from are logged at INFO.
     """
     spec = os.environ.get(FABRIC_ENV)
     if spec:
@@ -223,22 +233,100 @@ def default_fabric(
         where = f"{FABRIC_ENV}={spec!r}"
         ranks = None if is_world or global_ranks is None else list(global_ranks)
         if ranks and fab.num_ranks != group_size and max(ranks) < fab.num_ranks:
-            return _subgroup_fabric(fab, ranks, where)
+            fab = _subgroup_fabric(fab, ranks, where)
+            where = f"the part of {where} that ranks {ranks} hold"
     else:
         from pathweave.fabric import preset
 
         local = os.environ.get("LOCAL_WORLD_SIZE", "")
         per_node = group_size
-        if is_world and local.strip().isdigit() and int(local) > 0 and group_size % int(local) == 0:
-            per_node = int(local)
+        lws = int(local) if local.strip().isdigit() and int(local) > 0 else None
+        if hosts is not None:
+            per_node, where = hosts_shape(hosts, lws if is_world else None)
+        else:
+            if is_world and lws and group_size % lws == 0:
+                per_node = lws
+            where = f"LOCAL_WORLD_SIZE={local or 'unset'}"
         fab = preset("dgx-h100", nodes=group_size // per_node, gpus_per_node=per_node)
-        where = f"the default fabric (LOCAL_WORLD_SIZE={local or 'unset'})"
+        where = (f"no {FABRIC_ENV}: {group_size // per_node} dgx-h100 node(s) of {per_node} "
+                 f"GPUs from {where}; set {FABRIC_ENV} to a preset or fabric file for the "
+                 "real topology")
     if fab.num_ranks != group_size:
         raise FabricError(
             f"fabric {fab.name!r} from {where} has {fab.num_ranks} ranks but the process "
             f"group has {group_size}"
         )
+    log.info("fabric %s (%d ranks) from %s", fab.name, fab.num_ranks, where)
     return fab
+
+
+def hosts_shape(hosts: Sequence[int], local_world_size: int | None = None) -> tuple[int, str]:
+    """GPUs per node of the default fabric, from every rank's host word, and how it was found.
+
+    The ranks of each host must be consecutive (``torchrun`` numbers them
+    node-major) and every host must hold as many; a host's ranks form one
+    node, or nodes of ``local_world_size`` where that divides them (one
+    machine standing in for several nodes, as the tests and the emulator
+    do). Anything else raises :class:`~pathweave.errors.FabricError` saying
+    how to name the fabric instead.
+
+    Examples
+    --------
+    >>> hosts_shape([7, 7, 9, 9])
+    (2, '2 host(s) x 2 rank(s)')
+    >>> hosts_shape([7, 7, 7, 7], 2)
+    (2, '1 host(s) x 4 rank(s), LOCAL_WORLD_SIZE=2')
+    >>> hosts_shape([7, 9, 7, 9])
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.FabricError: the ranks of a host are not consecutive (rank 2 is on the host of rank 0, rank 1 is not); pathweave cannot shape a fabric from the hosts: number ranks node-major (as torchrun does) or set PATHWEAVE_FABRIC to a fabric file in this job's rank order
+    """  # noqa: E501
+    h = np.asarray(hosts)
+    n = h.size
+    starts = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]
+    seen: dict[int, int] = {}
+    for s in starts.tolist():
+        first = seen.setdefault(int(h[s]), s)
+        if first != s:
+            gap = int(np.flatnonzero(h[first:s] != h[s])[0]) + first
+            raise FabricError(
+                f"the ranks of a host are not consecutive (rank {s} is on the host of rank "
+                f"{first}, rank {gap} is not); pathweave cannot shape a fabric from the hosts: "
+                f"number ranks node-major (as torchrun does) or set {FABRIC_ENV} to a fabric "
+                "file in this job's rank order"
+            )
+    counts = np.diff(np.r_[starts, n])
+    if (counts != counts[0]).any():
+        i = int(np.flatnonzero(counts != counts[0])[0])
+        raise FabricError(
+            f"hosts run different numbers of ranks (rank {int(starts[0])}'s host {int(counts[0])}, "
+            f"rank {int(starts[i])}'s host {int(counts[i])}); pathweave's default fabric needs "
+            f"as many on every host: start as many ranks per host (torchrun "
+            f"--nproc-per-node) or set {FABRIC_ENV} to a fabric file with {n} ranks"
+        )
+    per_host = int(counts[0])
+    text = f"{starts.size} host(s) x {per_host} rank(s)"
+    if local_world_size and per_host % local_world_size == 0 and local_world_size != per_host:
+        return local_world_size, f"{text}, LOCAL_WORLD_SIZE={local_world_size}"
+    return per_host, text
+
+
+#: Every rank's host word per process group, gathered on the group's first use
+#: by an orchestrator without a fabric (hosts never change; a fresh orchestrator
+#: on some ranks only must not start a collective its peers do not).
+_GROUP_HOSTS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def _group_hosts(tr: Any, timeout_s: float) -> np.ndarray:
+    """Every member's host word (:func:`~pathweave.runtime.telemetry.host_word`), once per group."""
+    from pathweave.runtime.telemetry import host_word
+
+    pg = tr.group if tr.group is not None else _dist().group.WORLD
+    hosts = _GROUP_HOSTS.get(pg)
+    if hosts is None:
+        row = np.array([host_word()], dtype=np.int64)
+        hosts = _GROUP_HOSTS[pg] = tr.exchange(row, time.monotonic() + timeout_s)[:, 0].copy()
+    return hosts
 
 
 def _subgroup_fabric(fab: Fabric, ranks: list[int], where: str) -> Fabric:
@@ -253,6 +341,7 @@ def _subgroup_fabric(fab: Fabric, ranks: list[int], where: str) -> Fabric:
         reason = (f"subgroup of ranks {ranks} of {where}: {exc}; its all-to-alls run torch's "
                   "own collective")
         warnings.warn(reason, SubgroupWarning, stacklevel=3)
+        log.warning("%s", reason)
         stand_in = preset("dgx-h100", nodes=1, gpus_per_node=len(ranks))
         return Fabric(name=f"torch-only[{','.join(map(str, ranks))}]",
                       vertex_names=stand_in.vertex_names, vertex_kind=stand_in.vertex_kind,
@@ -322,6 +411,8 @@ class _GroupState:
         self.out_of_step: str | None = None
         self.plan_fabric = fabric
         self.plan_paths = paths
+        #: (ident, reason category) of the last decision logged
+        self.logged_decision: tuple[int, str] | None = None
 
     def scratch(self, like: Any, *, reuse: bool) -> Any:
         """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
@@ -558,6 +649,14 @@ class Orchestrator:
         self.stats = OrchestratorStats()
 
     # ------------------------------------------------------------ groups
+    def group_fabric(self, group: Any = None) -> Fabric:
+        """The fabric this orchestrator plans ``group``'s calls on (found on first use).
+
+        A collective on a group's first use (every rank gathers every rank's
+        host, :func:`default_fabric`): call it on every rank.
+        """
+        return self._state(group).fabric
+
     def _state(self, group: Any) -> _GroupState:
         st = self._groups.get(group)
         if st is not None:
@@ -565,6 +664,8 @@ class Orchestrator:
         from pathweave.runtime.executor import Transport
 
         tr = Transport(group)
+        # On every rank, fabric given or not, so every rank meets the same collectives.
+        hosts = _group_hosts(tr, self.timeout_s)
         if self.fabric is not None:
             fab = self.fabric
             if fab.num_ranks != tr.size:
@@ -572,8 +673,11 @@ class Orchestrator:
                     f"fabric {fab.name!r} has {fab.num_ranks} ranks but the process group "
                     f"has {tr.size}"
                 )
+            log.info("fabric %s (%d ranks) from the orchestrator's fabric argument",
+                     fab.name, fab.num_ranks)
         else:
-            fab = default_fabric(tr.size, is_world=group is None, global_ranks=tr.global_ranks)
+            fab = default_fabric(tr.size, is_world=group is None, global_ranks=tr.global_ranks,
+                                 hosts=hosts)
         from pathweave.plan.registry import COMMON_OPTIONS
 
         kinds = self.policy_options.get("kinds", COMMON_OPTIONS["kinds"])
@@ -608,8 +712,12 @@ class Orchestrator:
 
         plan_s = predict_time(plan, self.model)
         static_s = predict_time(static, self.model)
+        log.debug("planned %s: predicted %.1f us, static %.1f us", plan.policy, plan_s * 1e6,
+                  static_s * 1e6)
         if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
-            return self._fallback(st, static_s)
+            return self._fallback(st, static_s, (
+                f"no gain: {plan.policy} predicted {plan_s * 1e6:.1f} us against static's "
+                f"{static_s * 1e6:.1f} us, less than min_gain {self.min_gain}x"))
         keep = plan.flow_bytes > 0
         ps = st.paths
         fp = plan.flow_path[keep].astype(np.int64)
@@ -625,9 +733,22 @@ class Orchestrator:
                              model=self.model, set_already=self.policy_options)
 
     @staticmethod
-    def _fallback(st: _GroupState, static_s: float) -> _Decision:
+    def _fallback(st: _GroupState, static_s: float, reason: str) -> _Decision:
         empty = np.zeros(0, dtype=np.int64)
-        return _Decision(0, False, empty, empty, np.zeros(0), static_s, static_s)
+        return _Decision(0, False, empty, empty, np.zeros(0), static_s, static_s, reason)
+
+    @staticmethod
+    def _log_decision(st: _GroupState, dec: _Decision, op: str) -> None:
+        """Log a decision that differs from the group's previous one (INFO)."""
+        key = (dec.ident, dec.reason.split(":", 1)[0])
+        if key == st.logged_decision:
+            return
+        st.logged_decision = key
+        if dec.multipath:
+            log.info("%s: multi-path plan #%d (predicted %.1f us, static %.1f us)", op,
+                     dec.ident, dec.predicted_s * 1e6, dec.static_s * 1e6)
+        else:
+            log.info("%s: torch's collective (%s)", op, dec.reason)
 
     def _predict(self, st: _GroupState, dec: _Decision, demand: np.ndarray) -> float:
         """Predicted time (time model) of ``dec``'s splits applied to ``demand``."""
@@ -645,15 +766,19 @@ class Orchestrator:
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
         """The decision for this call and whether it cost no planning."""
-        if self.enabled is False or TORCH_ONLY in st.fabric.meta:
-            return self._fallback(st, 0.0), True
+        if self.enabled is False:
+            return self._fallback(st, 0.0, "disabled: enabled=False"), True
+        if TORCH_ONLY in st.fabric.meta:
+            why = f"torch-only fabric: {st.fabric.meta[TORCH_ONLY]}"
+            return self._fallback(st, 0.0, why), True
         q = quantise(pair_bytes)
         np.fill_diagonal(q, 0)
         if self.enabled == "auto" and int(q.max(initial=0)) < self.min_split_bytes:
             # Small exchanges: splitting costs more than it gains (NIMBLE's
             # size threshold); no planning, and the current plan stays for
             # the next large call.
-            return self._fallback(st, 0.0), True
+            return self._fallback(st, 0.0, "small: every pair below min_split_bytes "
+                                  f"({self.min_split_bytes} B)"), True
         key = q.tobytes() + (b"" if st.adapt is None else st.adapt.cap_key)
         if key == st.last_qkey and st.current is not None:
             return st.current, True
@@ -670,9 +795,14 @@ class Orchestrator:
             # Hysteresis: a new plan must beat the current one by a clear margin.
             cur_s = self._predict(st, cur, q) if cur.multipath else cand.static_s
             if not cand.predicted_s < cur_s * (1.0 - self.hysteresis):
+                log.debug("hysteresis keeps the current decision: new %.1f us, current %.1f us",
+                          cand.predicted_s * 1e6, cur_s * 1e6)
                 cand = cur
             else:
                 self.stats.plan_switches += 1
+                log.info("plan switch: %s (%.1f us) replaces %s (%.1f us) on a new demand",
+                         _decision_text(cand), cand.predicted_s * 1e6, _decision_text(cur),
+                         cur_s * 1e6)
         st.current = cand
         st.last_qkey = key
         st.plans.put(key, cand)
@@ -928,6 +1058,7 @@ class Orchestrator:
             t1 = time.perf_counter()
             dec, cached = self._decide(st, layout.pair_bytes)
             st.last_call = (call.mkey, layout, dec)
+            self._log_decision(st, dec, call.op)
         if st.out_of_step is not None:
             # Every rank read the same plane words: every rank raises here.
             msg, st.out_of_step = st.out_of_step, None
@@ -1140,6 +1271,7 @@ class Orchestrator:
         elif st.adapt is not None:
             st.adapt.absorb(np.zeros((words.shape[0], 0), dtype=np.int64))
         if st.adapt is not None and st.adapt.replan():
+            log.info("live adaptation: learned link capacities moved; planning on them")
             st.plan_fabric = st.adapt.fabric
             st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
             st.last_call = (None, None, None)
@@ -1162,6 +1294,14 @@ class Orchestrator:
                 s.bytes_per_path_kind[k] = s.bytes_per_path_kind.get(k, 0) + v
         t3 = time.perf_counter()
         s.last_call = CallStats(op, total, t1 - t0, t2 - t1, t3 - t2, cached, entry is not None)
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "%s %d B %s%s: meta %.1f us, plan %.1f us, transfer %.1f us", op, total,
+                    "multi-path" if entry is not None else "torch", " (cached)" if cached else "",
+                    (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6)
+
+
+def _decision_text(dec: _Decision) -> str:
+    return f"multi-path plan #{dec.ident}" if dec.multipath else "torch's collective"
 
 
 def _dist() -> Any:
