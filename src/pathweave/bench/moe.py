@@ -35,7 +35,75 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MoECase", "cases", "run"]
+__all__ = ["MoECase", "cases", "count_ops", "host_reads", "run"]
+
+#: Tensor methods by which a value crosses from a tensor to the host (Python or numpy).
+HOST_READS = ("cpu", "numpy", "tolist", "item", "__array__", "__int__", "__float__",
+              "__index__", "__bool__")
+
+
+def count_ops(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``fn()``'s result and the torch operations it ran: every aten (or c10d) call that
+    is not a view, as dispatched (each a kernel launch on a GPU).
+
+    >>> import torch
+    >>> _, ops = count_ops(lambda: (torch.ones(3) * 2).view(3, 1))
+    >>> ops
+    ['aten.ones.default', 'aten.mul.Tensor']
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if not func.is_view:
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        out = fn()
+    return out, seen
+
+
+class host_reads:
+    """Records every read of a tensor's value by the host while active: ``(method, numel)``.
+
+    >>> import torch
+    >>> with host_reads() as seen:
+    ...     _ = torch.ones(2).tolist()
+    >>> seen
+    [('tolist', 2)]
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self.seen: list[tuple[str, int]] = []
+        self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def _spy(self, name: str) -> Any:
+        orig = self._saved[name]
+        seen = self.seen
+
+        def read(t: Any, *a: Any, **kw: Any) -> Any:
+            seen.append((name, t.numel()))
+            return orig(t, *a, **kw)
+        return read
+
+    def __enter__(self) -> list[tuple[str, int]]:
+        import torch
+
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, self._spy(name))
+        return self.seen
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        for name, fn in self._saved.items():
+            setattr(torch.Tensor, name, fn)
 
 #: The largest padded buffers (send + receive, dispatch + combine) one rank may allocate.
 PADDED_LIMIT_BYTES = 1 << 30

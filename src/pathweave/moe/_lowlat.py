@@ -442,7 +442,7 @@ class _CombineGrad(torch.autograd.Function):
         ctx.st, ctx.handle, recv = box
         ctx.y_dtype, ctx.w_dtype = expert_y.dtype, None if w is None else w.dtype
         m, k = ctx.handle.dest.shape
-        ys = recv.index_select(0, ctx.handle.dest.view(-1)).view(m, k, -1).float()
+        ys = recv.index_select(0, ctx.handle.dest.view(-1)).view(m, k, ctx.st.H).float()
         ctx.save_for_backward(ys, w)
         return weighted_sum(recv, ctx.handle.dest, w, ctx.st.offsets)
 
