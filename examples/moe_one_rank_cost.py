@@ -11,7 +11,9 @@ weighted sum. Plain torch does the same local work in four ops (``argsort``,
     python examples/moe_one_rank_cost.py --tokens 256 --hidden 256 --experts 32 --topk 4
 
 It prints the median time of one dispatch + combine with identity experts for
-both layouts and for plain torch, the host's share of it (time until the
+both layouts, for the low-latency mode (``mode="low_latency"``) and for plain
+torch, PASS/MISS lines for the low-latency targets (ratio, host reads, torch
+ops per round trip), the host's share of it (time until the
 call returns, before the device finishes), and checks every output against
 ``x * sum(topk_weights)`` (exit status 1 if one differs by more than bf16
 rounding). Measured on one H200 in docs/moe.md ("On one GPU").
@@ -62,6 +64,7 @@ def _timed(fn: Callable[[], torch.Tensor], repeat: int, cuda: bool) -> tuple[tor
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pathweave.bench.moe import count_ops, host_reads
     from pathweave.moe import MoEAllToAll
     from pathweave.moe._routing import LAYOUTS
 
@@ -100,6 +103,19 @@ def main(argv: list[str] | None = None) -> int:
                 return moe.combine(y, handle, w)  # identity experts
 
             results[f"pathweave {layout}"] = _timed(step, a.repeat, cuda)
+        # The low-latency (decode) mode: fixed shapes, no host sync; expert-major only.
+        ll = MoEAllToAll(a.experts, a.topk, a.hidden, a.tokens, torch.bfloat16,
+                         mode="low_latency")
+
+        def ll_step() -> torch.Tensor:
+            ex, _, handle = ll.dispatch(x, idx)
+            return ll.combine(ex, handle, w)
+
+        results["pathweave low_latency"] = _timed(ll_step, a.repeat, cuda)
+        ops = {"plain torch": plain, "pathweave low_latency": ll_step}
+        ops = {name: len(count_ops(fn)[1]) for name, fn in ops.items()}
+        with host_reads() as reads:
+            ll_step()
         base = results["plain torch"][2]
         ok = True
         for name, (out, host_s, total_s) in results.items():
@@ -107,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
             ok &= err <= 2.0**-7  # bf16 rounding of the sum
             print(f"{name:24s} {total_s * 1e3:8.3f} ms  (host {host_s * 1e3:7.3f} ms)  "
                   f"{total_s / base:5.2f}x plain torch  max rel. error {err:.2g}")
+        ratio = results["pathweave low_latency"][2] / base
+        mark = {True: "PASS", False: "MISS"}
+        print(f"{mark[ratio <= 3.0]} low-latency round trip <= 3x plain torch: {ratio:.2f}x "
+              "(issue 23's CPU target: 128 tokens, hidden 256, fp32 in `pathweave bench moe`)")
+        print(f"{mark[not reads]} low-latency: no host read-back per round trip: {len(reads)}")
+        n = ops["pathweave low_latency"]
+        print(f"{mark[n <= 20]} low-latency: <= 20 torch ops per round trip: {n} "
+              f"(plain torch: {ops['plain torch']})")
         print("outputs: " + ("all equal x * sum(w) within bf16 rounding" if ok else "DIFFER"))
         return 0 if ok else 1
     finally:

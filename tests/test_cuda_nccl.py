@@ -348,3 +348,43 @@ def test_moe_gradients_on_nccl_equal_dense():
     from test_moe_grad import GRAD_CASES, assert_equal_dense
 
     assert_equal_dense(_run(check_moe_gradients, world=MOE_WORLD), GRAD_CASES)
+
+
+def check_low_latency_graph(rank: int, world: int, backend: str) -> bool:
+    """A low-latency dispatch + combine captured in one CUDA graph replays bitwise (issue 23)."""
+    from pathweave.moe import MoEAllToAll
+
+    dev = _device(rank, backend, world) if backend == "nccl" else torch.device("cpu")
+    g = torch.Generator().manual_seed(rank)
+    m, k, E, H = 128, 8, 256, 256
+    x = torch.randn(m, H, generator=g).to(dev)
+    w, idx = (t.to(dev) for t in torch.randn(m, E, generator=g).softmax(-1).topk(k))
+    moe = MoEAllToAll(E, k, H, m, torch.float32, mode="low_latency")
+
+    def step():
+        expert_x, _, handle = moe.dispatch(x, idx)
+        return moe.combine(expert_x * 2, handle, w)
+
+    for _ in range(3):  # warm-up: the first call's checks, both buffer sets
+        eager = step()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    results = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append(out.clone())
+    want = (x * w.sum(-1, keepdim=True)) * 2
+    return (all(torch.equal(r, eager) for r in results)
+            and bool(torch.allclose(eager, want, rtol=1e-5, atol=1e-5)))
+
+
+def test_low_latency_moe_replays_in_a_cuda_graph_bitwise():
+    assert all(_run(check_low_latency_graph, world=1))

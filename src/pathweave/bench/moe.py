@@ -35,7 +35,75 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MoECase", "cases", "run"]
+__all__ = ["MoECase", "cases", "count_ops", "host_reads", "run"]
+
+#: Tensor methods by which a value crosses from a tensor to the host (Python or numpy).
+HOST_READS = ("cpu", "numpy", "tolist", "item", "__array__", "__int__", "__float__",
+              "__index__", "__bool__")
+
+
+def count_ops(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``fn()``'s result and the torch operations it ran: every aten (or c10d) call that
+    is not a view, as dispatched (each a kernel launch on a GPU).
+
+    >>> import torch
+    >>> _, ops = count_ops(lambda: (torch.ones(3) * 2).view(3, 1))
+    >>> ops
+    ['aten.ones.default', 'aten.mul.Tensor']
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if not func.is_view:
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        out = fn()
+    return out, seen
+
+
+class host_reads:
+    """Records every read of a tensor's value by the host while active: ``(method, numel)``.
+
+    >>> import torch
+    >>> with host_reads() as seen:
+    ...     _ = torch.ones(2).tolist()
+    >>> seen
+    [('tolist', 2)]
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self.seen: list[tuple[str, int]] = []
+        self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def _spy(self, name: str) -> Any:
+        orig = self._saved[name]
+        seen = self.seen
+
+        def read(t: Any, *a: Any, **kw: Any) -> Any:
+            seen.append((name, t.numel()))
+            return orig(t, *a, **kw)
+        return read
+
+    def __enter__(self) -> list[tuple[str, int]]:
+        import torch
+
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, self._spy(name))
+        return self.seen
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        for name, fn in self._saved.items():
+            setattr(torch.Tensor, name, fn)
 
 #: The largest padded buffers (send + receive, dispatch + combine) one rank may allocate.
 PADDED_LIMIT_BYTES = 1 << 30
@@ -456,3 +524,96 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "outputs_equal": all(r["outputs_equal"] for r in records),
         "grads_close": all(r.get("grads_close", True) for r in records),
     }
+
+
+#: The decode case of issue 23: one rank, 128 tokens, top-8 of 256 experts, hidden 256, fp32.
+DECODE_CASE = {"tokens": 128, "experts": 256, "k": 8, "hidden": 256}
+
+
+def _decode_inputs(rank: int, c: dict[str, int]) -> tuple[Any, Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(c["tokens"], c["hidden"], generator=g)
+    w, idx = torch.randn(c["tokens"], c["experts"], generator=g).softmax(-1).topk(c["k"])
+    return x, idx, w
+
+
+def _round_trip(moe: Any, x: Any, idx: Any, w: Any) -> Callable[[], Any]:
+    def run() -> Any:
+        expert_x, _, handle = moe.dispatch(x, idx)
+        return moe.combine(expert_x, handle, w)  # identity experts
+    return run
+
+
+def _decode_job(rank: int, world: int, c: dict[str, int], repeat: int) -> dict[str, Any]:
+    """Medians (interleaved) of plain torch and both modes, ops and host reads per round trip."""
+    import torch
+
+    from pathweave.moe import MoEAllToAll
+
+    torch.set_num_threads(1)
+    x, idx, w = _decode_inputs(rank, c)
+    m, k, H = c["tokens"], c["k"], c["hidden"]
+
+    def plain() -> Any:
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        rows = order // k
+        y = x.index_select(0, rows) * w.reshape(-1)[order].unsqueeze(1)
+        return torch.zeros(m, H).index_add_(0, rows, y)
+
+    fns: dict[str, Callable[[], Any]] = {"plain": plain}
+    for mode in ("normal", "low_latency"):
+        moe = MoEAllToAll(c["experts"], k, H, m, torch.float32, mode=mode)
+        fns[mode] = _round_trip(moe, x, idx, w)
+    rec: dict[str, Any] = {"ranks": world}
+    for name, fn in fns.items():
+        for _ in range(3):  # warm-up: first-call checks, both buffer sets
+            out = fn()
+        rec[f"{name}_ops"] = len(count_ops(fn)[1])
+        with host_reads() as seen:
+            fn()
+        rec[f"{name}_host_reads"] = len(seen)
+        rec[f"{name}_err"] = float((out - plain()).abs().max())
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    if world == 1:
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        rec.update({f"{n}_s": statistics.median(v) for n, v in times.items()})
+    return rec
+
+
+def decode_checks(repeat: int = 200, case: dict[str, int] | None = None) -> tuple[list, dict]:
+    """Issue 23's CPU targets: low-latency round trip <= 3x plain torch indexing (one
+    rank), no host read-back per steady-state step on 4 gloo ranks, <= 20 torch ops per
+    round trip. Returns the :class:`~pathweave.bench._report.Check` lines and the records."""
+    from pathweave.bench._report import Check
+    from pathweave.runtime.launch import run_local
+
+    c = dict(DECODE_CASE if case is None else case)
+    one = run_local(_decode_job, 1, (c, repeat), timeout_s=600)[0]
+    four = run_local(_decode_job, 4, (c, 3), timeout_s=600)
+    ratio = one["low_latency_s"] / one["plain_s"]
+    reads = max(r["low_latency_host_reads"] for r in four)
+    ops = max(one["low_latency_ops"], *(r["low_latency_ops"] for r in four))
+    close = max(one["low_latency_err"], *(r["low_latency_err"] for r in four)) <= 1e-5
+    what = f"{c['tokens']} tok, top-{c['k']} of {c['experts']}, H={c['hidden']} fp32"
+    checks = [
+        Check("ll_over_plain", ratio, 3.0, ratio <= 3.0,
+              f"low-latency round trip <= 3x plain torch indexing, one rank, {what}: "
+              f"{ratio:.2f}x ({one['low_latency_s'] * 1e3:.3f} vs {one['plain_s'] * 1e3:.3f} ms;"
+              f" normal mode {one['normal_s'] / one['plain_s']:.2f}x)"),
+        Check("ll_host_reads", reads, 0, reads == 0,
+              f"low-latency: no host read-back per steady-state step on 4 gloo ranks: {reads} "
+              f"(normal mode: {max(r['normal_host_reads'] for r in four)})"),
+        Check("ll_ops", ops, 20, ops <= 20,
+              f"low-latency: <= 20 torch ops per round trip: {ops} (normal mode: "
+              f"{max(one['normal_ops'], *(r['normal_ops'] for r in four))}; plain torch: "
+              f"{one['plain_ops']})"),
+        Check("ll_outputs", None, None, close,
+              "low-latency outputs equal plain torch's within 1e-5 on 1 and 4 ranks"),
+    ]
+    return checks, {"one_rank": one, "four_ranks": four}

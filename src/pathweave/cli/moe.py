@@ -2,7 +2,8 @@
 
 Prints one table (medians of dispatch+combine, ratios, bytes on the wire),
 one of forward + backward (pathweave's autograd against torch's
-differentiable exact all-to-all), the two target lines, writes ``--json``
+differentiable exact all-to-all), the two target lines, the decode target
+lines of the low-latency mode (:func:`pathweave.bench.moe.decode_checks`), writes ``--json``
 atomically, and exits with code 1 when the implementations disagree on an
 output or a gradient (a correctness failure);
 a missed speed target is reported (``MISS``) but keeps exit code 0.
@@ -170,6 +171,13 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
               "exchange more than (b): combine's guardrails (dispatch's replaces (b)'s count "
               "exchange; the data plane takes the splits from it); see docs/moe.md.[/]",
               soft_wrap=True)
+    with console(stderr=True).status("running the decode targets (1 and 4 ranks)"):
+        checks, decode = moe.decode_checks()
+    for c in checks:  # issue 23's targets: the low-latency mode against plain torch
+        tag = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "-"}[c.passed]
+        out.print(f"{tag} {c.text}", soft_wrap=True)
+    s["decode"] = {"checks": [vars(c) for c in checks], **decode}
+    s["outputs_equal"] = s["outputs_equal"] and checks[-1].passed is True
     if json_out is not None:
         json_out = Path(json_out)
         json_out.parent.mkdir(parents=True, exist_ok=True)

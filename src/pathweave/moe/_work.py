@@ -115,6 +115,8 @@ class _Work(Generic[T]):
         self._work = work
         self._finish = finish
         self._result: T | None = None
+        #: With ``stream=`` (CUDA): recorded on that stream after the send half.
+        self.event: Any = None
 
     def is_completed(self) -> bool:
         return self._result is not None or self._work is None or self._work.is_completed()

@@ -47,6 +47,7 @@ from torch.autograd.function import once_differentiable
 
 from pathweave import _check
 from pathweave.moe import _checks as C
+from pathweave.moe import _lowlat as LL
 from pathweave.moe import _pack as P
 from pathweave.moe import _routing as R
 from pathweave.moe._checks import (
@@ -109,7 +110,22 @@ class MoEAllToAll:
         Rows per local expert in ``expert_x`` (expert-major);
         default ``max_num_tokens * W / dp_size``, which no routing exceeds.
         A smaller value saves memory; a call that would exceed it raises on
-        every rank before data moves.
+        every rank before data moves (in ``"low_latency"`` mode only with
+        ``debug_checks``: see there).
+    mode
+        ``"normal"``: every call checks its arguments on every rank and moves
+        exact-size buffers (sizes read back to the host). ``"low_latency"``
+        (decode): fixed-shape buffers sized by ``max_num_tokens``, counts
+        travelling with the data on the device, no host sync and no metadata
+        exchange, so a dispatch + combine can be captured in a CUDA graph;
+        ``"expert-major"`` layout, ``dp_size=1``, no ``x_scale``, and
+        ``hidden_dim * itemsize`` a multiple of 8 bytes. Its contract is
+        pplx-kernels': ids in ``[-1, E)`` without repeats, no expert over
+        ``expert_capacity``, the same autograd path on every rank; nothing
+        checks it on the device (:mod:`pathweave.moe._lowlat`).
+    debug_checks
+        ``"low_latency"`` only: check that contract on every call (host
+        syncs and one small exchange; every rank raises the same error).
 
     Examples
     --------
@@ -133,6 +149,8 @@ class MoEAllToAll:
         *,
         placement: Sequence[int] | np.ndarray | None = None,
         expert_capacity: int | None = None,
+        mode: str = "normal",
+        debug_checks: bool = False,
     ):
         self.num_experts = _check.integer("num_experts", num_experts, minimum=1)
         self.experts_per_token = _check.integer("experts_per_token", experts_per_token, minimum=1)
@@ -215,13 +233,16 @@ class MoEAllToAll:
         # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
         self._move_dtype = P.INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
         self.scale_block = 128
+        self.mode = _check_mode(self, mode)
+        self.debug_checks = bool(debug_checks)
+        self._ll_states: dict[torch.device, Any] = {}
 
     def __repr__(self) -> str:
         return (
             f"MoEAllToAll(num_experts={self.num_experts}, experts_per_token="
             f"{self.experts_per_token}, hidden_dim={self.hidden_dim}, max_num_tokens="
             f"{self.max_num_tokens}, dtype={self.dtype}, ranks={self.num_ranks}, "
-            f"dp_size={self.dp_size}, layout={self.layout!r})"
+            f"dp_size={self.dp_size}, layout={self.layout!r}, mode={self.mode!r})"
         )
 
     # ------------------------------------------------------------ helpers
@@ -336,6 +357,7 @@ class MoEAllToAll:
         x_scale: torch.Tensor | None = None,
         *,
         async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Send every token to the ranks of its experts.
 
@@ -358,7 +380,13 @@ class MoEAllToAll:
         async_op
             Return a :class:`DispatchWork` at once; its ``wait()`` gives the
             result. Metadata and checks still complete before the call
-            returns, so errors are raised here.
+            returns, so errors are raised here. The send half runs here,
+            the receive half in ``wait()`` (pplx-kernels' ``do_send`` /
+            ``do_recv``).
+        stream
+            CUDA only: the stream both halves are enqueued on (default: the
+            current stream); the work's ``event`` marks the end of the send
+            half. Must be ``None`` for CPU tensors.
 
         Returns
         -------
@@ -380,6 +408,13 @@ class MoEAllToAll:
             Bad arguments on any rank: raised on every rank, naming the
             rank and the values, before any data moves.
         """
+        with _on_stream(stream, x) as event:
+            if self.mode == "low_latency":
+                return _recorded(LL.dispatch(self, x, topk_idx, x_scale, async_op), event)
+            return _recorded(self._dispatch_normal(x, topk_idx, x_scale, async_op), event)
+
+    def _dispatch_normal(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                         x_scale: torch.Tensor | None, async_op: bool) -> Any:
         self._check_config()
         n = self.num_ranks
         E = self.num_experts
@@ -599,6 +634,7 @@ class MoEAllToAll:
         weighted: bool = True,
         *,
         async_op: bool = False,
+        stream: Any = None,
     ) -> Any:
         """Return every expert output row to its source and sum each token's ``k`` rows.
 
@@ -632,12 +668,24 @@ class MoEAllToAll:
             Multiply each row by its weight before summing.
         async_op
             Return a :class:`CombineWork` whose ``wait()`` gives ``out``.
+        stream
+            As for :meth:`dispatch`.
 
         Returns
         -------
         out
             ``[m, H]`` in ``expert_y``'s dtype, or a :class:`CombineWork`.
         """
+        with _on_stream(stream, expert_y) as event:
+            if self.mode == "low_latency":
+                return _recorded(LL.combine(self, expert_y, handle, topk_weights, weighted,
+                                            async_op), event)
+            return _recorded(self._combine_normal(expert_y, handle, topk_weights, weighted,
+                                                  async_op), event)
+
+    def _combine_normal(self, expert_y: torch.Tensor, handle: MoEHandle,
+                        topk_weights: torch.Tensor | None, weighted: bool,
+                        async_op: bool) -> Any:
         self._check_config()
         err = np.zeros(PROBLEM_WORDS, dtype=np.int64)
         try:
@@ -720,6 +768,62 @@ class MoEAllToAll:
             return finish()
         self._pool.busy.update(("c_send", "c_recv"))
         return CombineWork(work, finish)
+
+
+MODES = ("normal", "low_latency")
+
+
+def _check_mode(layer: MoEAllToAll, mode: str) -> str:
+    """``mode``, or a clear error for it or for a setting the low-latency mode lacks."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "low_latency":
+        es = torch.empty(0, dtype=layer.dtype).element_size()
+        for bad, what in (
+            (layer.layout != "expert-major", f"layout={layer.layout!r} (only 'expert-major')"),
+            (layer.dp_size != 1, f"dp_size={layer.dp_size} (only 1)"),
+            ((layer.hidden_dim * es) % 8 != 0,
+             f"hidden_dim={layer.hidden_dim} with {es}-byte {layer.dtype} (rows must be a "
+             "multiple of 8 bytes)"),
+        ):
+            if bad:
+                raise ValueError(f"mode='low_latency' does not support {what}")
+    return mode
+
+
+class _on_stream:
+    """Run a call on ``stream`` (CUDA tensors only); yields an event to record, or None."""
+
+    def __init__(self, stream: Any, like: Any):
+        self.ctx = None
+        self.event = None
+        if stream is None:
+            return
+        dev = getattr(like, "device", None)
+        if dev is None or dev.type != "cuda":
+            raise ValueError(f"stream is for CUDA tensors; the tensors are on {dev}")
+        if not isinstance(stream, torch.cuda.Stream):
+            raise TypeError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
+        self.ctx = torch.cuda.stream(stream)
+        self.event = torch.cuda.Event()
+
+    def __enter__(self) -> Any:
+        if self.ctx is not None:
+            self.ctx.__enter__()
+        return self.event
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _recorded(result: Any, event: Any) -> Any:
+    """``result``, with ``event`` recorded on the current stream and set on a work object."""
+    if event is not None:
+        event.record()
+        if hasattr(result, "event"):
+            result.event = event
+    return result
 
 
 #: Most bytes of the temporaries with which :func:`_slot_sum` weighs a group of slots at
