@@ -66,7 +66,8 @@ def main() -> int:
     out = torch.empty(sum(recv), dtype=torch.bfloat16, device=device)
     ref = torch.empty_like(out)
 
-    # Fabric from PATHWEAVE_FABRIC, else shaped by the ranks per host; the default policy mintime, enabled="auto".
+    # Fabric from PATHWEAVE_FABRIC, else shaped by the ranks per host; the default
+    # policy mintime, enabled="auto".
     orch = pw.Orchestrator()
     fabric = orch.group_fabric()  # PATHWEAVE_DEBUG=INFO logs it and where it came from
 
