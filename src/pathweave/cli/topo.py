@@ -67,7 +67,7 @@ def path_counts(paths: PathSet) -> list[tuple[str, int, int]]:
     [('direct', 24, 24), ('relay', 48, 24)]
     """
     n = paths.num_ranks
-    names = [r if r in ("direct", "relay", "spine") else f"rail {r}" for r in ROLES]
+    names = [r if r in ("direct", "relay", "spine", "pcie") else f"rail {r}" for r in ROLES]
     label = paths.role_code
     pair = paths.src.astype(np.int64) * n + paths.dst
     out = []
@@ -81,7 +81,8 @@ def path_counts(paths: PathSet) -> list[tuple[str, int, int]]:
 #: Printed under the path table when it has rail paths.
 RAIL_ROLES_NOTE = (
     "rail roles: matched = both ends on the rail; rd / dr = the destination / source node "
-    "forwards; drd = both do"
+    "forwards; drd = both do; pcie = a rail, then the destination node's PCIe tree (no GPU "
+    "forwards)"
 )
 
 
