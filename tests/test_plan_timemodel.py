@@ -511,7 +511,7 @@ def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, nam
     # The fast path was taken (tables kept with the paths), not the link-major gather,
     # except for stripes through a switch-to-switch link (a spine hop), which
     # belongs to neither end node and does not factor.
-    ptr, pid = stripes
+    pid = stripes[1]
     owner = fab.vertex_node[fab.link_src[np.maximum(ps.links[pid], 0)]]
     via_spine = bool(((ps.links[pid] >= 0) & (owner < 0)
                       & (fab.vertex_node[fab.link_dst[np.maximum(ps.links[pid], 0)]] < 0)).any())
