@@ -28,7 +28,9 @@ def link_groups(fab: Fabric) -> list[LinkGroup]:
 
     >>> import pathweave as pw
     >>> [(g.kind, g.between, g.links) for g in link_groups(pw.fabric.preset("h100-2x4"))]
-    [('nvlink', 'gpu-gpu', 24), ('pcie', 'gpu-nic', 16), ('network', 'nic-rail', 16)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('nvlink', 'gpu-gpu', 24), ('pcie', 'gpu-pcie_switch', 16), ('pcie', 'nic-pcie_switch', 16),
+     ('pcie', 'host-host', 4), ('pcie', 'host-pcie_switch', 16), ('network', 'nic-rail', 16)]
     """
     vk = fab.vertex_kind
     a = vk[fab.link_src].astype(np.int64)
