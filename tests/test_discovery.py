@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pathweave.errors import FabricError, FabricFileError, UnsafeXMLError
-from pathweave.fabric import VertexKind
+from pathweave.fabric import PathKind, VertexKind
 from pathweave.fabric._core import Fabric
 from pathweave.fabric.builders import NDR400_Bps, PCIE_GEN5_X16_Bps
 from pathweave.fabric.discovery import DiscoveryWarning, from_nccl_xml, from_nvidia_smi
@@ -73,20 +73,31 @@ def test_h100_nvidia_smi_fixture() -> None:
         assert cap(fab, "n1.nvswitch", f"n1.gpu{i}") == 450e9
         assert d["gpu_nic"][f"n0.gpu{i}"] == f"mlx5_{i}"
         assert d["nic_names"][f"n1.nic{i}"] == f"mlx5_{i}"
-        assert cap(fab, f"n0.gpu{i}", f"n0.nic{i}") == PCIE_GEN5_X16_Bps
+        # PIX: GPUk and NICk under one PCIe switch; NODE to NIC0..3 puts GPU0..3 on
+        # one socket, SYS to NIC4..7 on the other
+        assert cap(fab, f"n0.gpu{i}", f"n0.pcie{i}") == PCIE_GEN5_X16_Bps
+        assert cap(fab, f"n0.pcie{i}", f"n0.nic{i}") == PCIE_GEN5_X16_Bps
+        assert fab.has_link(f"n0.pcie{i}", f"n0.cpu{i // 4}")
         # NIC speed is not in nvidia-smi output: the NDR400 default.
         assert cap(fab, f"n0.nic{i}", f"rail{i}") == NDR400_Bps
+    assert fab.vertices_of_kind(VertexKind.PCIE_SWITCH).size == 16
+    assert fab.vertices_of_kind(VertexKind.HOST).size == 4 and fab.has_link("n0.cpu0", "n0.cpu1")
     # NIC4 is SYS to GPU0..3 and NODE to GPU5..7: it serves GPU4 alone.
-    assert not fab.has_link("n0.nic4", "n0.gpu5")
+    assert not fab.has_link("n0.nic4", "n0.gpu5") and not fab.has_link("n0.nic4", "n0.pcie5")
     assert fab.rails == tuple(f"rail{j}" for j in range(8))
     assert d["skipped_nics"] == []
     assert any("does not report NIC speed" in n for n in d["notes"])
     ps = candidate_paths(fab)
     assert len(ps.pair_paths(0, 1)) == 1  # through the NVSwitch
-    assert len(ps.pair_paths(0, 9)) == 8  # one per rail
+    assert len(ps.pair_paths(0, 9)) == 8 + 1  # one per rail, one through the PCIe tree
     assert ps.describe(ps.pair_paths(0, 8)[0]) == (
-        "rail(matched, rail0): n0.gpu0 -> n0.nic0 -> rail0 -> n1.nic0 -> n1.gpu0"
+        "rail(matched, rail0): n0.gpu0 -> n0.pcie0 -> n0.nic0 -> rail0 -> n1.nic0 -> n1.pcie0 "
+        "-> n1.gpu0"
     )
+    # n1.gpu5 is SYS from NIC0: the pcie path crosses the inter-socket link
+    (pcie,) = [p for p in ps.pair_paths(0, 13) if ps.kind[p] == PathKind.PCIE]
+    assert ps.path_vertices(pcie)[4:] == [
+        "n1.nic0", "n1.pcie0", "n1.cpu0", "n1.cpu1", "n1.pcie5", "n1.gpu5"]
 
 
 def _tabbed(text: str) -> str:
@@ -176,14 +187,19 @@ def test_azure_xml_fixture() -> None:
         # GPUs in document order, each with the NIC beside it on its bridge.
         assert d["gpu_nic"][f"n0.gpu{i}"] == AZURE_NIC_BUSIDS[i]
         assert d["nic_names"][f"n0.nic{i}"] == AZURE_NIC_BUSIDS[i]
-        assert cap(fab, f"n0.gpu{i}", "n0.host") == PCIE_GEN5_X16_Bps
+        assert cap(fab, f"n0.gpu{i}", f"n0.pcie{i}") == PCIE_GEN5_X16_Bps
+        assert fab.has_link(f"n0.nic{i}", f"n0.pcie{i}")
+        assert fab.has_link(f"n0.pcie{i}", f"n0.cpu{i // 4}")  # bridges 1-4 in cpu 0
         assert cap(fab, f"n1.nic{i}", f"rail{i}") == NDR400_Bps  # no speed: NDR400
         assert d["nic_Bps"][f"n0.nic{i}"] == 50e9
     assert any("0101:00:00.0 (InfiniBand) has no speed" in n for n in d["notes"])
     assert d["skipped_nics"] == []
     ps = candidate_paths(fab)
-    assert len(ps.pair_paths(0, 1)) == 1  # via the PCIe host
-    assert len(ps.pair_paths(3, 12)) == 8
+    # GPU-GPU through switch, root complex, switch
+    assert ps.path_vertices(ps.pair_paths(0, 1)[0]) == [
+        "n0.gpu0", "n0.pcie0", "n0.cpu0", "n0.pcie1", "n0.gpu1"]
+    assert len(ps.pair_paths(0, 1)) == 1
+    assert len(ps.pair_paths(3, 12)) == 8 + 1  # 8 rails and the pcie path on rail 3
 
 
 def test_azure_xml_with_nvswitch_override() -> None:
@@ -218,13 +234,16 @@ def test_ibm_xml_fixture() -> None:
         assert d["gpu_nic"][f"n0.gpu{i}"] == IBM_GPU_NIC[i]
         assert d["gpu_nic"][f"n1.gpu{i}"] == IBM_GPU_NIC[i]
         assert d["nic_names"][f"n0.nic{i}"] == IBM_GPU_NIC[i]
-        assert fab.has_link(f"n0.gpu{i}", f"n0.nic{i}")
+        # each bridge holds one GPU and one NIC: a switch; dev 0-3 in the first <cpu>
+        assert fab.has_link(f"n0.gpu{i}", f"n0.pcie{i}")
+        assert fab.has_link(f"n0.nic{i}", f"n0.pcie{i}")
+        assert fab.has_link(f"n0.pcie{i}", f"n0.cpu{i // 4}")
         assert cap(fab, f"n0.nic{i}", f"rail{i}") == 25e9
         assert cap(fab, f"rail{i}", f"n1.nic{i}") == 25e9
     assert d["skipped_nics"] == []
     ps = candidate_paths(fab)
     assert len(ps.pair_paths(0, 1)) == 1
-    assert len(ps.pair_paths(0, 8)) == 8
+    assert len(ps.pair_paths(0, 8)) == 8  # rank 8 owns rail 0: no pcie path
     assert "n0.nic0 -> rail0 -> n1.nic0" in ps.describe(ps.pair_paths(0, 8)[0])
 
 
@@ -247,7 +266,7 @@ def test_xml_overrides() -> None:
     assert fab.name == "ibm"
     assert cap(fab, "n0.gpu0", "n0.nvswitch") == 18 * 20e9
     assert cap(fab, "n0.nic0", "rail0") == 50e9
-    assert cap(fab, "n0.gpu0", "n0.nic0") == 32e9
+    assert cap(fab, "n0.gpu0", "n0.pcie0") == 32e9 and cap(fab, "n0.pcie0", "n0.cpu0") == 32e9
     assert from_nccl_xml(fixture(IBM_XML), nvlink_kind="pcie").nvlink_kind == "pcie"
 
 
@@ -277,16 +296,22 @@ def test_legacy_header_with_device_names() -> None:
     }  # fmt: skip
     # mlx5_0 is PIX to GPU0 and GPU1; mlx5_1 only PXB, to GPU2 and GPU3.
     assert d["gpu_nic"]["n0.gpu1"] == "mlx5_0" and d["gpu_nic"]["n0.gpu3"] == "mlx5_1"
-    assert fab.has_link("n0.gpu2", "n0.nic1") and fab.has_link("n0.gpu3", "n0.nic1")
+    # one PCIe switch per NIC and the GPUs it serves; sockets by the SYS cells
+    assert [fab.vertex_name(fab.link_dst[e]) for e in fab.out_links[fab.vertex_id("n0.pcie1")]] \
+        == ["n0.gpu2", "n0.gpu3", "n0.nic1", "n0.cpu1"]
     # Row sums 3 <= 6 NVLink2 links: a mesh with holes (GPU0-GPU3, GPU1-GPU2).
     assert fab.nvlink_kind == "nvlink-mesh"
     assert cap(fab, "n0.gpu0", "n0.gpu1") == 50e9 and cap(fab, "n0.gpu0", "n0.gpu2") == 25e9
     assert not fab.has_link("n0.gpu0", "n0.gpu3")
-    assert fab.has_link("n0.gpu0", "n0.host")  # the holes go over PCIe
+    # the holes go over PCIe, across the sockets
+    ps = candidate_paths(fab)
+    assert ps.path_vertices(ps.pair_paths(0, 3)[0]) == [
+        "n0.gpu0", "n0.pcie0", "n0.cpu0", "n0.cpu1", "n0.pcie1", "n0.gpu3"]
     assert any("2 GPU pairs have no NVLink (GPU0-GPU3, GPU1-GPU2)" in n for n in d["notes"])
     ps = candidate_paths(fab)
     assert [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 3)][:1] == ["direct"]
-    assert len(ps.pair_paths(0, 6)) == 2
+    # rd via rail 0, dr via rail 1, and rail 0's NIC into n1.gpu2 over the tree
+    assert [ps.rail_role(p) for p in ps.pair_paths(0, 6)] == ["rd", "dr", "pcie"]
 
 
 STORAGE = """\

@@ -99,14 +99,18 @@ def test_each_directed_link_shaped_once_at_min_of_folded_capacities(spec):
     scale = 2e-4
     lay = build_layout(fab, scale)
     shaped = [lid for p in lay.shaped for lid in p.links]
-    assert sorted(shaped) == list(range(fab.num_links))  # every link exactly once
+    # every link exactly once, but for the root complexes' links of NVLink nodes
+    host = fab.vertex_kind == int(pw.fabric.VertexKind.HOST)
+    above = np.flatnonzero(host[fab.link_src] | host[fab.link_dst]).tolist()
+    assert list(lay.unmodelled) == (above if fab.nvlink_kind != "pcie" else [])
+    assert sorted(shaped + list(lay.unmodelled)) == list(range(fab.num_links))
     names = [(p.ns, p.dev) for p in lay.shaped]
     assert len(set(names)) == len(names)
     for p in lay.shaped:
         assert p.payload_Bps == pytest.approx(min(fab.capacity_Bps[list(p.links)]) * scale)
         assert p.dev in {f"l{lid}" for lid in p.links}
-        assert len(p.links) in (1, 2, 3)
-        if len(p.links) > 1:  # a folded NIC: PCIe and network in series, one direction
+        assert len(p.links) in (1, 2, 3, 4, 5)
+        if len(p.links) > 1:  # a folded NIC (and switch): PCIe and network in series
             kinds = {int(fab.link_kind[lid]) for lid in p.links}
             assert kinds == {int(LinkKind.PCIE), int(LinkKind.NETWORK)}
             for x, y in zip(p.links, p.links[1:], strict=False):
@@ -117,14 +121,17 @@ def test_h100_2x4_by_hand():
     fab = pw.fabric.preset("h100-2x4")
     lay = build_layout(fab, 1e-4)
     assert lay.namespaces == (*tuple(f"pw-r{r}" for r in range(8)), "pw-sw")
-    assert len(lay.bridges) == 4  # one per rail; NICs folded into their GPUs
+    assert len(lay.bridges) == 4  # one per rail; NICs and switches folded into their GPUs
     assert len(lay.veths) == 12 + 8
     assert len(lay.routes) == 8 * 7  # one per (rank, destination)
     nv = fab.link_id("n0.gpu0", "n0.gpu1")
     net = fab.link_id("n0.nic1", "rail1")
     assert lay.payload_Bps(nv) == pytest.approx(12e6)
     assert lay.payload_Bps(net) == pytest.approx(5e6)  # min(6.30 PCIe, 5.0 rail)
-    assert lay.payload_Bps(fab.link_id("n0.gpu1", "n0.nic1")) == pytest.approx(5e6)
+    assert lay.payload_Bps(fab.link_id("n0.gpu1", "n0.pcie1")) == pytest.approx(5e6)
+    assert lay.payload_Bps(fab.link_id("n0.pcie1", "n0.nic1")) == pytest.approx(5e6)
+    # the root complexes: 2 sockets x 2 uplinks x 2 directions + 2 inter-socket, per node
+    assert len(lay.unmodelled) == 2 * (8 + 2)
     port = next(p for p in lay.shaped if net in p.links)
     assert port.ns == "pw-r1" and port.bridge is None
     # 5 MB/s of payload: 5e6 * 8 * 1514 / 1448 bits/s on the wire.

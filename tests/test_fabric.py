@@ -137,31 +137,37 @@ def roles(ps, s, d):
 
 def test_h100_2x4_candidate_paths_by_hand():
     ps = pw.fabric.candidate_paths(preset("h100-2x4"))
-    # intra-node: direct + 2 relays; inter-node: one path per rail
+    # intra-node: direct + 2 relays; inter-node: one path per rail, plus the
+    # pcie path on the source's rail where the destination does not own it
     assert roles(ps, 0, 1) == ["direct", "relay", "relay"]
-    assert roles(ps, 0, 5) == ["rd", "dr", "drd", "drd"]
+    assert roles(ps, 0, 5) == ["rd", "dr", "drd", "drd", "pcie"]
     assert roles(ps, 2, 6) == ["drd", "drd", "matched", "drd"]
     matched = ps.pair_paths(2, 6)[2]
-    assert ps.path_vertices(matched) == ["n0.gpu2", "n0.nic2", "rail2", "n1.nic2", "n1.gpu2"]
+    assert ps.path_vertices(matched) == [
+        "n0.gpu2", "n0.pcie2", "n0.nic2", "rail2", "n1.nic2", "n1.pcie2", "n1.gpu2"]
     drd = ps.pair_paths(0, 5)[3]
     assert ps.path_vertices(drd) == [
-        "n0.gpu0",
-        "n0.gpu3",
-        "n0.nic3",
-        "rail3",
-        "n1.nic3",
-        "n1.gpu3",
+        "n0.gpu0", "n0.gpu3", "n0.pcie3", "n0.nic3", "rail3", "n1.nic3", "n1.pcie3", "n1.gpu3",
         "n1.gpu1",
     ]
-    # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails
-    assert ps.num_paths == 24 * 3 + 32 * 4
+    # GPU 0 and GPU 1 share socket 0 (GPUs 0-1 on cpu0, 2-3 on cpu1): NIC 0
+    # reaches GPU 1 through its switch, the root complex and GPU 1's switch;
+    # GPU 3 also across the inter-socket link
+    assert ps.path_vertices(ps.pair_paths(0, 5)[4]) == [
+        "n0.gpu0", "n0.pcie0", "n0.nic0", "rail0", "n1.nic0", "n1.pcie0", "n1.cpu0", "n1.pcie1",
+        "n1.gpu1"]
+    assert ps.path_vertices(ps.pair_paths(0, 7)[4])[5:] == [
+        "n1.pcie0", "n1.cpu0", "n1.cpu1", "n1.pcie3", "n1.gpu3"]
+    # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails + one pcie
+    # path for each of the 24 inter pairs with different local indices
+    assert ps.num_paths == 24 * 3 + 32 * 4 + 24
 
 
 def test_nvswitch_has_no_relay_paths():
     ps = pw.fabric.candidate_paths(preset("dgx-h100"))
     assert roles(ps, 0, 1) == ["direct"]
     assert ps.path_vertices(ps.pair_paths(0, 1)[0]) == ["n0.gpu0", "n0.nvswitch", "n0.gpu1"]
-    assert len(ps.pair_paths(0, 9)) == 8
+    assert len(ps.pair_paths(0, 9)) == 8 + 1
 
 
 def test_spine_paths_one_per_spine():
@@ -177,12 +183,14 @@ def test_spine_paths_one_per_spine():
 
 def test_max_hops_and_kinds_filter():
     fab = preset("h100-2x4")
-    short = pw.fabric.candidate_paths(fab, max_hops=5)
-    assert roles(short, 0, 5) == ["rd", "dr"]  # drd has 6 links
+    # rd and dr: 7 links (two GPU-switch-NIC routes, two rail hops, one
+    # NVLink); drd and pcie 8; matched 6
+    short = pw.fabric.candidate_paths(fab, max_hops=7)
+    assert roles(short, 0, 5) == ["rd", "dr"]
     no_relay = pw.fabric.candidate_paths(fab, kinds=("direct", "rail"))
     assert roles(no_relay, 0, 1) == ["direct"]
     with pytest.raises(FabricError, match="no path from rank 0"):
-        pw.fabric.candidate_paths(fab, max_hops=4)
+        pw.fabric.candidate_paths(fab, max_hops=6)
 
 
 def test_unreachable_pair_is_an_error():

@@ -33,6 +33,9 @@ def spine() -> pw.fabric.Fabric:
 def _fabric(name: str) -> pw.fabric.Fabric:
     if name == "spine-cluster":
         return pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2)
+    if name == "spine-tree":  # spines and a PCIe tree: GPU -> switch -> NIC hops
+        return pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2,
+                                 pcie_tree=True)
     return pw.fabric.preset(name)
 
 
@@ -125,7 +128,7 @@ def test_idle_message_takes_dr(h100: pw.fabric.Fabric) -> None:
     plan = pw.plan.make(h100, _pairs(8, {(0, 5): 64 * MB}), "hscore").validate()
     (route,) = plan.routes(0, 5)
     assert (route.kind, route.role, route.via) == ("rail", "dr", 1)
-    assert route.vertices[:3] == ("n0.gpu0", "n0.gpu1", "n0.nic1")
+    assert route.vertices[:4] == ("n0.gpu0", "n0.gpu1", "n0.pcie1", "n0.nic1")
     assert plan.info["decisions"]["dr"] == 1
 
 
@@ -162,7 +165,8 @@ def test_best_fit_remote_rail(h100: pw.fabric.Fabric) -> None:
     plan = pw.plan.make(h100, _pairs(8, {**PRELOAD, (0, 5): F}), "hscore").validate()
     (route,) = plan.routes(0, 5)
     assert (route.role, route.via) == ("drd", 3)
-    hops = "n0.gpu0 -> n0.gpu3 -> n0.nic3 -> rail3 -> n1.nic3 -> n1.gpu3 -> n1.gpu1"
+    hops = ("n0.gpu0 -> n0.gpu3 -> n0.pcie3 -> n0.nic3 -> rail3 -> n1.nic3 -> n1.pcie3 -> "
+            "n1.gpu3 -> n1.gpu1")
     assert " -> ".join(route.vertices) == hops
     assert plan.info["decisions"]["drd"] == 1 and plan.info["remote_pairs"] == 1
     # The same inputs through the decision rule give the hand-computed ratios.
@@ -283,15 +287,17 @@ def test_spine_loses_ties(spine) -> None:
 
 
 # ------------------------------------------------------------------ slow twins
-@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster"])
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster", "spine-tree"])
 def test_path_segments_match_reference(fab_name: str) -> None:
     fab = _fabric(fab_name)
     paths = pw.fabric.compile_paths(fab)
     rail_v = fab.vertex_kind == int(pw.fabric.VertexKind.RAIL)
     into_rail, from_rail = rail_v[fab.link_dst], rail_v[fab.link_src]
+    gpu = fab.vertex_kind == int(pw.fabric.VertexKind.GPU)
+    from_gpu, to_gpu = gpu[fab.link_src], gpu[fab.link_dst]
     segs = tuple(np.zeros(paths.num_paths, dtype=np.int32) for _ in range(4))
-    hk.path_segments(paths.links, paths.length, into_rail, from_rail, *segs)
-    ref = hk.segments_reference(paths.links, paths.length, into_rail, from_rail)
+    hk.path_segments(paths.links, paths.length, into_rail, from_rail, from_gpu, to_gpu, *segs)
+    ref = hk.segments_reference(paths.links, paths.length, into_rail, from_rail, from_gpu, to_gpu)
     for got, want in zip(segs, ref, strict=True):
         assert got.tolist() == want
 

@@ -378,3 +378,94 @@ def test_pinned_names_bad_roles():
     fab = pw.fabric.preset("h100-2x4")
     with pytest.raises(PlanError, match="bogus"):
         pw.plan.pinned(fab, np.zeros((8, 8)), ["relay", "bogus"])
+
+
+# ------------------------------------------------ the peers, link by link (hand-drawn)
+def _one_pair(fab: pw.fabric.Fabric, s: int, d: int, nbytes: int = 1 << 20) -> np.ndarray:
+    D = np.zeros((fab.num_ranks, fab.num_ranks))
+    D[s, d] = nbytes
+    return D
+
+
+def _hops(route) -> list[str]:
+    return list(route.vertices)
+
+
+def test_ucx_enters_the_destination_through_its_pcie_link():
+    # h100-2x4: GPU k and NIC k share switch n?.pcie{k}; GPUs 0-1 on cpu0, 2-3 on
+    # cpu1. n1.gpu0 (rank 4) -> n0.gpu1 (rank 1): UCX uses rank 4's nearest NIC
+    # (nic0, PIX), crosses rail 0 to n0.nic0, and GPUDirect RDMA writes into
+    # n0.gpu1 through switch 0, the root complex and switch 1: no GPU relays it.
+    fab = pw.fabric.preset("h100-2x4")
+    (r,) = pw.plan.make(fab, _one_pair(fab, 4, 1), "multirail").routes(4, 1)
+    assert (r.role, r.via) == ("pcie", 0)
+    assert _hops(r) == ["n1.gpu0", "n1.pcie0", "n1.nic0", "rail0", "n0.nic0", "n0.pcie0",
+                        "n0.cpu0", "n0.pcie1", "n0.gpu1"]
+    # n0.gpu3 sits on the other socket: the bytes also cross the inter-socket link
+    (r,) = pw.plan.make(fab, _one_pair(fab, 4, 3), "multirail").routes(4, 3)
+    assert _hops(r)[5:] == ["n0.pcie0", "n0.cpu0", "n0.cpu1", "n0.pcie3", "n0.gpu3"]
+    # the destination's own rail: the rail-matched path, no detour
+    (r,) = pw.plan.make(fab, _one_pair(fab, 5, 1), "multirail").routes(5, 1)
+    assert r.role == "matched" and _hops(r)[-2:] == ["n0.pcie1", "n0.gpu1"]
+
+
+def test_deepep_forwards_over_nvlink_from_the_same_rail_gpu():
+    # DeepEP normal kernels: RDMA to the GPU on the source's rail in the
+    # destination node (n0.gpu0 for rank 4), NVLink from there to n0.gpu1.
+    fab = pw.fabric.preset("h100-2x4")
+    (r,) = pw.plan.make(fab, _one_pair(fab, 4, 1), "deepep").routes(4, 1)
+    assert r.role == "rd"
+    assert _hops(r) == ["n1.gpu0", "n1.pcie0", "n1.nic0", "rail0", "n0.nic0", "n0.pcie0",
+                        "n0.gpu0", "n0.gpu1"]
+
+
+def test_ucx_stripes_over_at_most_two_nearest_nics():
+    # 4 GPUs, 8 NICs: GPU g has NICs g and g + 4 under its switch (both PIX).
+    # UCX_MAX_RNDV_RAILS = 2: rank 0 -> rank 4 (n1.gpu0 owns rails 0 and 4 too)
+    # is split evenly over the two matched rails.
+    fab = pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", rails=8,
+                            pcie_tree=True)
+    routes = pw.plan.make(fab, _one_pair(fab, 0, 4, 1000), "multirail").routes(0, 4)
+    assert [(r.role, r.via, r.bytes) for r in routes] == [("matched", 0, 500),
+                                                          ("matched", 4, 500)]
+    # to n1.gpu1: both lanes land on a NIC it does not own and cross the tree
+    routes = pw.plan.make(fab, _one_pair(fab, 0, 5, 1000), "multirail").routes(0, 5)
+    assert [(r.role, r.via) for r in routes] == [("pcie", 0), ("pcie", 4)]
+    assert all(_hops(r)[-3:] == ["n1.cpu0", "n1.pcie1", "n1.gpu1"] for r in routes)
+
+
+def test_ucx_takes_the_spines_to_the_destinations_own_nic():
+    fab = pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2,
+                            pcie_tree=True)
+    routes = pw.plan.make(fab, _one_pair(fab, 0, 5, 1000), "multirail").routes(0, 5)
+    assert [(r.role, r.bytes) for r in routes] == [("spine", 500), ("spine", 500)]
+    assert all(_hops(r)[-3:] == ["n1.nic1", "n1.pcie1", "n1.gpu1"] for r in routes)
+
+
+def test_ucx_without_a_pcie_tree_falls_back_to_the_forward():
+    # No tree: the NIC-to-GPU hop through the root complex cannot be drawn;
+    # multirail then takes deepep's receive-side forward, for every pair.
+    fab = pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh")
+    D = pw.traffic.hotspot(8, bytes_per_rank=1 << 20, ratio=0.5)
+    a, b = pw.plan.make(fab, D, "multirail"), pw.plan.make(fab, D, "deepep")
+    assert np.array_equal(a.flow_path, b.flow_path) and np.array_equal(a.flow_bytes,
+                                                                       b.flow_bytes)
+
+
+@pytest.mark.parametrize("policy", ["multirail", "static"])
+def test_ucx_and_nccl_never_relay_through_a_gpu(policy):
+    # Every fragment of an inter-node pair has GPUs only at its two ends under
+    # UCX; NCCL's PXN forwards only inside the source node.
+    fab = pw.fabric.preset("dgx-h100")
+    D = pw.traffic.hotspot(16, bytes_per_rank=1 << 20, ratio=0.7)
+    plan = pw.plan.make(fab, D, policy)
+    for s in range(16):
+        for d in range(16):
+            if s // 8 == d // 8:
+                continue
+            for r in plan.routes(s, d):
+                gpus = [i for i, v in enumerate(r.vertices) if ".gpu" in v]
+                if policy == "multirail":
+                    assert gpus == [0, len(r.vertices) - 1], r.vertices
+                else:
+                    assert all(r.vertices[i].startswith(f"n{s // 8}.") for i in gpus[:-1])

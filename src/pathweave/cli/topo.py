@@ -28,7 +28,9 @@ def link_groups(fab: Fabric) -> list[LinkGroup]:
 
     >>> import pathweave as pw
     >>> [(g.kind, g.between, g.links) for g in link_groups(pw.fabric.preset("h100-2x4"))]
-    [('nvlink', 'gpu-gpu', 24), ('pcie', 'gpu-nic', 16), ('network', 'nic-rail', 16)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('nvlink', 'gpu-gpu', 24), ('pcie', 'gpu-pcie_switch', 16), ('pcie', 'nic-pcie_switch', 16),
+     ('pcie', 'host-host', 4), ('pcie', 'host-pcie_switch', 16), ('network', 'nic-rail', 16)]
     """
     vk = fab.vertex_kind
     a = vk[fab.link_src].astype(np.int64)
@@ -67,7 +69,7 @@ def path_counts(paths: PathSet) -> list[tuple[str, int, int]]:
     [('direct', 24, 24), ('relay', 48, 24)]
     """
     n = paths.num_ranks
-    names = [r if r in ("direct", "relay", "spine") else f"rail {r}" for r in ROLES]
+    names = [r if r in ("direct", "relay", "spine", "pcie") else f"rail {r}" for r in ROLES]
     label = paths.role_code
     pair = paths.src.astype(np.int64) * n + paths.dst
     out = []
@@ -81,7 +83,8 @@ def path_counts(paths: PathSet) -> list[tuple[str, int, int]]:
 #: Printed under the path table when it has rail paths.
 RAIL_ROLES_NOTE = (
     "rail roles: matched = both ends on the rail; rd / dr = the destination / source node "
-    "forwards; drd = both do"
+    "forwards; drd = both do; pcie = a rail, then the destination node's PCIe tree (no GPU "
+    "forwards)"
 )
 
 

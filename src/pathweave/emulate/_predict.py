@@ -82,7 +82,9 @@ def forward_delay_s(fabric: Fabric, pipeline_bytes: int) -> float:
     if pipeline_bytes <= 0:
         return 0.0
     gpu = fabric.vertex_kind == VertexKind.GPU
-    nic = fabric.vertex_kind == VertexKind.NIC
+    # a GPU's links towards its NICs (directly or through a PCIe switch) are
+    # not the forwarding hop
+    nic = np.isin(fabric.vertex_kind, (VertexKind.NIC, VertexKind.PCIE_SWITCH))
     local = (gpu[fabric.link_src] & ~nic[fabric.link_dst]
              & (fabric.link_kind != LinkKind.NETWORK))
     if not local.any():

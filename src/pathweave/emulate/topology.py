@@ -156,6 +156,11 @@ class Layout:
         rank ``b`` passes, ends included, as installed.
     link_dev
         ``link_dev[link id] = (namespace, interface)`` whose egress shapes it.
+    unmodelled
+        Links the emulator leaves out: a PCIe tree's uplinks and inter-socket
+        links on nodes whose GPUs talk over NVLink (kernel routes are per
+        destination, so the root-complex route of the ``pcie`` path rule
+        cannot be installed beside a GPU's NVLink route).
     """
 
     fabric: Fabric
@@ -174,6 +179,7 @@ class Layout:
     routes: tuple[Route, ...]
     pair_stops: tuple[tuple[tuple[int, ...], ...], ...]
     link_dev: dict[int, tuple[str, str]] = field(repr=False)
+    unmodelled: tuple[int, ...] = ()
 
     # ---------------------------------------------------------------- views
     @property
@@ -328,7 +334,9 @@ def build_layout(
         Any fabric whose links come in duplex pairs; NVLink meshes, NVSwitch
         and PCIe-host nodes, rails and spines are supported. A NIC serving one
         GPU is folded into that GPU's namespace; a NIC shared by several GPUs
-        becomes a bridge.
+        becomes a bridge. A PCIe switch with one GPU below it is folded into
+        that GPU's namespace with its NICs; on NVLink nodes the root
+        complexes' links are left out (:attr:`Layout.unmodelled`).
     scale
         Capacity scale in ``(0, 1]``: a 120 GB/s link becomes 12 MB/s at 1e-4.
     prefix
@@ -390,17 +398,17 @@ def build_layout(
             raise FabricError(
                 f"link {fab.link_name(lid)} has no reverse link; the emulator needs duplex cables"
             )
+    # NVLink nodes: the PCIe tree above the switches carries no GPU-GPU route
+    host = kind == VertexKind.HOST
+    unmodelled = frozenset(
+        np.flatnonzero(host[fab.link_src] | host[fab.link_dst]).tolist()
+        if fab.nvlink_kind in ("nvswitch", "nvlink-mesh") else ())
     neighbours: dict[int, list[int]] = {}
-    for u, v in reverse:
-        neighbours.setdefault(u, []).append(v)
+    for (u, v), lid in reverse.items():
+        if lid not in unmodelled:
+            neighbours.setdefault(u, []).append(v)
 
-    owner: dict[int, int] = {}  # folded NIC -> its GPU
-    for nic in fab.vertices_of_kind(VertexKind.NIC).tolist():
-        nb = neighbours.get(nic, [])
-        gpu_nb = [x for x in nb if kind[x] == VertexKind.GPU]
-        net_nb = [x for x in nb if kind[x] != VertexKind.GPU]
-        if len(gpu_nb) == 1 and len(net_nb) <= 1:
-            owner[nic] = gpu_nb[0]
+    owner, inner_up, inner_down = _fold(fab, neighbours, reverse)
     bridge_vertices = [
         v for v in range(fab.num_vertices)
         if v not in owner and kind[v] not in _ROUTER_KINDS and neighbours.get(v)
@@ -435,26 +443,19 @@ def build_layout(
 
     bridge_graph: dict[int, set[int]] = {}
     for lid in range(fab.num_links):
-        if lid in done:
+        if lid in done or lid in unmodelled:
             continue
         u, v = int(fab.link_src[lid]), int(fab.link_dst[lid])
         back = reverse[(v, u)]
         done.update((lid, back))
-        if (u in owner and v == owner[u]) or (v in owner and u == owner[v]):
-            continue  # the GPU-NIC PCIe hop of a folded NIC: merged into the NIC's cable
-        out_a: tuple[int, ...] = (lid,)
-        out_b: tuple[int, ...] = (back,)
-        # A folded NIC at an end: that end's egress also carries the PCIe hop
-        # before it, and the other end's egress the PCIe hop after it.
-        if u in owner:
-            g = owner[u]
-            out_a = (reverse[(g, u)], lid)
-            out_b = (back, reverse[(u, g)])
-        if v in owner:
-            g = owner[v]
-            out_a = (*out_a, reverse[(v, g)])
-            out_b = (reverse[(g, v)], *out_b)
         ea, eb = entity(u), entity(v)
+        if ea == eb and (u in owner or v in owner):
+            continue  # a PCIe hop inside a GPU's folded NICs and switch: merged into cables
+        # A folded NIC or switch at an end: that end's egress also carries the
+        # PCIe hops from its GPU before it, and the other end's egress the hops
+        # back to the GPU after it.
+        out_a = (*inner_up.get(u, ()), lid, *inner_down.get(v, ()))
+        out_b = (*inner_up.get(v, ()), back, *inner_down.get(u, ()))
         if ea == eb:
             raise FabricError(f"link {fab.link_name(lid)} joins a GPU to itself through a NIC")
         pa = end(ea, out_a)
@@ -503,8 +504,43 @@ def build_layout(
         latency_s=float(latency_s), routers=routers, router_ns=router_ns,
         router_address=router_address, namespaces=namespaces, switch_ns=switch_ns,
         bridges=bridges, veths=tuple(veths), routes=tuple(route_list),
-        pair_stops=tuple(pair_stops), link_dev=link_dev,
+        pair_stops=tuple(pair_stops), link_dev=link_dev, unmodelled=tuple(sorted(unmodelled)),
     )
+
+
+def _fold(fab: Fabric, neighbours: dict[int, list[int]], reverse: dict[tuple[int, int], int]
+          ) -> tuple[dict[int, int], dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+    """Vertices folded into a GPU's router: its NICs and the PCIe switch between them.
+
+    A PCIe switch with one GPU below it (the rest NICs and at most one root
+    complex) belongs to that GPU; a NIC joined to one GPU, or to one such
+    switch, and at most one other vertex belongs to that GPU. Returns
+    ``(owner, up, down)``: each folded vertex's GPU and the links from the
+    GPU to it and back, which the cables through it carry.
+    """
+    kind = fab.vertex_kind
+    owner: dict[int, int] = {}
+    up: dict[int, tuple[int, ...]] = {}
+    down: dict[int, tuple[int, ...]] = {}
+    for sw in fab.vertices_of_kind(VertexKind.PCIE_SWITCH).tolist():
+        nb = neighbours.get(sw, [])
+        gpus = [x for x in nb if kind[x] == VertexKind.GPU]
+        hosts = [x for x in nb if kind[x] == VertexKind.HOST]
+        if len(gpus) == 1 and len(hosts) <= 1 and all(
+                kind[x] in (VertexKind.GPU, VertexKind.NIC, VertexKind.HOST) for x in nb):
+            g = gpus[0]
+            owner[sw], up[sw], down[sw] = g, (reverse[(g, sw)],), (reverse[(sw, g)],)
+    for nic in fab.vertices_of_kind(VertexKind.NIC).tolist():
+        nb = neighbours.get(nic, [])
+        via = [x for x in nb if kind[x] == VertexKind.GPU or x in owner]
+        rest = [x for x in nb if x not in via]
+        if len(via) != 1 or len(rest) > 1:
+            continue
+        x = via[0]
+        owner[nic] = owner.get(x, x)
+        up[nic] = (*up.get(x, ()), reverse[(x, nic)])
+        down[nic] = (reverse[(nic, x)], *down.get(x, ()))
+    return owner, up, down
 
 
 def _check_forest(graph: dict[int, set[int]], fab: Fabric) -> None:
@@ -557,6 +593,9 @@ def _stops(fab: Fabric, links: np.ndarray, entity, link_dev, router_ns) -> tuple
     stops, devs = [src], []
     for lid in links.tolist():
         su, dv = entity(int(fab.link_src[lid])), entity(int(fab.link_dst[lid]))
+        if lid not in link_dev:
+            raise FabricError(f"route over {fab.link_name(lid)}: the emulator leaves out the "
+                              "PCIe root complex of NVLink nodes")
         ns, dev = link_dev[lid]
         # The stop's own egress port (not the bridge-side port of a link into it).
         if su == stops[-1] and len(devs) < len(stops) and ns == router_ns[su]:

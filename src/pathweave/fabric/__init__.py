@@ -6,10 +6,10 @@ Examples
 >>> import pathweave as pw
 >>> fab = pw.fabric.preset("h100-2x4")
 >>> fab
-Fabric(name='h100-2x4', nodes=2, gpus_per_node=4, vertices=20, links=56)
+Fabric(name='h100-2x4', nodes=2, gpus_per_node=4, vertices=32, links=92)
 >>> paths = pw.fabric.candidate_paths(fab)
->>> len(paths.pair_paths(0, 1)), len(paths.pair_paths(0, 4))
-(3, 4)
+>>> len(paths.pair_paths(0, 1)), len(paths.pair_paths(0, 4)), len(paths.pair_paths(0, 5))
+(3, 4, 5)
 """
 
 from pathweave.fabric._core import Fabric, Link, LinkKind, Vertex, VertexKind

@@ -22,7 +22,8 @@ class VertexKind(IntEnum):
     NVSWITCH = 2
     RAIL = 3  # a rail (leaf) switch: connects the NICs of one rail across nodes
     SPINE = 4
-    HOST = 5  # a PCIe root complex / CPU: GPU-GPU traffic on nodes without NVLink
+    HOST = 5  # a PCIe root complex / CPU socket: the top of a node's PCIe tree
+    PCIE_SWITCH = 6  # a PCIe switch between devices (GPUs, NICs) and a root complex
 
     @property
     def label(self) -> str:
@@ -42,7 +43,8 @@ class LinkKind(IntEnum):
 
 
 #: Vertex kinds that belong to a node (the others are shared switches).
-NODE_LOCAL_KINDS = frozenset({VertexKind.GPU, VertexKind.NIC, VertexKind.NVSWITCH, VertexKind.HOST})
+NODE_LOCAL_KINDS = frozenset({VertexKind.GPU, VertexKind.NIC, VertexKind.NVSWITCH, VertexKind.HOST,
+                              VertexKind.PCIE_SWITCH})
 
 _GPU_NAME = re.compile(r"^n(\d+)\.gpu(\d+)$")
 
@@ -78,9 +80,10 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 class Fabric:
     """An immutable description of the hardware a job runs on.
 
-    Vertices are GPUs, NICs, NVSwitches, PCIe hosts, rail switches and spines,
-    each with a stable name (``n0.gpu3``, ``n0.nic3``, ``n0.nvswitch``,
-    ``rail3``, ``spine0``). Links are directed; a full-duplex cable is two
+    Vertices are GPUs, NICs, NVSwitches, PCIe switches, PCIe root complexes
+    (hosts), rail switches and spines, each with a stable name (``n0.gpu3``,
+    ``n0.nic3``, ``n0.nvswitch``, ``n0.pcie3``, ``n0.cpu1``, ``rail3``,
+    ``spine0``). Links are directed; a full-duplex cable is two
     links. Link attributes live in numpy arrays indexed by link id, so
     planners work on arrays and never on Python objects.
 

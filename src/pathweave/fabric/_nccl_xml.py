@@ -41,6 +41,7 @@ class XmlGpu:
     chain: tuple[int, ...]  # enclosing PCI bridges, outermost first
     nvlinks: list[tuple[str, int, int | None]]  # (target busid, count, tclass)
     order: int
+    socket: int = -1  # index of the enclosing <cpu> in document order, -1 if none
 
 
 @dataclass
@@ -51,6 +52,7 @@ class XmlNic:
     speed_mbps: float | None
     chain: tuple[int, ...]
     order: int
+    socket: int = -1
 
 
 @dataclass
@@ -143,6 +145,8 @@ def parse(data: str | bytes, source: str | None = None) -> XmlTopology:
     depth: dict[int, int] = {}
     notes: list[str] = []
     counter = [0]
+    cpus = [0]
+    socket = [-1]  # the <cpu> being walked
 
     def add_gpu(gpu_el: ET.Element | None, pci_el: ET.Element | None, chain: tuple[int, ...]):
         el = gpu_el if gpu_el is not None else pci_el
@@ -169,6 +173,7 @@ def parse(data: str | bytes, source: str | None = None) -> XmlTopology:
                 chain=chain,
                 nvlinks=links,
                 order=len(gpus),
+                socket=socket[0],
             )
         )
 
@@ -177,7 +182,7 @@ def parse(data: str | bytes, source: str | None = None) -> XmlTopology:
         cls = _hex(pci_el.get("class")) if pci_el is not None else None
         nets = list(nic_el.iter("net")) if nic_el is not None else []
         if not nets:
-            nics.append(XmlNic(busid or "?", busid, cls, None, chain, len(nics)))
+            nics.append(XmlNic(busid or "?", busid, cls, None, chain, len(nics), socket[0]))
             return
         for net in nets:
             # A dual-port card lists one <net> per port; each is its own NIC.
@@ -189,6 +194,7 @@ def parse(data: str | bytes, source: str | None = None) -> XmlTopology:
                     speed_mbps=_float_attr(net, "speed", source),
                     chain=chain,
                     order=len(nics),
+                    socket=socket[0],
                 )
             )
 
@@ -216,6 +222,11 @@ def parse(data: str | bytes, source: str | None = None) -> XmlTopology:
                 add_gpu(child, None, chain)
             elif child.tag == "nic":
                 add_nics(child, None, chain)
+            elif child.tag == "cpu":
+                outer, socket[0] = socket[0], cpus[0]
+                cpus[0] += 1
+                walk(child, chain)
+                socket[0] = outer
             else:
                 walk(child, chain)
 

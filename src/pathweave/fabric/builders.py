@@ -9,7 +9,10 @@ vertex        name                  links (each direction a separate link)
 GPU           ``n{node}.gpu{i}``    NVLink to peers (mesh) or to the NVSwitch
 NVSwitch      ``n{node}.nvswitch``  one up and one down link per GPU
 PCIe host     ``n{node}.host``      one PCIe link each way per GPU
-NIC           ``n{node}.nic{j}``    PCIe to its GPU(s), network to its rail
+PCIe switch   ``n{node}.pcie{k}``   PCIe to its GPUs and NICs, uplink to a CPU
+root complex  ``n{node}.cpu{s}``    uplinks of its switches, inter-socket links
+NIC           ``n{node}.nic{j}``    PCIe to its GPU(s) or switch, network to
+                                    its rail
 rail switch   ``rail{j}``           network to NIC ``j`` of every node
 spine         ``spine{k}``          network to every rail switch
 ============  ====================  ==========================================
@@ -21,8 +24,18 @@ Defaults (documented figures, overridable everywhere):
 * NDR400 InfiniBand: 400 Gb/s = 50 GB/s line rate per direction.
 * PCIe Gen5 x16 between a GPU and its NIC: 32 GT/s x 16 lanes x 128/130
   encoding / 8 = 63.0 GB/s per direction.
+* A PCIe switch's uplink to its root complex: PCIe Gen5 x16 as well.
+* The inter-socket link of two Xeon Scalable 4th gen (Sapphire Rapids)
+  sockets: 4 UPI 2.0 links x 16 GT/s x 2 bytes per transfer per direction
+  = 128 GB/s per direction.
 * Latencies: 1 us per NVLink or PCIe hop, 1 us per network hop (NIC to
   switch, switch to NIC), 1 us per spine hop.
+
+Without ``pcie_tree`` a NIC joins its GPUs by one PCIe link each (the PCIe
+switch between them folded away); with it the node gets its PCIe tree: one
+switch per group of GPUs and NICs that share one, each switch's uplink to
+the root complex of its socket, and the sockets joined by their
+inter-socket link. Sources of every figure: docs/fabric-schema.md.
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ NVLINK4_LINK_Bps = 25e9
 NVSWITCH_H100_GPU_Bps = 18 * NVLINK4_LINK_Bps  # 450 GB/s
 NDR400_Bps = 400e9 / 8  # 50 GB/s
 PCIE_GEN5_X16_Bps = 32e9 * 16 * (128 / 130) / 8  # 63.0 GB/s
+PCIE_GEN4_X16_Bps = 16e9 * 16 * (128 / 130) / 8  # 31.5 GB/s
+UPI2_SPR_Bps = 4 * 16e9 * 2  # 4 UPI 2.0 links at 16 GT/s, 2 bytes a transfer: 128 GB/s
 DEFAULT_LATENCY_S = 1e-6
 
 NodeKind = Literal["nvlink-mesh", "nvswitch", "pcie"]
@@ -203,11 +218,13 @@ def add_nics(
     pcie_Bps: float = PCIE_GEN5_X16_Bps,
     latency_s: float = DEFAULT_LATENCY_S,
     names: Sequence[str] | None = None,
+    gpu_links: bool = True,
 ) -> list[str]:
     """NICs of ``node``; ``attach[j]`` lists the local GPUs NIC ``j`` serves.
 
     Each NIC joins each of its GPUs with a PCIe link per direction (GPUDirect
-    RDMA). Returns the NIC names.
+    RDMA), unless ``gpu_links`` is false: then the caller puts the NICs in a
+    PCIe tree (:func:`add_pcie_tree`). Returns the NIC names.
     """
     out = []
     for j, gpus in enumerate(attach):
@@ -215,10 +232,105 @@ def add_nics(
         b.vertex(name, VertexKind.NIC, node)
         if len(gpus) == 0:
             raise FabricError(f"NIC {name} is attached to no GPU")
-        for g in gpus:
+        for g in gpus if gpu_links else ():
             b.duplex(gpu_name(node, g), name, pcie_Bps, LinkKind.PCIE, latency_s)
         out.append(name)
     return out
+
+
+def pcie_switch_name(node: int, k: int) -> str:
+    return f"n{node}.pcie{k}"
+
+
+def cpu_name(node: int, s: int) -> str:
+    return f"n{node}.cpu{s}"
+
+
+def add_pcie_tree(
+    b: FabricBuilder,
+    node: int,
+    switches: Sequence[tuple[Sequence[int], Sequence[str]]],
+    socket_of: Sequence[int],
+    *,
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    uplink_Bps: float = PCIE_GEN5_X16_Bps,
+    intersocket_Bps: float = UPI2_SPR_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> None:
+    """The PCIe tree of ``node``: switches, root complexes, inter-socket links.
+
+    ``switches[k] = (gpus, nics)``: the local GPU indices and the (existing)
+    NIC vertices under PCIe switch ``n{node}.pcie{k}``, each joined to it by
+    a ``pcie_Bps`` link per direction; ``socket_of[k]``: the root complex
+    ``n{node}.cpu{s}`` (a :attr:`VertexKind.HOST`) its uplink of
+    ``uplink_Bps`` goes to. Every two sockets are joined by ``intersocket_Bps``
+    per direction (UPI/xGMI, :attr:`LinkKind.PCIE`: the technology class of
+    the node's host fabric).
+
+    Examples
+    --------
+    >>> from pathweave.fabric.builders import FabricBuilder, add_gpus, add_pcie_tree
+    >>> from pathweave.fabric import VertexKind
+    >>> b = FabricBuilder("tree")
+    >>> add_gpus(b, 0, 2)
+    >>> nic = b.vertex("n0.nic0", VertexKind.NIC, 0)
+    >>> add_pcie_tree(b, 0, [([0], ["n0.nic0"]), ([1], [])], [0, 1])
+    >>> fab = b.build()
+    >>> fab.num_links, fab.vertex_name(fab.link_dst[fab.out_links[fab.vertex_id("n0.gpu1")][0]])
+    (12, 'n0.pcie1')
+    """
+    if len(socket_of) != len(switches):
+        raise FabricError(f"socket_of has {len(socket_of)} entries for {len(switches)} switches")
+    sockets = sorted(set(int(s) for s in socket_of))
+    if sockets != list(range(len(sockets))):
+        raise FabricError(f"sockets must be numbered 0..S-1 without gaps, got {sockets}")
+    for s in sockets:
+        b.vertex(cpu_name(node, s), VertexKind.HOST, node)
+    for k, ((gpus, nics), s) in enumerate(zip(switches, socket_of, strict=True)):
+        sw = pcie_switch_name(node, k)
+        b.vertex(sw, VertexKind.PCIE_SWITCH, node)
+        for g in gpus:
+            b.duplex(gpu_name(node, g), sw, pcie_Bps, LinkKind.PCIE, latency_s)
+        for nic in nics:
+            b.duplex(nic, sw, pcie_Bps, LinkKind.PCIE, latency_s)
+        b.duplex(sw, cpu_name(node, int(s)), uplink_Bps, LinkKind.PCIE, latency_s)
+    for a in sockets:
+        for c in sockets[a + 1:]:
+            b.duplex(cpu_name(node, a), cpu_name(node, c), intersocket_Bps, LinkKind.PCIE,
+                     latency_s)
+
+
+def switch_groups(attach: Sequence[Sequence[int]], gpus: int) -> list[tuple[list[int], list[int]]]:
+    """PCIe switches for a NIC attachment: ``(local GPUs, NIC indices)`` each.
+
+    A NIC and the GPUs it serves share a switch; a GPU with several NICs
+    has them all under its switch; a GPU without a NIC gets a switch of its
+    own.
+
+    >>> switch_groups([[0, 1], [2, 3]], 4)
+    [([0, 1], [0]), ([2, 3], [1])]
+    >>> switch_groups([[0], [1], [0], [1]], 2)
+    [([0], [0, 2]), ([1], [1, 3])]
+    >>> switch_groups([], 2)
+    [([0], []), ([1], [])]
+    """
+    groups: list[tuple[list[int], list[int]]] = []
+    where: dict[int, int] = {}
+    for j, gs in enumerate(attach):
+        k = next((where[g] for g in gs if g in where), None)
+        if k is None:
+            k = len(groups)
+            groups.append(([], []))
+        for g in gs:
+            if g not in where:
+                where[g] = k
+                groups[k][0].append(g)
+        groups[k][1].append(j)
+    for g in range(gpus):
+        if g not in where:
+            where[g] = len(groups)
+            groups.append(([g], []))
+    return sorted(groups, key=lambda grp: min(grp[0]))
 
 
 def add_rails(
@@ -293,6 +405,10 @@ def cluster(
     pcie_Bps: float = PCIE_GEN5_X16_Bps,
     spines: int = 0,
     spine_Bps: float | None = None,
+    pcie_tree: bool = False,
+    sockets: int = 2,
+    uplink_Bps: float = PCIE_GEN5_X16_Bps,
+    intersocket_Bps: float = UPI2_SPR_Bps,
     nvlink_latency_s: float = DEFAULT_LATENCY_S,
     pcie_latency_s: float = DEFAULT_LATENCY_S,
     net_latency_s: float = DEFAULT_LATENCY_S,
@@ -319,6 +435,13 @@ def cluster(
         Spine switches above the rails (rail-optimised fabric); each spine
         joins every rail switch with ``spine_Bps`` per direction (default
         ``nic_Bps * nodes / spines``, a non-blocking spine layer).
+    pcie_tree, sockets, uplink_Bps, intersocket_Bps
+        With ``pcie_tree``, each node gets its PCIe tree
+        (:func:`add_pcie_tree`): one switch per group of a NIC and its GPUs
+        (:func:`switch_groups`), the switches split evenly over ``sockets``
+        root complexes in order, each uplink ``uplink_Bps``, the sockets
+        joined by ``intersocket_Bps`` per direction. On a ``"pcie"`` node
+        GPU-GPU traffic then crosses the tree instead of one host vertex.
 
     Examples
     --------
@@ -328,6 +451,10 @@ def cluster(
     (1024, 8, 'nvswitch')
     >>> cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2).num_vertices
     22
+    >>> tree = cluster(nodes=1, gpus_per_node=4, node_kind="nvlink-mesh", rails=2,
+    ...                pcie_tree=True)
+    >>> [tree.vertex_name(v) for v in tree.vertices_of_kind(VertexKind.PCIE_SWITCH)]
+    ['n0.pcie0', 'n0.pcie1']
     """
     if nodes < 1:
         raise FabricError(f"nodes must be >= 1, got {nodes}")
@@ -344,12 +471,19 @@ def cluster(
         raise FabricError(f"rails=0 leaves {nodes} nodes unconnected")
     if spines < 0:
         raise FabricError(f"spines must be >= 0, got {spines}")
-    for label, v in (("nic_Bps", nic_Bps), ("pcie_Bps", pcie_Bps)):
+    if pcie_tree and not 1 <= sockets:
+        raise FabricError(f"sockets must be >= 1, got {sockets}")
+    for label, v in (("nic_Bps", nic_Bps), ("pcie_Bps", pcie_Bps), ("uplink_Bps", uplink_Bps),
+                     ("intersocket_Bps", intersocket_Bps)):
         if not v > 0:
             raise FabricError(f"{label} must be positive, got {v!r}")
     if nvlink_Bps is None:
         nvlink_Bps = NVSWITCH_H100_GPU_Bps if node_kind == "nvswitch" else 120e9
     attach = nic_attachment(gpus_per_node, rails)
+    groups = switch_groups(attach, gpus_per_node) if pcie_tree else []
+    if pcie_tree and sockets > len(groups):
+        raise FabricError(f"sockets={sockets} exceeds the {len(groups)} PCIe switches of a node")
+    socket_of = [k * sockets // len(groups) for k in range(len(groups))]
     b = FabricBuilder(name or f"cluster-{nodes}x{gpus_per_node}-{node_kind}")
     nics_by_node = []
     for n in range(nodes):
@@ -359,9 +493,14 @@ def cluster(
                 add_nvlink_mesh(b, n, gpus_per_node, nvlink_Bps, nvlink_latency_s)
             elif node_kind == "nvswitch":
                 add_nvswitch(b, n, gpus_per_node, nvlink_Bps, nvlink_latency_s)
-            else:
+            elif not pcie_tree:
                 add_pcie_host(b, n, gpus_per_node, pcie_Bps, pcie_latency_s)
-        nics_by_node.append(add_nics(b, n, attach, pcie_Bps, pcie_latency_s))
+        nics = add_nics(b, n, attach, pcie_Bps, pcie_latency_s, gpu_links=not pcie_tree)
+        nics_by_node.append(nics)
+        if pcie_tree:
+            add_pcie_tree(b, n, [(g, [nics[j] for j in js]) for g, js in groups], socket_of,
+                          pcie_Bps=pcie_Bps, uplink_Bps=uplink_Bps,
+                          intersocket_Bps=intersocket_Bps, latency_s=pcie_latency_s)
     if rails:
         rail_names = add_rails(b, nics_by_node, nic_Bps, net_latency_s)
         if spines:
@@ -378,6 +517,9 @@ def cluster(
         "pcie_Bps": float(pcie_Bps),
         "spines": spines,
     }
+    if pcie_tree:
+        info.update(pcie_tree=True, sockets=sockets, uplink_Bps=float(uplink_Bps),
+                    intersocket_Bps=float(intersocket_Bps))
     info.update(meta or {})
     return b.build(meta=info)
 

@@ -57,9 +57,11 @@ from pathweave.fabric.builders import (
     add_nvlink_mesh,
     add_nvswitch,
     add_pcie_host,
+    add_pcie_tree,
     add_rails,
     gpu_name,
     nic_name,
+    switch_groups,
 )
 
 
@@ -148,6 +150,9 @@ class _NodeModel:
     pair_Bps: np.ndarray | None = None  # nvlink-mesh: G x G, 0 = no NVLink
     host_too: bool = False  # mesh with holes: those pairs go over PCIe
     nic_attach: list[list[int]] = field(default_factory=list)
+    #: Socket (root complex) of each GPU where the file tells: the node then
+    #: gets its PCIe tree, a switch per NIC and the GPUs it serves.
+    gpu_socket: list[int] | None = None
     nic_devices: list[str | None] = field(default_factory=list)
     nic_Bps: list[float] = field(default_factory=list)
 
@@ -172,6 +177,19 @@ def _assemble(
     g = model.gpus
     b = FabricBuilder(name)
     nics_by_node: list[list[str]] = []
+    groups = switch_groups(model.nic_attach, g) if model.gpu_socket is not None else []
+    # A switch per NIC group keeps each GPU's own NICs only where every NIC of
+    # a group serves every GPU of it; else the tree is left out (noted).
+    tree = bool(groups) and bool(model.nic_attach) and all(
+        sorted(model.nic_attach[j]) == sorted(gs) for gs, js in groups for j in js)
+    if groups and not tree:
+        info = {**info, "notes": [*info.get("notes", []),
+                                  "NICs serve overlapping GPU sets: PCIe tree not modelled"]}
+    if tree:
+        assert model.gpu_socket is not None
+        dense = {s: i for i, s in enumerate(sorted(set(model.gpu_socket)))}
+        socket_of = [dense[model.gpu_socket[min(gs)]] for gs, _ in groups]
+        info = {**info, "sockets": len(dense), "pcie_switches": len(groups)}
     for n in range(nodes):
         add_gpus(b, n, g)
         if model.kind == "nvswitch":
@@ -180,11 +198,15 @@ def _assemble(
         elif model.kind == "nvlink-mesh":
             assert model.pair_Bps is not None
             add_nvlink_mesh(b, n, g, model.pair_Bps)
-            if model.host_too:
+            if model.host_too and not tree:
                 add_pcie_host(b, n, g, pcie_Bps)
-        elif model.kind == "pcie":
+        elif model.kind == "pcie" and not tree:
             add_pcie_host(b, n, g, pcie_Bps)
-        nics_by_node.append(add_nics(b, n, model.nic_attach, pcie_Bps))
+        nics = add_nics(b, n, model.nic_attach, pcie_Bps, gpu_links=not tree)
+        nics_by_node.append(nics)
+        if tree:
+            add_pcie_tree(b, n, [(gs, [nics[j] for j in js]) for gs, js in groups], socket_of,
+                          pcie_Bps=pcie_Bps, uplink_Bps=pcie_Bps)
     if model.nic_attach:
         add_rails(b, nics_by_node, model.nic_Bps)
 
@@ -223,6 +245,37 @@ def _assemble(
     ordered = {k: disc[k] for k in ("source", "file") if k in disc}
     ordered.update({k: v for k, v in disc.items() if k not in ordered})
     return b.build(meta={"discovery": ordered})
+
+
+def _smi_sockets(topo: _nvsmi.SmiTopology) -> list[int]:
+    """Socket of each GPU from ``nvidia-smi topo -m`` cells.
+
+    Two GPUs share a socket when some NIC is not ``SYS`` (across the SMP
+    interconnect) from either of them, or their own cell is a PCIe code below
+    ``SYS``; sockets are numbered by their lowest GPU.
+    """
+    g = len(topo.gpu_labels)
+    parent = list(range(g))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    def join(i: int, j: int) -> None:
+        a, c = root(i), root(j)
+        parent[max(a, c)] = min(a, c)
+
+    for k in range(len(topo.nic_labels)):
+        near = [i for i in range(g) if topo.gpu_nic[i][k] in ("PIX", "PXB", "PHB", "NODE")]
+        for i in near[1:]:
+            join(near[0], i)
+    for i in range(g):
+        for j in range(g):
+            if topo.gpu_gpu[i][j] in ("PIX", "PXB", "PHB", "NODE"):
+                join(i, j)
+    roots = sorted({root(i) for i in range(g)})
+    return [roots.index(root(i)) for i in range(g)]
 
 
 def _warn_skipped(skipped: Sequence[tuple[str, str]]) -> None:
@@ -461,6 +514,13 @@ def from_nvidia_smi(
         )
     else:
         _require_network(model, nodes, "every NIC in this output was left out")
+    if topo.nic_labels and model.nic_attach:
+        model.gpu_socket = _smi_sockets(topo)
+        notes.append(
+            f"PCIe tree: a switch per NIC and the GPUs it serves, "
+            f"{len(set(model.gpu_socket))} socket(s) by the NODE/SYS cells; uplinks at the "
+            f"GPU-NIC PCIe rate, sockets joined by 4 UPI 2.0 links (128 GB/s) assumed"
+        )
     rate = float(nic_Bps) if nic_Bps else NDR400_Bps
     if model.nic_attach and not nic_Bps:
         notes.append(f"nvidia-smi topo -m does not report NIC speed: assumed NDR400, {_gb(rate)}")
@@ -675,6 +735,13 @@ def from_nccl_xml(
             )
 
     attached, left_out = _nccl_xml.pair_nics(topo)
+    if attached and all(x.socket >= 0 for x in topo.gpus):
+        model.gpu_socket = [x.socket for x in topo.gpus]
+        notes.append(
+            f"PCIe tree from the <cpu>/<pci> nesting: a switch per NIC and the GPUs it "
+            f"serves, {len(set(model.gpu_socket))} socket(s); uplinks at the GPU-NIC PCIe "
+            f"rate, sockets joined by 4 UPI 2.0 links (128 GB/s) assumed"
+        )
     rates: list[float] = []
     for nic, gpus_served in attached:
         model.nic_attach.append(gpus_served)

@@ -101,7 +101,7 @@ def to_dict(fab: Fabric) -> dict[str, Any]:
     >>> import pathweave as pw
     >>> d = pw.fabric.to_dict(pw.fabric.preset("h100-2x4"))
     >>> d["format"], d["version"], len(d["vertices"])
-    ('pathweave-fabric', 1, 20)
+    ('pathweave-fabric', 1, 32)
     >>> first = d["links"][0]
     >>> first["src"], first["dst"], first["kind"], first["capacity_Bps"]
     ('n0.gpu0', 'n0.gpu1', 'nvlink', 120000000000.0)

@@ -21,6 +21,18 @@ Rules (NIMBLE Sec. IV-B, h-score blog):
     On rail-optimised fabrics, for ranks on different rails: the source's
     NIC, its rail switch, spine ``k``, the destination's rail switch, its NIC.
     One path per spine.
+``pcie``
+    Via rail ``x`` of a NIC the source owns, to the destination node's NIC
+    on ``x``, then through that node's PCIe tree (PCIe switches, root
+    complexes, the inter-socket link) into the destination GPU: GPUDirect
+    RDMA into a GPU that does not sit under the receiving NIC, no GPU
+    forwards the bytes (what MPI/UCX does, ``pathweave.plan.multirail``).
+    Only where the destination does not own rail ``x`` (else the
+    rail-matched path is that route) and only on fabrics with a PCIe tree.
+
+A rank's own NICs are its nearest ones below the root complex: joined to
+its GPU directly or through PCIe switches only (``nvidia-smi topo -m``: PIX
+or PXB), the fewest hops among them.
 
 The compiled :class:`PathSet` stores every candidate path as a row of link
 ids (padded with -1), grouped by pair ``p = src * num_ranks + dst``:
@@ -50,18 +62,19 @@ class PathKind(IntEnum):
     RELAY = 1
     RAIL = 2
     SPINE = 3
+    PCIE = 4
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
 
-ALL_KINDS = ("direct", "relay", "rail", "spine")
+ALL_KINDS = ("direct", "relay", "rail", "spine", "pcie")
 
 T = TypeVar("T")
 
 #: Path roles: the kind, with rail paths split as in the h-score blog.
-ROLES = ("direct", "relay", "matched", "rd", "dr", "drd", "spine")
+ROLES = ("direct", "relay", "matched", "rd", "dr", "drd", "spine", "pcie")
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +93,8 @@ class PathSet:
     kind : int8[num_paths]
         :class:`PathKind` code.
     via : int32[num_paths]
-        Relay rank (relay), rail index (rail), spine index (spine), -1 (direct).
+        Relay rank (relay), rail index (rail, pcie), spine index (spine), -1
+        (direct).
     src, dst : int32[num_paths]
         Ranks at the two ends.
     """
@@ -171,6 +185,7 @@ class PathSet:
         """``int8[num_paths]``: index into :data:`ROLES` of each path's role."""
         code = np.where(self.kind == PathKind.RELAY, 1, 0).astype(np.int8)
         code[self.kind == PathKind.SPINE] = 6
+        code[self.kind == PathKind.PCIE] = 7
         rail = self.kind == PathKind.RAIL
         x = np.where(rail, self.via, 0)
         os_, od = self.owns_rail[self.src, x], self.owns_rail[self.dst, x]
@@ -207,56 +222,69 @@ class PathSet:
             tag = f"rail({self.rail_role(pid)}, {self.fabric.rails[int(self.via[pid])]})"
         elif k == PathKind.SPINE:
             tag = f"spine(spine{int(self.via[pid])})"
+        elif k == PathKind.PCIE:
+            tag = f"pcie({self.fabric.rails[int(self.via[pid])]})"
         return f"{tag}: " + " -> ".join(self.path_vertices(pid))
 
 
 # --------------------------------------------------------------------- helpers
+_NVSWITCH, _HOST, _PCIE_SW = (int(VertexKind.NVSWITCH), int(VertexKind.HOST),
+                              int(VertexKind.PCIE_SWITCH))
+
+
+def _routes_from(
+    fab: Fabric, s: int, transit: tuple[int, ...], pcie_only: bool = False
+) -> dict[int, list[int]]:
+    """Best route from vertex ``s`` to every vertex of its node it can reach.
+
+    Breadth-first over the node's non-network links (only PCIe ones if
+    ``pcie_only``), passing through vertices whose kind is in ``transit``
+    only (every other vertex ends a route): fewest hops, then the largest
+    bottleneck capacity, then the lowest link ids, so every process derives
+    the same routes. Returns ``{vertex: [link ids]}`` without ``s`` itself.
+    """
+    kind, node = fab.vertex_kind, fab.vertex_node
+    n = int(node[s])
+    best: dict[int, tuple[int, float, list[int]]] = {s: (0, -np.inf, [])}
+    queue = deque([s])
+    while queue:
+        u = queue.popleft()
+        hops, negb, path = best[u]
+        if u != s and int(kind[u]) not in transit:
+            continue
+        for e in fab.out_links[u].tolist():
+            v = int(fab.link_dst[e])
+            lk = int(fab.link_kind[e])
+            if int(node[v]) != n or lk == LinkKind.NETWORK or (pcie_only and lk != LinkKind.PCIE):
+                continue
+            cand = (hops + 1, max(negb, -float(fab.capacity_Bps[e])), [*path, e])
+            old = best.get(v)
+            if old is None:
+                best[v] = cand
+                queue.append(v)
+            elif cand < old:
+                best[v] = cand
+    return {v: p for v, (_, _, p) in best.items() if v != s}
+
+
 def _intra_routes(fab: Fabric) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Direct intra-node route between every GPU pair of each node.
 
-    Breadth-first search from each GPU over its node's NVSwitch and host
-    vertices (never through another GPU or a NIC): fewest hops, then the
-    largest bottleneck capacity, then the lowest link ids.
+    :func:`_routes_from` each GPU over its node's NVSwitch, PCIe switch and
+    host vertices (never through another GPU or a NIC).
 
     Returns ``(links[R, G, W], length[R, G], direct_nvlink[R, G])`` where
     ``length`` is -1 where no route exists and 0 on the diagonal.
     """
     g = fab.gpus_per_node
     nr = fab.num_ranks
-    out_links = fab.out_links
-    kind = fab.vertex_kind
-    node = fab.vertex_node
     vr = fab.vertex_rank
     routes: dict[tuple[int, int], list[int]] = {}
     width = 1
-    transit = (int(VertexKind.NVSWITCH), int(VertexKind.HOST))
     for r in range(nr):
-        s = int(fab.rank_vertex[r])
-        n = int(node[s])
-        # best[v] = (hops, -bottleneck, links) for the best route found so far
-        best: dict[int, tuple[int, float, list[int]]] = {s: (0, -np.inf, [])}
-        queue = deque([s])
-        while queue:
-            u = queue.popleft()
-            hops, negb, path = best[u]
-            if u != s and int(kind[u]) == VertexKind.GPU:
-                continue  # GPUs are endpoints here; relays are a separate rule
-            for e in out_links[u].tolist():
-                v = int(fab.link_dst[e])
-                if int(node[v]) != n or int(fab.link_kind[e]) == LinkKind.NETWORK:
-                    continue
-                kv = int(kind[v])
-                if kv != VertexKind.GPU and kv not in transit:
-                    continue
-                cand = (hops + 1, max(negb, -float(fab.capacity_Bps[e])), [*path, e])
-                old = best.get(v)
-                if old is None:
-                    best[v] = cand
-                    queue.append(v)
-                elif (cand[0], cand[1], cand[2]) < (old[0], old[1], old[2]):
-                    best[v] = cand
-        for v, (_, _, path) in best.items():
-            if v != s and int(kind[v]) == VertexKind.GPU:
+        found = _routes_from(fab, int(fab.rank_vertex[r]), (_NVSWITCH, _HOST, _PCIE_SW))
+        for v, path in found.items():
+            if int(fab.vertex_kind[v]) == VertexKind.GPU:
                 routes[(r, int(vr[v]))] = path
                 width = max(width, len(path))
     links = np.full((nr, g, width), -1, dtype=np.int32)
@@ -267,17 +295,27 @@ def _intra_routes(fab: Fabric) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for (a, b), path in routes.items():
         links[a, b % g, : len(path)] = path
         length[a, b % g] = len(path)
-        direct[a, b % g] = len(path) == 1
+        direct[a, b % g] = len(path) == 1 and int(fab.link_kind[path[0]]) == LinkKind.NVLINK
     return links, length, direct
 
 
-def _nic_table(fab: Fabric) -> tuple[list[int], list[list[tuple[int, int, int]]]]:
-    """Rail index per NIC and, per rank, its ``(rail, up_link, rail_up_link)`` list.
+def _reverse(fab: Fabric, links: list[int]) -> tuple[int, ...] | None:
+    """The links of the reverse route, or None if a link has no reverse."""
+    out = []
+    for e in reversed(links):
+        u, v = int(fab.link_src[e]), int(fab.link_dst[e])
+        if not fab.has_link(v, u):
+            return None
+        out.append(fab.link_id(v, u))
+    return tuple(out)
 
-    Returns ``(nic_rail, rank_nics)``: ``nic_rail[k]`` for each NIC vertex in
-    id order and, per rank, the NICs it attaches to as tuples
-    ``(rail, gpu->nic link, nic->rail link)``.
-    """
+
+#: A rank's NIC: ``(rail, GPU->NIC links, NIC->rail link, NIC->GPU links)``.
+OwnNic = tuple[int, tuple[int, ...], int, tuple[int, ...]]
+
+
+def _nic_rails(fab: Fabric) -> dict[int, int]:
+    """Rail index of each NIC vertex that joins a rail switch both ways."""
     rails = {int(v): i for i, v in enumerate(fab.vertices_of_kind(VertexKind.RAIL))}
     nic_rail: dict[int, int] = {}
     for nic in fab.vertices_of_kind(VertexKind.NIC).tolist():
@@ -291,27 +329,43 @@ def _nic_table(fab: Fabric) -> tuple[list[int], list[list[tuple[int, int, int]]]
                 f"NIC {fab.vertex_name(nic)} connects to {len(rs)} rail switches; "
                 "a NIC belongs to one rail"
             )
-        if rs:
+        if rs and fab.has_link(int(fab.vertices_of_kind(VertexKind.RAIL)[rs[0]]), nic):
             nic_rail[nic] = rs[0]
-    rank_nics: list[list[tuple[int, int, int]]] = [[] for _ in range(fab.num_ranks)]
+    return nic_rail
+
+
+def _nic_table(fab: Fabric) -> tuple[dict[int, int], list[list[OwnNic]]]:
+    """Rail index per NIC and, per rank, its own NICs.
+
+    A rank's own NICs are the NICs nearest its GPU below the root complex:
+    reached through PCIe switches only (``nvidia-smi``'s PIX/PXB), the
+    fewest hops among them; a NIC joined to the GPU by a link of its own is
+    one hop away. Returns ``(nic_rail, rank_nics)``, ``rank_nics[r]`` sorted
+    by rail.
+    """
+    rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
+    nic_rail = _nic_rails(fab)
+    rank_nics: list[list[OwnNic]] = [[] for _ in range(fab.num_ranks)]
     for r in range(fab.num_ranks):
-        gv = int(fab.rank_vertex[r])
-        for e in fab.out_links[gv].tolist():
-            v = int(fab.link_dst[e])
-            if v in nic_rail:
+        routes = _routes_from(fab, int(fab.rank_vertex[r]), (_PCIE_SW,), pcie_only=True)
+        near = {v: p for v, p in routes.items() if v in nic_rail}
+        if not near:
+            continue
+        hops = min(len(p) for p in near.values())
+        for v, up in near.items():
+            down = _reverse(fab, up)
+            if len(up) == hops and down is not None:
                 x = nic_rail[v]
-                rail_v = int(fab.vertices_of_kind(VertexKind.RAIL)[x])
-                if fab.has_link(v, rail_v) and fab.has_link(rail_v, v) and fab.has_link(v, gv):
-                    rank_nics[r].append((x, e, fab.link_id(v, rail_v)))
+                rank_nics[r].append((x, tuple(up), fab.link_id(v, int(rail_vs[x])), down))
         rank_nics[r].sort()
-    return [nic_rail[k] for k in sorted(nic_rail)], rank_nics
+    return nic_rail, rank_nics
 
 
 def _rail_segments(
     fab: Fabric,
     intra_links: np.ndarray,
     intra_len: np.ndarray,
-    rank_nics: list[list[tuple[int, int, int]]],
+    rank_nics: list[list[OwnNic]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Source and destination halves of every rail path.
 
@@ -325,7 +379,8 @@ def _rail_segments(
     nr = fab.num_ranks
     nrails = len(fab.rails)
     wi = intra_links.shape[2]
-    width = wi + 2
+    wup = max((len(n[1]) for nics in rank_nics for n in nics), default=1)
+    width = wi + wup + 1
     src_seg = np.full((nr, nrails, width), -1, dtype=np.int32)
     src_len = np.full((nr, nrails), -1, dtype=np.int32)
     dst_seg = np.full((nr, nrails, width), -1, dtype=np.int32)
@@ -333,48 +388,75 @@ def _rail_segments(
     rail_vertices = fab.vertices_of_kind(VertexKind.RAIL)
     for n in range(fab.num_nodes):
         ranks = range(n * g, (n + 1) * g)
-        # gateways[x] = list of (rank, gpu->nic, nic->rail) on rail x in node n
-        gateways: dict[int, list[tuple[int, int, int]]] = {}
+        # gateways[x] = list of (rank, gpu->nic, nic->rail, nic->gpu) on rail x in node n
+        gateways: dict[int, list[tuple[int, tuple[int, ...], int, tuple[int, ...]]]] = {}
         for r in ranks:
-            for x, up, rup in rank_nics[r]:
-                gateways.setdefault(x, []).append((r, up, rup))
+            for x, up, rup, down in rank_nics[r]:
+                gateways.setdefault(x, []).append((r, up, rup, down))
         for x, gws in gateways.items():
             rail_v = int(rail_vertices[x])
             for r in ranks:
                 # source side: r -> gw -> nic -> rail
-                best = None
-                for gw, up, rup in gws:
-                    ln = int(intra_len[r, gw % g])
-                    if ln < 0:
-                        continue
-                    key = (ln, gw)
-                    if best is None or key < best[0]:
-                        best = (key, gw, up, rup)
+                best = min(((int(intra_len[r, gw % g]), gw, up, rup)
+                            for gw, up, rup, _ in gws if intra_len[r, gw % g] >= 0),
+                           default=None)
                 if best is not None:
-                    _, gw, up, rup = best
-                    ln = int(intra_len[r, gw % g])
-                    src_seg[r, x, :ln] = intra_links[r, gw % g, :ln]
-                    src_seg[r, x, ln] = up
-                    src_seg[r, x, ln + 1] = rup
-                    src_len[r, x] = ln + 2
+                    ln, gw, up, rup = best
+                    seg = [*intra_links[r, gw % g, :ln].tolist(), *up, rup]
+                    src_seg[r, x, : len(seg)] = seg
+                    src_len[r, x] = len(seg)
                 # destination side: rail -> nic -> gw -> r
-                best = None
-                for gw, up, _ in gws:
-                    ln = int(intra_len[gw, r % g])
-                    if ln < 0:
-                        continue
-                    key = (ln, gw)
-                    if best is None or key < best[0]:
-                        best = (key, gw, up)
+                best = min(((int(intra_len[gw, r % g]), gw, down)
+                            for gw, _, _, down in gws if intra_len[gw, r % g] >= 0),
+                           default=None)
                 if best is not None:
-                    _, gw, up = best
-                    nic = int(fab.link_dst[up])
-                    ln = int(intra_len[gw, r % g])
-                    dst_seg[r, x, 0] = fab.link_id(rail_v, nic)
-                    dst_seg[r, x, 1] = fab.link_id(nic, int(fab.rank_vertex[gw]))
-                    dst_seg[r, x, 2 : 2 + ln] = intra_links[gw, r % g, :ln]
-                    dst_len[r, x] = ln + 2
+                    ln, gw, down = best
+                    nic = int(fab.link_src[down[0]])
+                    seg = [fab.link_id(rail_v, nic), *down, *intra_links[gw, r % g, :ln].tolist()]
+                    dst_seg[r, x, : len(seg)] = seg
+                    dst_len[r, x] = len(seg)
     return src_seg, src_len, dst_seg, dst_len
+
+
+def _pcie_drops(
+    fab: Fabric, nic_rail: dict[int, int], rank_rails: tuple[tuple[int, ...], ...]
+) -> dict[tuple[int, int], list[int]]:
+    """``{(rank, rail): links}``: rail switch -> the node's NIC -> PCIe tree -> rank.
+
+    For every rank and every rail it does not own whose NIC in its node
+    reaches the rank's GPU over PCIe alone (switches, root complexes, the
+    inter-socket link; never a GPU or NVLink): the lowest-id such NIC.
+    """
+    rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
+    g = fab.gpus_per_node
+    out: dict[tuple[int, int], list[int]] = {}
+    for nic in sorted(nic_rail):
+        x = nic_rail[nic]
+        routes = _routes_from(fab, nic, (_PCIE_SW, _HOST), pcie_only=True)
+        n = int(fab.vertex_node[nic])
+        for r in range(n * g, (n + 1) * g):
+            path = routes.get(int(fab.rank_vertex[r]))
+            if path is not None and x not in rank_rails[r] and (r, x) not in out:
+                out[(r, x)] = [fab.link_id(int(rail_vs[x]), nic), *path]
+    return out
+
+
+def _join(parts: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate ``-1``-padded link rows: ``parts`` of ``(rows[M, w], length[M])``.
+
+    Returns the ``int32[M, width]`` block and the total lengths.
+    """
+    m = parts[0][0].shape[0]
+    lk = np.full((m, width), -1, dtype=np.int32)
+    at = np.zeros(m, dtype=np.int64)
+    rows = np.arange(m)
+    for seg, ln in parts:
+        seg = seg.reshape(m, -1)
+        for c in range(seg.shape[1]):
+            put = c < ln
+            lk[rows[put], at[put] + c] = seg[put, c]
+        at = at + ln
+    return lk, at
 
 
 def check_rules(kinds: Any, max_hops: Any) -> tuple[str, ...]:
@@ -413,7 +495,7 @@ def compile_paths(
         The fabric.
     kinds
         Which rules to apply, a subset of ``("direct", "relay", "rail",
-        "spine")``. ``direct`` is always applied for intra-node pairs that have
+        "spine", "pcie")``. ``direct`` is always applied for intra-node pairs that have
         a direct route.
     max_hops
         Drop candidate paths with more links than this.
@@ -433,23 +515,31 @@ def compile_paths(
     >>> [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 1)]
     ['direct', 'relay(via rank 2)', 'relay(via rank 3)']
     >>> [ps.rail_role(p) for p in ps.pair_paths(0, 5)]
-    ['rd', 'dr', 'drd', 'drd']
-    >>> ps.describe(ps.pair_paths(0, 5)[1])
-    'rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic1 -> n1.gpu1'
+    ['rd', 'dr', 'drd', 'drd', 'pcie']
+    >>> ps.describe(ps.pair_paths(0, 5)[1]).split(":")[0]
+    'rail(dr, rail1)'
+    >>> ps.path_vertices(ps.pair_paths(0, 5)[1])  # doctest: +NORMALIZE_WHITESPACE
+    ['n0.gpu0', 'n0.gpu1', 'n0.pcie1', 'n0.nic1', 'rail1', 'n1.nic1', 'n1.pcie1', 'n1.gpu1']
+    >>> ps.path_vertices(ps.pair_paths(0, 5)[4])  # doctest: +NORMALIZE_WHITESPACE
+    ['n0.gpu0', 'n0.pcie0', 'n0.nic0', 'rail0', 'n1.nic0', 'n1.pcie0', 'n1.cpu0', 'n1.pcie1',
+     'n1.gpu1']
     """
     kinds = check_rules(kinds, max_hops)
     g = fab.gpus_per_node
     nr = fab.num_ranks
     nrails = len(fab.rails)
     intra_links, intra_len, direct_nv = _intra_routes(fab)
-    _, rank_nics = _nic_table(fab)
+    nic_rail, rank_nics = _nic_table(fab)
     src_seg, src_len, dst_seg, dst_len = _rail_segments(fab, intra_links, intra_len, rank_nics)
-    rank_rails = tuple(tuple(sorted({x for x, _, _ in rank_nics[r]})) for r in range(nr))
+    rank_rails = tuple(tuple(sorted({n[0] for n in rank_nics[r]})) for r in range(nr))
+    drops = _pcie_drops(fab, nic_rail, rank_rails) if "pcie" in kinds else {}
     spines = fab.vertices_of_kind(VertexKind.SPINE)
     rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
     wi = intra_links.shape[2]
-    # widest rule: a rail path (two forwards plus four NIC/rail hops); spine paths have 6
-    width = max(src_seg.shape[2] + dst_seg.shape[2], 6)
+    # widest rule: a rail path (two halves), a spine path (own NIC halves and
+    # two spine hops) or a pcie path (own NIC half and a drop)
+    width = max(src_seg.shape[2] + dst_seg.shape[2],
+                src_seg.shape[2] + max((len(p) for p in drops.values()), default=0))
 
     blocks = []  # (pair index array, kind, via, links[M, width], length[M])
 
@@ -507,8 +597,8 @@ def compile_paths(
                 blocks.append((ss, dd, PathKind.RAIL, np.full(ss.size, x), lk, ls + ld))
         if "spine" in kinds and spines.size and nrails:
             # A spine path starts and ends on the endpoints' own NICs: the
-            # first two links of the rail path's source half and the last two
-            # of its destination half, where those halves need no forward.
+            # rail path's source half and destination half where those halves
+            # need no forward.
             first_rail = np.array([rr[0] if rr else -1 for rr in rank_rails])
             rs, rd = first_rail[S], first_rail[D]
             ok = (rs >= 0) & (rd >= 0) & (rs != rd)
@@ -516,14 +606,30 @@ def compile_paths(
             for k, sp in enumerate(spines.tolist()):
                 r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
                 r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
-                lk = np.full((ss.size, width), -1, dtype=np.int32)
-                lk[:, 0:2] = src_seg[ss, rs, :2]
-                lk[:, 2] = r_up[rs]
-                lk[:, 3] = r_dn[rd]
-                lk[:, 4:6] = dst_seg[dd, rd, :2]
-                blocks.append(
-                    (ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, np.full(ss.size, 6))
-                )
+                two = np.full(ss.size, 1)
+                lk, ln = _join([(src_seg[ss, rs], src_len[ss, rs]), (r_up[rs], two),
+                                (r_dn[rd], two), (dst_seg[dd, rd], dst_len[dd, rd])], width)
+                blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, ln))
+        if "pcie" in kinds and drops:
+            wd = max(len(p) for p in drops.values())
+            drop = np.full((nr, nrails, wd), -1, dtype=np.int32)
+            drop_len = np.full((nr, nrails), -1, dtype=np.int64)
+            for (r, x), p in drops.items():
+                drop[r, x, : len(p)] = p
+                drop_len[r, x] = len(p)
+            own = np.zeros((nr, max(nrails, 1)), dtype=bool)
+            for r, rr in enumerate(rank_rails):
+                own[r, list(rr)] = True
+            for x in range(nrails):
+                # the source owns x (its half has no forward), the destination
+                # does not and its node's NIC on x reaches it over PCIe
+                ok = own[S, x] & (drop_len[D, x] >= 0)
+                if not ok.any():
+                    continue
+                ss, dd = S[ok], D[ok]
+                lk, ln = _join([(src_seg[ss, x], src_len[ss, x]),
+                                (drop[dd, x], drop_len[dd, x])], width)
+                blocks.append((ss, dd, PathKind.PCIE, np.full(ss.size, x), lk, ln))
 
     if not blocks:
         blocks.append(

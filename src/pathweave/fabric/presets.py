@@ -11,10 +11,19 @@ h100-2x4   The NIMBLE paper's testbed (Sec. V-A): 2 nodes x 4 H100 SXM5,
            (Fig. 6d, 90.2 % of line rate), is not a capacity here: it is the
            simulator's per-rail efficiency (``pathweave.sim``), so congestion
            bounds stay in line-rate terms and efficiencies live in one place.
+           PCIe tree: two Xeon Platinum 8470 sockets (Sec. V-A) joined by
+           4 UPI links at 16 GT/s; each HCA "attaches to one GPU": GPU and
+           HCA share a PCIe Gen5 switch, two switches per socket (the paper
+           does not say which GPUs sit on which socket; halves are assumed).
 dgx-h100   DGX/HGX H100 nodes: 8 GPUs on NVSwitch with 18 NVLink 4 links
            x 25 GB/s = 450 GB/s per GPU per direction, 8 ConnectX-7 NICs at
            400 Gb/s (50 GB/s), one per GPU, rail-only. ``nodes`` defaults
-           to 2.
+           to 2. PCIe tree as ``nvidia-smi topo -m`` shows it on an 8-GPU
+           H100 SXM board (GPU and NIC PIX, NODE within a socket, SYS
+           across): one Gen5 switch per GPU-NIC pair, GPUs 0-3 under socket
+           0 and 4-7 under socket 1 (two Xeon Platinum 8480C, 4 UPI links).
+dgx-h200   DGX H200: the DGX H100 system with H200 GPUs (same NVLink 4
+           NVSwitch fabric, ConnectX-7 NICs and PCIe tree).
 cluster    :func:`pathweave.fabric.builders.cluster` with its parameters, e.g.
            ``cluster:nodes=128,gpus_per_node=8,node_kind=nvswitch,spines=4``.
 ========== ====================================================================
@@ -44,6 +53,7 @@ from pathweave.fabric.builders import (
     NDR400_Bps,
     NVSWITCH_H100_GPU_Bps,
     PCIE_GEN5_X16_Bps,
+    UPI2_SPR_Bps,
     cluster,
 )
 
@@ -59,6 +69,9 @@ def _h100_2x4(**kw: Any) -> Fabric:
         "nvlink_Bps": NIMBLE_NVLINK_PAIR_Bps,
         "nic_Bps": NDR400_Bps,
         "pcie_Bps": PCIE_GEN5_X16_Bps,
+        "pcie_tree": True,
+        "sockets": 2,
+        "intersocket_Bps": UPI2_SPR_Bps,
         "name": "h100-2x4",
     }
     params.update(kw)
@@ -66,13 +79,14 @@ def _h100_2x4(**kw: Any) -> Fabric:
         **params,
         meta={
             "preset": "h100-2x4",
-            "source": "NIMBLE paper Sec. V-A/V-B: 120 GB/s direct NVLink peak, NDR400 rails",
+            "source": "NIMBLE paper Sec. V-A/V-B: 120 GB/s direct NVLink peak, NDR400 rails, "
+                      "2 x Xeon Platinum 8470, one HCA per GPU",
             "measured_rail_Bps": NIMBLE_MEASURED_RAIL_Bps,
         },
     )
 
 
-def _dgx_h100(**kw: Any) -> Fabric:
+def _dgx(preset: str, gpu: str, **kw: Any) -> Fabric:
     params: dict[str, Any] = {
         "nodes": 2,
         "gpus_per_node": 8,
@@ -80,16 +94,28 @@ def _dgx_h100(**kw: Any) -> Fabric:
         "nvlink_Bps": NVSWITCH_H100_GPU_Bps,
         "nic_Bps": NDR400_Bps,
         "pcie_Bps": PCIE_GEN5_X16_Bps,
+        "pcie_tree": True,
+        "sockets": 2,
+        "intersocket_Bps": UPI2_SPR_Bps,
     }
     params.update(kw)
-    params.setdefault("name", f"dgx-h100-{params['nodes']}n")
+    params.setdefault("name", f"{preset}-{params['nodes']}n")
     return cluster(
         **params,
         meta={
-            "preset": "dgx-h100",
-            "source": "DGX H100: 18 x NVLink4 (25 GB/s) per GPU via NVSwitch, 8 x 400 Gb/s",
+            "preset": preset,
+            "source": f"DGX {gpu}: 18 x NVLink4 (25 GB/s) per GPU via NVSwitch, 8 x 400 Gb/s "
+                      "ConnectX-7, one Gen5 PCIe switch per GPU-NIC pair, 2 x Xeon 8480C",
         },
     )
+
+
+def _dgx_h100(**kw: Any) -> Fabric:
+    return _dgx("dgx-h100", "H100", **kw)
+
+
+def _dgx_h200(**kw: Any) -> Fabric:
+    return _dgx("dgx-h200", "H200", **kw)
 
 
 def _cluster(**kw: Any) -> Fabric:
@@ -101,17 +127,20 @@ def _cluster(**kw: Any) -> Fabric:
 PRESETS: dict[str, Callable[..., Fabric]] = {
     "h100-2x4": _h100_2x4,
     "dgx-h100": _dgx_h100,
+    "dgx-h200": _dgx_h200,
     "cluster": _cluster,
 }
 
 
 #: Integer parameters of the presets and the least value each may take.
-_COUNT_KEYS = {"nodes": 1, "gpus_per_node": 1, "rails": 0, "spines": 0, "nics_per_gpu": 1}
+_COUNT_KEYS = {"nodes": 1, "gpus_per_node": 1, "rails": 0, "spines": 0, "nics_per_gpu": 1,
+               "sockets": 1, "pcie_tree": 0}
 _TEXT_KEYS = ("node_kind", "name", "gpu", "nvlink_kind")
 #: Shape defaults of each preset, for the size check made before building.
 _SHAPES = {
-    "h100-2x4": {"nodes": 2, "gpus_per_node": 4, "node_kind": "nvlink-mesh"},
-    "dgx-h100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch"},
+    "h100-2x4": {"nodes": 2, "gpus_per_node": 4, "node_kind": "nvlink-mesh", "pcie_tree": 1},
+    "dgx-h100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
+    "dgx-h200": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
     "cluster": {"gpus_per_node": 8, "node_kind": "nvswitch"},
 }
 #: Options of topology files (NCCL XML, ``nvidia-smi topo -m``), as spec keys.
@@ -161,6 +190,9 @@ def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
     rails = int(shape.get("rails", gpus))
     spines = int(shape.get("spines", 0))
     node_links = gpus * (gpus - 1) if shape["node_kind"] == "nvlink-mesh" else 2 * gpus
+    if shape.get("pcie_tree"):  # switch uplinks and inter-socket links, at most
+        sockets = int(shape.get("sockets", 2))
+        node_links += 2 * (gpus + rails) + sockets * (sockets - 1)
     links = nodes * (node_links + 4 * rails) + 2 * rails * spines
     check_size(spec, nodes=nodes, gpus_per_node=gpus, rails=rails, spines=spines, links=links,
                relays=shape["node_kind"] != "nvswitch")

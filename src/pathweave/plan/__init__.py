@@ -4,14 +4,14 @@ Examples
 --------
 >>> import pathweave as pw
 >>> pw.plan.policies()
-['static', 'multirail', 'mwu', 'optimal', 'hscore', 'mwu_time', 'mintime']
+['static', 'deepep', 'multirail', 'mwu', 'optimal', 'hscore', 'mwu_time', 'mintime']
 >>> pw.plan.DEFAULT_POLICY
 'mintime'
 """
 
 # isort: off
 # Importing the planners registers them; this order is the order of policies().
-from pathweave.plan import static, multirail, mwu, optimal, hscore, mintime  # noqa: F401
+from pathweave.plan import static, deepep, multirail, mwu, optimal, hscore, mintime  # noqa: F401
 # isort: on
 from pathweave.plan._plan import Plan, Route
 from pathweave.plan.mintime import DEFAULT_POLICY, replan

@@ -50,15 +50,18 @@ def set_score(load, links, p, lo, hi, f):
 
 
 @njit(cache=True)
-def path_segments(links, length, into_rail, from_rail, sf_end, core_lo, core_hi, df_lo):
+def path_segments(links, length, into_rail, from_rail, from_gpu, to_gpu, sf_end, core_lo,
+                  core_hi, df_lo):
     """Split every rail and spine path into source forward, crossing, destination forward.
 
     The crossing runs from the first link into a rail switch to the last
     link out of one: ``NIC -> rail -> NIC`` on a rail path, ``NIC -> rail ->
     spine -> rail -> NIC`` on a spine path. The forward inside the source node
-    ends one link before it (the GPU -> NIC PCIe hop); the one inside the
-    destination node starts one link after it (NIC -> GPU). Paths that touch
-    no rail switch keep zeros.
+    ends where the gateway GPU's PCIe route to its NIC starts (the last link
+    out of a GPU before the crossing); the one inside the destination node
+    starts after the NIC's PCIe route into a GPU (the first link into a GPU
+    after the crossing). ``from_gpu[e]`` / ``to_gpu[e]``: link ``e`` leaves /
+    enters a GPU. Paths that touch no rail switch keep zeros.
     """
     for p in range(links.shape[0]):
         first = -1
@@ -70,10 +73,16 @@ def path_segments(links, length, into_rail, from_rail, sf_end, core_lo, core_hi,
             if from_rail[e]:
                 last = h
         if first >= 1 and last >= first:
-            sf_end[p] = first - 1
+            up = first - 1
+            while up > 0 and not from_gpu[links[p, up]]:
+                up -= 1
+            down = last + 1
+            while down < length[p] - 1 and not to_gpu[links[p, down]]:
+                down += 1
+            sf_end[p] = up
             core_lo[p] = first
             core_hi[p] = last + 1
-            df_lo[p] = last + 2
+            df_lo[p] = down + 1
 
 
 @njit(cache=True)
@@ -306,7 +315,7 @@ def route_kernel(
 # from the kernels' loops; the tests compare every kernel above with its twin.
 
 
-def segments_reference(links, length, into_rail, from_rail):
+def segments_reference(links, length, into_rail, from_rail, from_gpu, to_gpu):
     """:func:`path_segments` as lists: ``(sf_end, core_lo, core_hi, df_lo)`` per path."""
     out = ([], [], [], [])
     for p in range(len(length)):
@@ -315,7 +324,14 @@ def segments_reference(links, length, into_rail, from_rail):
         leaving = [h for h, e in enumerate(hops) if from_rail[e]]
         seg = (0, 0, 0, 0)
         if entering and leaving and entering[0] >= 1 and leaving[-1] >= entering[0]:
-            seg = (entering[0] - 1, entering[0], leaving[-1] + 1, leaving[-1] + 2)
+            lo, hi = entering[0], leaving[-1]
+            # the gateway's PCIe route starts at the last hop out of a GPU
+            # before the crossing; the NIC's route ends at the first hop into
+            # a GPU after it
+            up = max([h for h in range(lo) if from_gpu[hops[h]]], default=0)
+            down = min([h for h in range(hi + 1, len(hops)) if to_gpu[hops[h]]],
+                       default=len(hops) - 1)
+            seg = (up, lo, hi + 1, down + 1)
         for column, value in zip(out, seg, strict=True):
             column.append(value)
     return out

@@ -122,8 +122,10 @@ def _segments(paths: PathSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         rail_v = fab.vertex_kind == int(VertexKind.RAIL)
         into_rail = rail_v[fab.link_dst]
         from_rail = rail_v[fab.link_src]
+        gpu = fab.vertex_kind == int(VertexKind.GPU)
         segs = tuple(np.zeros(paths.num_paths, dtype=np.int32) for _ in range(4))
-        _k.path_segments(paths.links, paths.length, into_rail, from_rail, *segs)
+        _k.path_segments(paths.links, paths.length, into_rail, from_rail, gpu[fab.link_src],
+                         gpu[fab.link_dst], *segs)
         for a in segs:
             a.setflags(write=False)
         return segs

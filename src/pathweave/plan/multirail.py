@@ -1,15 +1,26 @@
-"""``multirail``: what UCX / MPI multi-rail striping does.
+"""``multirail``: how MPI over UCX routes GPU buffers across nodes.
 
-* Intra-node: the direct route, like ``static``.
-* Inter-node: each message is striped evenly over the rails of the NICs the
-  source GPU owns (UCX splits a rendezvous message over the HCAs near the
-  buffer). With one NIC per GPU that is the source's own rail, the h-score
-  blog's *rd* path: the receiving node's NIC on that rail hands the bytes
-  to the destination GPU through its node (PCIe/NVLink), modelled as the
-  forward from the rail's GPU. With several NICs per GPU the stripes go over
-  all of them. The split ignores load.
+* Intra-node: the direct route, like ``static`` (CUDA IPC over NVLink).
+* Inter-node: UCX's rendezvous protocol stripes a message over at most
+  ``UCX_MAX_RNDV_RAILS`` lanes (default 2; UCX's ``ucx_info -f`` and its
+  configuration docs), choosing the network devices nearest the buffer's
+  GPU by PCIe distance (UCX's topology module ranks devices by their
+  system-device distance): here the source GPU's own NICs (those under its
+  PCIe switch, ``nvidia-smi``'s PIX/PXB), the first
+  :data:`UCX_MAX_RNDV_RAILS` by rail. Each lane's bytes cross that NIC's
+  rail to the destination node's NIC on the same rail and enter the
+  destination GPU through its own PCIe link by GPUDirect RDMA: straight
+  from that NIC where it is the destination's own (the rail-matched path),
+  else across the node's PCIe tree (switch, root complex, the inter-socket
+  link where the NIC sits on the other socket): the ``pcie`` path rule. On
+  a fabric with spines, a lane to another rail goes through the spines to
+  the destination's own NIC (the ``spine`` paths, striped evenly: ECMP).
+  No GPU ever relays UCX bytes. The split ignores load.
 
-A GPU without a NIC falls back to the ``static`` path.
+A fabric without a PCIe tree cannot express the NIC-to-GPU hop through the
+root complex; there the receive-side forward from the rail's GPU (the *rd*
+path, what ``deepep`` uses) stands in for it. A GPU without a NIC falls
+back to the ``static`` path.
 """
 
 from __future__ import annotations
@@ -19,45 +30,58 @@ import numpy as np
 from pathweave.fabric import Fabric, PathKind, PathSet
 from pathweave.plan._flows import matching_paths, stripe_plan
 from pathweave.plan._plan import Plan
+from pathweave.plan.deepep import own_rail_paths, stripes_csr
 from pathweave.plan.registry import register
-from pathweave.plan.static import static_paths
+
+#: UCX's default for ``UCX_MAX_RNDV_RAILS``: lanes one rendezvous message uses.
+UCX_MAX_RNDV_RAILS = 2
 
 
 @register(
     "multirail",
     options={},
     baseline=True,
-    stripes=lambda paths: _stripes(paths),
-    summary="UCX/MPI-like: direct inside a node, striped over the source GPU's rails across",
+    stripes=lambda paths: multirail_stripes(paths),
+    summary="MPI/UCX: direct inside a node; across, the source's nearest NICs (at most 2), "
+            "GPUDirect RDMA into the destination through its PCIe tree, no GPU relay",
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     # Stripes are in pair order and path order within a pair: the Plan layout.
-    return stripe_plan(fabric, demand, paths, _stripes(paths), "multirail")
+    return stripe_plan(fabric, demand, paths, multirail_stripes(paths), "multirail")
 
 
-def _stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
+def ucx_paths(paths: PathSet) -> np.ndarray:
+    """``bool[num_paths]``: the paths UCX may put a pair's bytes on.
+
+    Rail-matched paths and ``pcie`` paths on one of the source's first
+    :data:`UCX_MAX_RNDV_RAILS` rails, and spine paths.
+    """
+    near = np.zeros_like(paths.owns_rail)
+    for r, rails in enumerate(paths.rank_rails):
+        near[r, list(rails[:UCX_MAX_RNDV_RAILS])] = True
+    lane = (paths.kind == PathKind.RAIL) | (paths.kind == PathKind.PCIE)
+    via = np.where(lane, paths.via, 0)
+    on_lane = lane & near[paths.src, via]
+    matched = on_lane & (paths.kind == PathKind.RAIL) & paths.owns_rail[paths.dst, via]
+    return matched | (on_lane & (paths.kind == PathKind.PCIE)) | (paths.kind == PathKind.SPINE)
+
+
+def multirail_stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
     """CSR over all pairs of the paths each pair is striped over (kept with the paths)."""
 
     def build() -> tuple[np.ndarray, np.ndarray]:
-        n = paths.num_ranks
         pairs = np.flatnonzero(paths.pair_ptr[1:] > paths.pair_ptr[:-1]).astype(np.int64)
-        own = paths.owns_rail
-        is_rail = paths.kind == PathKind.RAIL
-        via = np.where(is_rail, paths.via, 0)
-        accept = is_rail & own[paths.src, via]
-        which, pid = matching_paths(paths, pairs, accept)
-        counts = np.bincount(which, minlength=pairs.size)
-        # A pair without an own-rail path (inside a node, or no NIC) goes static.
-        rest = counts == 0
-        which = np.concatenate([which, np.flatnonzero(rest)])
-        pid = np.concatenate([pid, static_paths(paths, pairs[rest])])
-        order = np.lexsort((pid, which))
-        per_pair = np.zeros(n * n, dtype=np.int64)
-        per_pair[pairs] = np.bincount(which, minlength=pairs.size)
-        ptr = np.concatenate([[0], np.cumsum(per_pair)])
-        out = (ptr, np.ascontiguousarray(pid[order]))
-        for a in out:
-            a.setflags(write=False)
-        return out
+        which, pid = matching_paths(paths, pairs, ucx_paths(paths))
+        # With spines the switches carry a lane to the destination's own NIC:
+        # no pcie path for a pair that has spine paths.
+        spine = paths.kind[pid] == PathKind.SPINE
+        has_spine = np.bincount(which[spine], minlength=pairs.size) > 0
+        keep = ~((paths.kind[pid] == PathKind.PCIE) & has_spine[which])
+        which, pid = which[keep], pid[keep]
+        # No PCIe tree: the rd forward stands in for the root-complex hop.
+        none = np.flatnonzero(np.bincount(which, minlength=pairs.size) == 0)
+        w2, p2 = matching_paths(paths, pairs[none], own_rail_paths(paths))
+        return stripes_csr(paths, np.concatenate([which, none[w2]]),
+                           np.concatenate([pid, p2]), pairs)
 
     return paths.derived("multirail.stripes", build)

@@ -17,7 +17,8 @@ from pathweave.plan._plan import Plan
 from pathweave.traffic import validate_demand
 
 #: Options every policy accepts: which path rules to use.
-COMMON_OPTIONS: dict[str, Any] = {"kinds": ("direct", "relay", "rail", "spine"), "max_hops": None}
+COMMON_OPTIONS: dict[str, Any] = {"kinds": ("direct", "relay", "rail", "spine", "pcie"),
+                                  "max_hops": None}
 
 Planner = Callable[..., Plan]
 

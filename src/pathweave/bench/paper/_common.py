@@ -8,6 +8,7 @@ renders the result, so figure modules never print.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,3 +49,34 @@ class FigureResult:
 
 def no_progress(done: int, total: int, what: str) -> None:
     """A :data:`Progress` that ignores its calls."""
+
+
+#: What users run that each baseline policy stands for (plot and table labels).
+PEER_NAMES = {"static": "NCCL", "multirail": "MPI/UCX", "deepep": "DeepEP", "hscore": "h-score"}
+
+
+def peer_lines(times: Mapping[Any, Mapping[str, float]], *, tie_rtol: float) -> list[str]:
+    """PASS/MISS lines: the default policy at most 1.00x every baseline on every case.
+
+    ``times[case][policy]`` is a simulated time; the baselines are the
+    registry's (:func:`pathweave.plan.baselines`), so a new peer is checked
+    without a change here. A ratio within ``tie_rtol`` above 1 is a tie.
+    """
+    from pathweave import plan as pwplan
+
+    default = pwplan.DEFAULT_POLICY
+    out = []
+    for peer in pwplan.baselines():
+        ratios = {case: row[default] / row[peer] for case, row in times.items()
+                  if default in row and peer in row}
+        if not ratios:
+            continue
+        worst = max(ratios, key=ratios.__getitem__)
+        best = min(ratios, key=ratios.__getitem__)
+        v = ratios[worst]
+        out.append(
+            f"{'PASS' if v <= 1.0 + tie_rtol else 'MISS'}: {default} <= 1.00x {peer} "
+            f"({PEER_NAMES.get(peer, peer)}) on every case: worst {v:.3f}x at {worst}, "
+            f"best {1 / ratios[best]:.2f}x faster at {best}"
+        )
+    return out
