@@ -19,13 +19,16 @@ def _csr(flows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, links
 
 
-def _both(flows, cap, fcap=None):
+def _both(flows, cap, fcap=None, weight=None):
     ptr, links = _csr(flows)
     cap = np.asarray(cap, dtype=np.float64)
     fcap = np.full(len(flows), INF) if fcap is None else np.asarray(fcap, dtype=np.float64)
-    fast = maxmin_rates(ptr, links, cap, fcap)
-    slow = maxmin_rates_reference(ptr, links, cap, fcap)
-    np.testing.assert_allclose(fast, slow, rtol=1e-9)
+    fast = maxmin_rates(ptr, links, cap, fcap, weight)
+    slow = maxmin_rates_reference(ptr, links, cap, fcap, weight)
+    # Taking a heavy flow's rate off a link leaves its light flows a
+    # difference of large numbers: exact up to rounding of the capacity.
+    finite = cap[np.isfinite(cap)]
+    np.testing.assert_allclose(fast, slow, rtol=1e-9, atol=1e-12 * finite.max(initial=0.0))
     return fast
 
 
@@ -70,6 +73,24 @@ def test_infinite_capacity_links_do_not_bind():
     np.testing.assert_allclose(_both([[0]], [INF]), [INF])
 
 
+def test_weights_split_a_shared_bottleneck_in_proportion():
+    # Link 0 (cap 12) carries a (weight 3) and b (weight 1): 9 and 3.
+    np.testing.assert_allclose(_both([[0], [0]], [12.0], weight=[3.0, 1.0]), [9.0, 3.0])
+    # Weighted parking lot: links 0 and 1 of capacity 6; flow 0 (weight 2)
+    # crosses both, flows 1 (weight 1) and 2 (weight 4) one each. Link 1's
+    # level 6 / 6 = 1 is below link 0's 6 / 3 = 2: it fills first (flows 0
+    # and 2: rates 2 and 4); link 0 then has 4 left for flow 1 alone.
+    np.testing.assert_allclose(_both([[0, 1], [0], [1]], [6.0, 6.0], weight=[2.0, 1.0, 4.0]),
+                               [2.0, 4.0, 4.0])
+    # A cap binds at cap / weight: flow 0 (weight 4, cap 2) stops at level
+    # 0.5; flow 1 (weight 1) takes the remaining 8 of link 0.
+    np.testing.assert_allclose(_both([[0], [0]], [10.0], [2.0, INF], weight=[4.0, 1.0]),
+                               [2.0, 8.0])
+    # Equal weights are plain max-min, whatever their scale.
+    np.testing.assert_allclose(_both([[0, 1], [0], [1]], [1.0, 1.0], weight=[5e8] * 3),
+                               [0.5, 0.5, 0.5])
+
+
 def test_no_flows():
     r = maxmin_rates(np.zeros(1, np.int64), np.zeros(0, np.int64), np.ones(3), np.zeros(0))
     assert r.size == 0
@@ -89,14 +110,19 @@ def instances(draw):
     fcap = draw(
         st.lists(st.sampled_from([INF, INF, 0.5, 1.0, 4.0]), min_size=nflows, max_size=nflows)
     )
-    return flows, caps, fcap
+    weight = draw(
+        st.lists(st.sampled_from([1.0, 1.0, 0.5, 2.0, 7.0, 3e8]), min_size=nflows,
+                 max_size=nflows)
+    )
+    return flows, caps, fcap, weight
 
 
 @settings(max_examples=300, deadline=None)
 @given(instances())
 def test_kernel_matches_reference(inst):
-    flows, caps, fcap = inst
-    r = _both(flows, caps, fcap)
+    flows, caps, fcap, weight = inst
+    r = _both(flows, caps, fcap, weight)
+    level = r / np.asarray(weight)
     # Feasible: no link over capacity, no flow over its cap.
     load = np.zeros(len(caps))
     for f, ls in enumerate(flows):
@@ -104,8 +130,8 @@ def test_kernel_matches_reference(inst):
             load[e] += r[f]
     assert np.all(load <= np.asarray(caps) * (1 + 1e-9))
     assert np.all(r <= np.asarray(fcap) * (1 + 1e-9))
-    # Max-min: every flow is held by a full link where it is among the largest,
-    # or by its own cap.
+    # Weighted max-min: every flow is held by a full link where its level
+    # (rate / weight) is among the largest, or by its own cap.
     for f, ls in enumerate(flows):
         if r[f] == INF:
             assert all(caps[e] == INF for e in ls) and fcap[f] == INF
@@ -115,8 +141,8 @@ def test_kernel_matches_reference(inst):
         held = False
         for e in set(ls):
             full = load[e] >= caps[e] * (1 - 1e-9)
-            biggest = max(r[g] for g, lg in enumerate(flows) if e in lg)
-            held |= full and r[f] >= biggest * (1 - 1e-9)
+            biggest = max(level[g] for g, lg in enumerate(flows) if e in lg)
+            held |= full and level[f] >= biggest * (1 - 1e-9)
         assert held, (f, r)
 
 
@@ -127,6 +153,7 @@ def test_large_random_instance_matches_reference():
     caps = rng.uniform(1.0, 50.0, size=nlinks)
     fcap = np.where(rng.random(nflows) < 0.2, rng.uniform(0.05, 1.0, nflows), INF)
     _both(flows, caps, fcap)
+    _both(flows, caps, fcap, rng.uniform(1e3, 1e9, nflows))
 
 
 # ----------------------------------------------------------------- bad input
@@ -146,6 +173,16 @@ def test_bad_input_names_the_value(ptr, links, cap, fcap, match):
         maxmin_rates(np.array(ptr), np.array(links), np.array(cap), np.array(fcap))
 
 
+@pytest.mark.parametrize(("weight", "match"), [
+    ([0.0], r"flow_weight\[0\] = 0.0"), ([np.nan], r"flow_weight\[0\] = nan"),
+    ([INF], r"flow_weight\[0\] = inf"), ([1.0, 1.0], "flow_weight has shape"),
+])
+def test_bad_weight_names_the_value(weight, match):
+    with pytest.raises(ValueError, match=match):
+        maxmin_rates(np.array([0, 1]), np.array([0]), np.array([1.0]), np.array([INF]),
+                     np.array(weight))
+
+
 def test_subset_kernel_ignores_flows_outside_the_subset():
     rng = np.random.default_rng(11)
     nlinks, nflows = 12, 60
@@ -154,10 +191,11 @@ def test_subset_kernel_ignores_flows_outside_the_subset():
     caps = rng.uniform(1.0, 9.0, size=nlinks)
     fcap = np.where(rng.random(nflows) < 0.3, 0.4, INF)
     subset = np.sort(rng.choice(nflows, size=25, replace=False)).astype(np.int64)
+    weight = rng.uniform(0.5, 4.0, size=nflows)
     out = np.full(nflows, -1.0)
-    maxmin_subset_into(ptr, links, caps, fcap, subset, out)
+    maxmin_subset_into(ptr, links, caps, fcap, weight, subset, out)
     sub_ptr, sub_links = _csr([flows[f] for f in subset])
-    want = maxmin_rates_reference(sub_ptr, sub_links, caps, fcap[subset])
+    want = maxmin_rates_reference(sub_ptr, sub_links, caps, fcap[subset], weight[subset])
     np.testing.assert_allclose(out[subset], want, rtol=1e-9)
     rest = np.setdiff1d(np.arange(nflows), subset)
     assert np.all(out[rest] == -1.0)

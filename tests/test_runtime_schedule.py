@@ -310,7 +310,7 @@ def test_split_fragments_threshold_and_orphans():
 
 
 # ---------------------------------------------------------------- schedules
-def test_direct_only_plan_is_one_round_without_staging():
+def test_direct_only_plan_is_chunked_without_staging():
     # demand only inside nodes and between rail-matched GPUs: routes without forwarders
     rows = np.zeros((8, 8), dtype=np.int64)
     for s in range(8):
@@ -321,9 +321,12 @@ def test_direct_only_plan_is_one_round_without_staging():
     assert all((ROUTES8[p] >= 0).sum() == 2 for p in plan.flow_path)
     scheds = schedule_all(rows, plan, chunk=64, window=2)
     check_schedules(scheds, 2)
-    assert all(s.num_rounds == 1 and s.staging_bytes == 0 and not s.forwards for s in scheds)
-    # direct fragments are not chunked: one message per pair
-    assert [s.num_sends for s in scheds] == [4] * 8
+    # direct fragments are chunked too: ceil(bytes / 64) messages per pair; the
+    # largest pair (1000 + 77 bytes, 17 chunks) enters one chunk per round
+    assert all(s.num_rounds == 17 and s.staging_bytes == 0 and not s.forwards for s in scheds)
+    for s in scheds:
+        want = sum(-(-int(rows[s.rank, d]) // 64) for d in range(8) if d != s.rank)
+        assert s.num_sends == want and s.send_bytes.max() <= 64
     rng = np.random.default_rng(0)
     ins, outs = random_bufs(rows, rng)
     got = run_rounds(scheds, ins, outs)
@@ -332,12 +335,12 @@ def test_direct_only_plan_is_one_round_without_staging():
     intra = forced_plan(pw.fabric.preset("cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh"),
                         np.where(np.eye(4, dtype=bool), 0, 3000), ("direct",))
     sch = schedule_all(np.full((4, 4), 3000), intra, chunk=100, window=2)
-    assert all(s.num_rounds == 1 and s.staging_bytes == 0 and not s.forwards for s in sch)
-    assert all(s.num_sends == 3 and s.send_bytes.tolist() == [3000] * 3 for s in sch)
+    assert all(s.num_rounds == 30 and s.staging_bytes == 0 and not s.forwards for s in sch)
+    assert all(s.num_sends == 90 and s.send_bytes.tolist() == [100] * 90 for s in sch)
     assert all(s.copy_bytes.tolist() == [3000] for s in sch)
 
 
-def test_direct_segment_is_one_message_whatever_the_chunk():
+def test_direct_and_relayed_parts_are_both_chunked():
     # Pair 0 -> 1 of 10 000 bytes: 7000 straight over [0, 1], 3000 relayed over [0, 2, 1].
     rows = np.zeros((3, 3), dtype=np.int64)
     rows[0, 1] = 10_000
@@ -349,11 +352,12 @@ def test_direct_segment_is_one_message_whatever_the_chunk():
         check_schedules(scheds, 2)
         src, dst = scheds[0], scheds[1]
         to_1 = src.send_peer == 1
-        # the direct part: one message of all its bytes, in round 0, from offset 0
-        assert src.send_bytes[to_1].tolist() == [7000]
-        assert src.send_off[to_1].tolist() == [0] and src.send_round[to_1].tolist() == [0]
+        # the direct part: ceil(7000 / chunk) messages from offset 0, in order
+        k = -(-7000 // chunk)
+        assert src.send_bytes[to_1].sum() == 7000 and int(to_1.sum()) == k
+        assert src.send_off[to_1].tolist() == [c * chunk for c in range(k)]
         from_0 = dst.recv_peer == 0
-        assert dst.recv_bytes[from_0].tolist() == [7000] and dst.recv_off[from_0].tolist() == [0]
+        assert dst.recv_bytes[from_0].sum() == 7000 and int(from_0.sum()) == k
         # the relayed part: cut into ceil(3000 / chunk) chunks on both hops
         nchunks = -(-3000 // chunk)
         assert int((src.send_peer == 2).sum()) == nchunks == scheds[2].num_sends
@@ -361,16 +365,52 @@ def test_direct_segment_is_one_message_whatever_the_chunk():
         assert np.array_equal(run_rounds(scheds, ins, outs)[1][0], ins[0][0])
         assert np.array_equal(run_streams(scheds, ins, outs, chunk)[1][0], ins[0][0])
     # Several segments of one pair (batch_isend_irecv: one per message) on a
-    # direct path: one message per segment, each straight into its buffer.
+    # direct path: pieces cut at chunk and segment ends, each straight into its buffer.
     segs = Segments(2, np.array([0, 0, 2, 2, 2]), np.array([4000, 6000]), np.array([0, 1]),
                     np.array([0, 0]), np.array([1, 0]), np.array([0, 0]))
-    for chunk in (1, 1000, 1 << 20):
+    for chunk, want in ((3000, [(0, 3000), (0, 1000), (1, 2000), (1, 3000), (1, 1000)]),
+                        (1 << 20, [(0, 4000), (1, 6000)])):
         s0, s1 = build_schedules(segs, [1], [10_000], [[0, 1]], chunk_bytes=chunk, window=2)
-        assert list(zip(s0.send_buf.tolist(), s0.send_bytes.tolist(), strict=True)) == [
-            (0, 4000), (1, 6000)]
+        assert list(zip(s0.send_buf.tolist(), s0.send_bytes.tolist(), strict=True)) == want
         assert list(zip(s1.recv_buf.tolist(), s1.recv_bytes.tolist(), strict=True)) == [
-            (1, 4000), (0, 6000)]
-        assert s0.num_rounds == s1.num_rounds == 1 and s1.staging_bytes == 0
+            (1 - b, nb) for b, nb in want]
+        assert s1.staging_bytes == 0
+
+
+def test_every_round_carries_each_fragment_in_proportion_to_its_bytes():
+    """Per-round bytes of each fragment against the plan's shares, computed by hand."""
+    rows = np.zeros((3, 3), dtype=np.int64)
+    rows[0, 1] = 12_000
+    seg = Segments.all_to_all(rows)
+    routes = [[0, 1, -1], [0, 2, 1]]
+
+    def per_round(s, peer):
+        m = s.send_peer == peer
+        return np.bincount(s.send_round[m], weights=s.send_bytes[m],
+                           minlength=s.num_rounds).astype(int).tolist()
+
+    # 8000 direct and 4000 relayed, chunks of 1000, window 4: the direct part
+    # (8 chunks) enters 2 per round, so R = 4 and every round moves 2000 direct
+    # and 1000 relayed bytes (2:1, the plan's shares); the relay forwards one
+    # round later and holds 2 slots (its 4 chunks are half the largest's 8).
+    sch = build_schedules(seg, [1, 1], [8000, 4000], routes, chunk_bytes=1000, window=4)
+    check_schedules(sch, 4)
+    assert per_round(sch[0], 1) == [2000, 2000, 2000, 2000, 0]
+    assert per_round(sch[0], 2) == [1000, 1000, 1000, 1000, 0]
+    assert per_round(sch[2], 1) == [0, 1000, 1000, 1000, 1000]
+    assert sch[2].staging_bytes == 2 * 1000 and sch[2].dataflow().slots == [2]
+    # 7000 direct and 3000 relayed, window 2: R = 7 rounds of one direct chunk;
+    # relayed chunk c enters in round floor(c * 7 / 3) = 0, 2, 4.
+    rows[0, 1] = 10_000
+    sch = build_schedules(Segments.all_to_all(rows), [1, 1], [7000, 3000], routes,
+                          chunk_bytes=1000, window=2)
+    check_schedules(sch, 2)
+    assert per_round(sch[0], 1) == [1000] * 7
+    assert per_round(sch[0], 2) == [1000, 0, 1000, 0, 1000, 0, 0]
+    assert per_round(sch[2], 1) == [0, 1000, 0, 1000, 0, 1000, 0]
+    ins, outs = random_bufs(rows, np.random.default_rng(3))
+    assert np.array_equal(run_rounds(sch, ins, outs)[1][0], ins[0][0])
+    assert run_async(sch)
 
 
 def test_empty_and_self_only_calls():
@@ -405,10 +445,11 @@ def test_relay_stream_is_chunked_and_window_bounded():
         assert src.send_order.tolist() == list(range(nchunks))
         # window: the relay holds at most `window` chunks of the stream
         assert mid.staging_bytes == min(window, nchunks) * min(chunk, 1000)
-        # pipeline: chunks enter window // 2 per round, hop h one round later
-        per_round = max(1, window // 2)
-        assert src.send_round.tolist() == [c // per_round for c in range(nchunks)]
-        assert mid.send_round.tolist() == [c // per_round + 1 for c in range(nchunks)]
+        # pipeline: R = ceil(k / (window // 2)) rounds, chunk c enters in
+        # round floor(c * R / k), hop h one round later
+        rounds = -(-nchunks // max(1, window // 2))
+        assert src.send_round.tolist() == [c * rounds // nchunks for c in range(nchunks)]
+        assert mid.send_round.tolist() == [c * rounds // nchunks + 1 for c in range(nchunks)]
         assert run_async(scheds)
         rng = np.random.default_rng(chunk)
         ins, outs = random_bufs(rows, rng)
@@ -488,7 +529,7 @@ def test_checker_and_async_model_catch_broken_schedules():
     assert run_streams([*scheds[:1], lost, *scheds[2:]], ins, outs) is None
     # ... and a relay re-using a slot before its forward is done corrupts bytes
     # (it believes it has one slot more than its staging holds)
-    greedy = dataclasses.replace(mid, window=mid.window + 1)
+    greedy = dataclasses.replace(mid, stream_window=mid.stream_window + 1)
     outcomes = [run_streams([*scheds[:via], greedy, *scheds[via + 1 :]], ins, outs, seed)
                 for seed in range(20)]
     assert any(o is not None and not np.array_equal(o[1][0], ins[0][0]) for o in outcomes)

@@ -29,14 +29,16 @@ def _csr(flows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.array([e for f in flows for e in f], dtype=np.int64)
 
 
-def _engine(flows, cap, nbytes, release=None, fcap=None, rtol=0.0):
+def _engine(flows, cap, nbytes, release=None, fcap=None, rtol=0.0, weight=None):
     ptr, links = _csr(flows)
     cap = np.asarray(cap, dtype=np.float64)
     nbytes = np.asarray(nbytes, dtype=np.float64)
     release = np.zeros(len(flows)) if release is None else np.asarray(release, dtype=np.float64)
     fcap = np.full(len(flows), INF) if fcap is None else np.asarray(fcap, dtype=np.float64)
-    end, seg_t, seg_rate, _ = run_flows(ptr, links, cap, fcap, nbytes, release, rtol, cap.size, 64)
-    ref = run_flows_reference(ptr, links, cap, fcap, nbytes, release, rtol)
+    weight = np.ones(len(flows)) if weight is None else np.asarray(weight, dtype=np.float64)
+    end, seg_t, seg_rate, _ = run_flows(ptr, links, cap, fcap, weight, nbytes, release, rtol,
+                                        cap.size, 64)
+    ref = run_flows_reference(ptr, links, cap, fcap, weight, nbytes, release, rtol)
     np.testing.assert_allclose(end, ref, rtol=1e-9)
     # The rate timeline carries exactly every flow's bytes over its links.
     carried = (seg_rate * np.diff(seg_t)[:, None]).sum(axis=0)
@@ -100,6 +102,27 @@ def test_caps_and_idle_gaps():
     np.testing.assert_allclose(end, [2.0, 6.0])
 
 
+def test_byte_weighted_flows_on_one_link_end_together():
+    # 30 and 10 bytes on a 10 B/s link, weighted by their bytes: rates 7.5 and
+    # 2.5, both end at 4 (equal weights: 5 each, the small one ends at 2).
+    np.testing.assert_allclose(_engine([[0], [0]], [10.0], [30.0, 10.0], weight=[30, 10]),
+                               [4.0, 4.0])
+    np.testing.assert_allclose(_engine([[0], [0]], [10.0], [30.0, 10.0]), [4.0, 2.0])
+    # A third flow of weight 20 joins at t = 2 on a second link it shares
+    # with nothing: the first two keep 3 : 1 and still end together at 4,
+    # it runs alone at 5 B/s on link 1 and ends at 2 + 4 = 6.
+    end = _engine([[0], [0], [1]], [10.0, 5.0], [30.0, 10.0, 20.0], [0.0, 0.0, 2.0],
+                  weight=[30, 10, 20])
+    np.testing.assert_allclose(end, [4.0, 4.0, 6.0])
+    # By hand with a late joiner on the shared link: flows a (weight 3, 30 B)
+    # and b (weight 1, 10 B) from 0, c (weight 4, 20 B) from t = 2. Until 2:
+    # a 7.5, b 2.5 (a has 15 left, b 5). Then levels 10 / 8: a 3.75, b 1.25,
+    # c 5; all three need 4 more seconds: every flow ends at 6.
+    end = _engine([[0], [0], [0]], [10.0], [30.0, 10.0, 20.0], [0.0, 0.0, 2.0],
+                  weight=[3, 1, 4])
+    np.testing.assert_allclose(end, [6.0, 6.0, 6.0])
+
+
 def test_zero_byte_flow_ends_at_release():
     np.testing.assert_allclose(_engine([[0], [0]], [1.0], [0.0, 1.0], [3.0, 0.0]), [3.0, 1.0])
 
@@ -114,14 +137,15 @@ def flow_sets(draw):
     release = draw(st.lists(st.sampled_from([0.0, 0.0, 0.5, 2.0]), min_size=n, max_size=n))
     fcap = draw(st.lists(st.sampled_from([INF, INF, 0.7]), min_size=n, max_size=n))
     rtol = draw(st.sampled_from([0.0, 0.0, 0.05]))
-    return flows, cap, nbytes, release, fcap, rtol
+    weight = draw(st.lists(st.sampled_from([1.0, 1.0, 0.25, 3.0, 1e6]), min_size=n, max_size=n))
+    return flows, cap, nbytes, release, fcap, rtol, weight
 
 
 @settings(max_examples=150, deadline=None)
 @given(flow_sets())
 def test_engine_matches_its_slow_twin(inst):
-    flows, cap, nbytes, release, fcap, rtol = inst
-    end = _engine(flows, cap, nbytes, release, fcap, rtol)
+    flows, cap, nbytes, release, fcap, rtol, weight = inst
+    end = _engine(flows, cap, nbytes, release, fcap, rtol, weight)
     # No flow ends before it could have alone at full speed.
     for f, ls in enumerate(flows):
         alone = nbytes[f] / min(min(cap[e] for e in ls), fcap[f])
@@ -137,7 +161,7 @@ def test_segment_merging_keeps_bytes():
     release = rng.uniform(0, 5, 40)
     cap = np.array([3.0, 5.0, 7.0])
     end, seg_t, seg_rate, events = run_flows(
-        ptr, links, cap, np.full(40, INF), nbytes, release, 0.0, 3, 4
+        ptr, links, cap, np.full(40, INF), np.ones(40), nbytes, release, 0.0, 3, 4
     )
     assert seg_rate.shape[0] <= 4 and events > 4
     assert seg_t[0] == 0.0 and seg_t[-1] == pytest.approx(end.max())

@@ -125,6 +125,10 @@ SIM_MAX_RANKS = 64
 #: best baseline's on every case and never above ``static``'s; predicted time
 #: within 2 % (median) and 5 % (worst) of the time yardstick.
 TIME_VS_BASELINE_TARGET = 1.0
+#: Where the time yardstick is at least this much faster than the best baseline
+#: (predicted), the default policy must realise at least HEADROOM_SHARE_TARGET of it.
+HEADROOM_MIN_GAIN = 0.05
+HEADROOM_SHARE_TARGET = 0.5
 #: Simulator event batching (``SimModel.batch_rtol``) and set-up make makespans of
 #: plans with the same link loads differ by up to this much; the PASS line names it.
 SIM_TIE_RTOL = 1e-3
@@ -499,16 +503,18 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
     ``time_optimum_s`` and, for the planning-time lines, ``ranks`` and
     ``plan_s_median``. Per case (fabric, workload): the default policy's
     simulated makespan over the best baseline's and ``static``'s over the
-    default's; its predicted time over the time yardstick; its median planning
-    time per size.
+    default's; its predicted time over the time yardstick; where the yardstick
+    is at least :data:`HEADROOM_MIN_GAIN` faster than the best baseline, the
+    share of that headroom the default realises (predicted); its median
+    planning time per size.
     """
     default = pwplan.DEFAULT_POLICY
     base = pwplan.baselines()
     cells: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
     for r in records:
         cells.setdefault((r["fabric"], r["workload"]), {})[r["policy"]] = r
-    vs_best, vs_static, vs_yard = [], [], []
-    worst_case = ""
+    vs_best, vs_static, vs_yard, realised = [], [], [], []
+    worst_case = headroom_case = ""
     for (fab, wl), row in cells.items():
         d = row.get(default)
         if d is None:
@@ -523,6 +529,13 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
             vs_static.append(row["static"]["sim_s"] / d["sim_s"])
         if d.get("predicted_s") and d.get("time_optimum_s"):
             vs_yard.append(d["predicted_s"] / d["time_optimum_s"])
+            peers = [row[b]["predicted_s"] for b in base if row.get(b, {}).get("predicted_s")]
+            gain = 1.0 - d["time_optimum_s"] / min(peers) if peers else 0.0
+            if gain >= HEADROOM_MIN_GAIN:
+                share = (1.0 - d["predicted_s"] / min(peers)) / gain
+                if not realised or share < min(realised):
+                    headroom_case = f"{fab} {workload_label(wl)} ({gain:.1%} headroom)"
+                realised.append(share)
 
     def line(name: str, vals: list[float], agg: Callable[[list[float]], float], target: float,
              ok: Callable[[float], bool], text: str) -> Check:
@@ -549,6 +562,11 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
              lambda v: v <= RATIO_TARGET_WORST,
              f"{default}/time yardstick predicted worst  {{v:.4f}} "
              f"(target <= {RATIO_TARGET_WORST})"),
+        line("headroom realised", realised, min, HEADROOM_SHARE_TARGET,
+             lambda v: v >= HEADROOM_SHARE_TARGET,
+             f"{default} realises least {{v:.2f}} of the headroom at {headroom_case} over "
+             f"{{n}} cases where the time yardstick is >= {HEADROOM_MIN_GAIN:.0%} faster than "
+             f"the best baseline, predicted (target >= {HEADROOM_SHARE_TARGET})"),
     ]
     for r in records:
         rp = r.get("replan_s")

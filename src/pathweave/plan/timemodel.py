@@ -34,9 +34,12 @@ go); the second is the slowest single fragment on its own. The tail makes
 the model no strict lower bound of the simulator's max-min fluid makespan
 (the fragment with the largest fill need not end last) but a closer one:
 without it the model was up to 45 % below the simulator on 1-2 MB pairs,
-where a few chunks of fill are a fifth of the time. Plans that load many
-links to the maximum at once remain up to ~17 % optimistic: max-min
-sharing cannot keep every such link busy to the end (``docs/simulator.md``).
+where a few chunks of fill are a fifth of the time. The links term assumes
+that the fragments on a link share it in proportion to their bytes, so that
+those held by it end together: the executor's rounds do that and the
+simulator models it (weighted max-min), and multi-path plans simulate within
+0.6 % of the prediction on ``bench planner``'s cases (up to 17 % above it
+when links were shared per fragment; ``docs/simulator.md``).
 With :meth:`SimModel.ideal` the prediction is the congestion bound exactly.
 
 Examples

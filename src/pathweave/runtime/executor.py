@@ -8,8 +8,10 @@ with the backend's own point-to-point operations.
   ``tag_base`` plus its order on its rank pair, so concurrent streams never
   mix and messages match whatever order they are posted in. Each forwarded
   stream advances on its own (:class:`~pathweave.runtime.schedule.Dataflow`):
-  the rank posts every receive it can (into user buffers, and into the first
-  ``window`` staging slots of each stream) before any send, then one thread
+  the rank posts every receive it can (into user buffers, and into each
+  stream's staging slots: its window, which follows its bytes) before any
+  send (in round order, so each rank pair's connection carries every
+  fragment in proportion to its bytes), then one thread
   per forwarded stream waits for chunk ``c``, forwards it, waits for the
   forward of chunk ``c - 1`` and re-posts a receive into the slot it left.
   The threads block in gloo's ``wait`` (which releases the GIL), so nothing

@@ -17,21 +17,27 @@ Vocabulary
     is the path's sequence of ranks (the GPU vertices along it: the source,
     any forwarding GPUs, the destination).
 *chunk*
-    Fragments with a forwarding rank are cut into chunks of ``chunk_bytes``
-    that move hop by hop as a pipeline; direct fragments travel whole.
+    Every fragment, direct or forwarded, is cut into chunks of
+    ``chunk_bytes`` that move hop by hop as a pipeline.
 *piece*
     A chunk, further cut where a segment ends (a piece has one source
     address and one destination address). Pieces of one chunk move together.
 *round*
-    Hop ``h`` of chunk ``c`` moves in round ``c // per_round + h``, where
-    ``per_round = max(1, window // 2)`` chunks of a stream enter the pipeline
-    per round. Every send of a round has its matching receive in the same
-    round on the peer.
+    Every round is a slice of the whole call: with ``R`` entry rounds (the
+    largest fragment enters ``window // 2`` chunks per round), hop ``h`` of
+    chunk ``c`` of a fragment of ``k`` chunks moves in round
+    ``floor(c * R / k) + h``. Each fragment so moves about ``1/R`` of its
+    bytes per round, and the links it shares carry it in proportion to its
+    bytes, as the plan and the simulator assume. Every send of a round has
+    its matching receive in the same round on the peer.
 *staging*
-    A forwarding rank holds ``min(window, chunks)`` chunk slots per stream it
-    forwards; chunk ``c`` uses slot ``c % window``. This is the credit window:
-    a sender can only push chunk ``c + window`` once the forwarding rank has
-    re-posted a receive into the slot chunk ``c`` left.
+    A forwarding rank holds ``w_f`` chunk slots per stream ``f`` it
+    forwards (the stream's window: ``window`` for the largest fragment, in
+    proportion to the chunks for smaller ones, at least 2 or all of them);
+    chunk ``c`` uses slot ``c % w_f``. This is the credit window: a sender
+    can only push chunk ``c + w_f`` once the forwarding rank has re-posted a
+    receive into the slot chunk ``c`` left, and in the rounds chunk
+    ``c + w_f`` enters at least two rounds after chunk ``c``.
 
 Why it is deadlock-free
 -----------------------
@@ -170,11 +176,16 @@ class RankSchedule:
     forwards : bool
         Whether any rank forwards in this call (the same on every rank).
     window : int
-        Staging slots per forwarded stream (a stream of fewer chunks has fewer).
+        Staging slots of the call's largest forwarded stream.
+    stream_window : int64[F]
+        Staging slots of each fragment's stream (:func:`_pacing`: in
+        proportion to its chunks, at least 2 or all of them; the same on
+        every rank).
     send_stream, send_chunk, recv_stream, recv_chunk : int64[S], int64[S], int64[R], int64[R]
         For staged operations, the forwarded stream (a fragment id, the same on
         every rank) and the chunk of it the operation carries; -1 for
-        operations on user buffers. Chunk ``c`` sits in slot ``c % window``.
+        operations on user buffers. Chunk ``c`` of stream ``f`` sits in slot
+        ``c % stream_window[f]``.
     """
 
     rank: int
@@ -201,6 +212,7 @@ class RankSchedule:
     staging_bytes: int
     forwards: bool
     window: int
+    stream_window: np.ndarray
     send_stream: np.ndarray
     send_chunk: np.ndarray
     recv_stream: np.ndarray
@@ -302,7 +314,7 @@ def _dataflow(s: RankSchedule) -> Dataflow:
             if got != put:
                 raise ValueError(f"rank {s.rank}: chunk {c} of stream {f} is forwarded "
                                  "with other bytes than it arrived with")
-        k = min(s.window, n)
+        k = min(int(s.stream_window[f]), n)
         streams.append([(tuple(rs[c]), tuple(ss[c])) for c in range(n)])
         slots.append(k)
         first_recvs += [i for c in range(k) for i in rs[c]]
@@ -458,10 +470,11 @@ def _global_hops(
     first = np.r_[True, frag_pair[1:] != frag_pair[:-1]] if nf else np.zeros(0, bool)
     pair_base = np.maximum.accumulate(np.where(first, csum, 0)) if nf else csum
     frag_start = csum - pair_base
-    # Chunks: forwarded fragments are cut every chunk_bytes; direct ones stay whole.
+    # Chunks: every fragment, direct or forwarded, is cut every chunk_bytes.
     fwd = hops > 1
-    step = np.where(fwd, chunk_bytes, np.maximum(frag_bytes, 1))
+    step = np.full(nf, chunk_bytes, dtype=np.int64)
     nchunk = -(-frag_bytes // step)
+    rounds, stream_window = _pacing(nchunk, window)
     cf = np.repeat(np.arange(nf), nchunk)
     cidx = np.arange(cf.size) - np.repeat(np.cumsum(nchunk) - nchunk, nchunk)
     c_lo = frag_start[cf] + cidx * step[cf]
@@ -495,10 +508,12 @@ def _global_hops(
     si = _locate(seg_pair, seg_start, p_pair, p_lo)
     f = cf[ci]
     c = cidx[ci]
-    per_round = max(1, window // 2)
-    rnd0 = np.where(fwd[f], c // per_round, 0)
+    # Every round is a slice of the whole call: chunk c of a fragment of k
+    # chunks enters in round floor(c * R / k), so each fragment moves about
+    # 1/R of its bytes per round and shares its links in proportion to them.
+    rnd0 = (c * rounds) // np.maximum(nchunk[f], 1)
     # Staging slot of each forwarded piece at every forwarding rank of its route.
-    slot_off = (c % window) * chunk_bytes + (p_lo - c_lo[ci])
+    slot_off = (c % stream_window[f]) * chunk_bytes + (p_lo - c_lo[ci])
     # Expand pieces into hops.
     h_n = hops[f]
     row = np.repeat(np.arange(p_lo.size), h_n)
@@ -547,7 +562,36 @@ def _global_hops(
         "frag_nchunk": nchunk,
         "frag_bytes_all": frag_bytes,
         "frag_hops": hops,
+        "stream_window": stream_window,
     }
+
+
+def _pacing(nchunk: np.ndarray, window: int) -> tuple[int, np.ndarray]:
+    """``(R, w)``: the call's entry rounds and each fragment's staging window.
+
+    ``R = max_f ceil(k_f / (window // 2))``: the largest fragment enters
+    ``window // 2`` chunks per round, as a lone forwarded stream always did;
+    a fragment of ``k_f`` chunks enters ``k_f / R`` per round. Its window
+    ``w_f = min(k_f, max(2, ceil(window * k_f / k_max)))`` follows its bytes
+    (chunks in flight per round in proportion to the chunks it moves per
+    round), and is large enough for slot re-use: chunk ``c + w_f`` enters
+    ``floor(w_f * R / k_f) >= window / (window // 2) >= 2`` rounds after
+    chunk ``c``, so after chunk ``c`` was forwarded (one round after it
+    arrived).
+
+    Examples
+    --------
+    >>> R, w = _pacing(np.array([16, 4, 1]), 4)
+    >>> R, w.tolist()
+    (8, [4, 2, 1])
+    """
+    if nchunk.size == 0:
+        return 1, np.zeros(0, dtype=np.int64)
+    per_round = max(1, window // 2)
+    kmax = int(nchunk.max())
+    rounds = max(1, -(-kmax // per_round))
+    want = -(-(window * nchunk) // max(kmax, 1))
+    return rounds, np.minimum(nchunk, np.maximum(2, want)).astype(np.int64)
 
 
 def _locate(
@@ -583,7 +627,7 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
     cols = np.arange(routes.shape[1])
     inner = (cols >= 1) & (cols < g["frag_hops"][:, None])
     fwd_frags = np.flatnonzero(((routes == rank) & inner).any(axis=1))
-    slots = np.minimum(window, g["frag_nchunk"][fwd_frags])
+    slots = g["stream_window"][fwd_frags]
     slot_size = np.minimum(chunk_bytes, g["frag_bytes_all"][fwd_frags])
     size = slots * slot_size
     base = np.zeros(routes.shape[0], dtype=np.int64)
@@ -630,6 +674,7 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
         staging_bytes=staging,
         forwards=bool(g["frag_fwd"].any()),
         window=window,
+        stream_window=g["stream_window"],
         send_stream=np.where(g["first"][s_rows], -1, g["frag"][s_rows]),
         send_chunk=np.where(g["first"][s_rows], -1, g["chunk"][s_rows]),
         recv_stream=np.where(g["last"][r_rows], -1, g["frag"][r_rows]),
@@ -667,9 +712,11 @@ def build_schedules(
         stream and take consecutive runs of it in the given order. Pairs
         ``s == d`` have no fragments: their segments become local copies.
     chunk_bytes
-        Chunk size of forwarded fragments.
+        Chunk size of every fragment.
     window
-        Staging slots per forwarded stream at each forwarding rank (>= 2).
+        Staging slots of the largest forwarded stream at each forwarding rank
+        (>= 2); the call's largest fragment enters ``window // 2`` chunks per
+        round, and smaller ones in proportion (module docstring).
 
     Examples
     --------
@@ -677,7 +724,7 @@ def build_schedules(
     >>> seg = Segments.all_to_all(np.array([[0, 10], [0, 0]]))
     >>> s0, s1 = build_schedules(seg, [1], [10], [[0, 1]], chunk_bytes=4, window=2)
     >>> s0.send_bytes.tolist(), s1.recv_bytes.tolist(), s0.num_rounds
-    ([10], [10], 1)
+    ([4, 4, 2], [4, 4, 2], 3)
     """
     _check_args(segments, chunk_bytes, window)
     g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window)

@@ -64,7 +64,8 @@ def rates(ctl: Control, net: Network, subs: Subflows, t: float,
         rows = net.links2d[sp]
         flat = rows[rows >= 0].astype(np.int64)
         out = np.empty(sp.size)
-        maxmin_into(ptr, flat, ctl.effective_capacity(net), np.full(sp.size, np.inf), out)
+        maxmin_into(ptr, flat, ctl.effective_capacity(net), np.full(sp.size, np.inf),
+                    np.ones(sp.size), out)
         rate[fb] = out
     fr = active & subs.fresh
     rate[fr] = subs.rate[fr]

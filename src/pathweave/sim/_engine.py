@@ -2,8 +2,9 @@
 
 A flow ``f`` crosses the links ``flow_links[flow_ptr[f]:flow_ptr[f + 1]]``,
 carries ``flow_bytes[f]`` and starts moving data at ``release_s[f]``. While
-it moves, its rate is its max-min fair share among the flows moving at the
-same time (:mod:`pathweave.sim._maxmin`), capped by ``flow_cap_Bps[f]``.
+it moves, its rate is its weighted max-min fair share among the flows moving
+at the same time (:mod:`pathweave.sim._maxmin`; weight ``flow_weight[f]``),
+capped by ``flow_cap_Bps[f]``.
 Rates are recomputed whenever a flow starts or ends.
 
 Flows whose ends fall within ``batch_rtol`` (relative to the simulated time)
@@ -69,6 +70,7 @@ def run_flows(
     flow_links,
     capacity_Bps,
     flow_cap_Bps,
+    flow_weight,
     flow_bytes,
     release_s,
     batch_rtol,
@@ -87,7 +89,7 @@ def run_flows(
     nrec = num_record_links
     order = np.argsort(release_s, kind="mergesort")
     # Caps are fixed per flow: sort them once for every rate computation.
-    cap_order = cap_order_of(flow_cap_Bps, np.arange(nflows))
+    cap_order = cap_order_of(flow_cap_Bps, flow_weight, np.arange(nflows))
     end_s = np.full(nflows, np.nan)
     remaining = flow_bytes.astype(np.float64).copy()
     rate = np.zeros(nflows, dtype=np.float64)
@@ -136,6 +138,7 @@ def run_flows(
             flow_links,
             capacity_Bps,
             flow_cap_Bps,
+            flow_weight,
             members,
             cap_order,
             lptr,
@@ -202,6 +205,7 @@ def run_flows_reference(
     flow_links: np.ndarray,
     capacity_Bps: np.ndarray,
     flow_cap_Bps: np.ndarray,
+    flow_weight: np.ndarray,
     flow_bytes: np.ndarray,
     release_s: np.ndarray,
     batch_rtol: float,
@@ -241,6 +245,7 @@ def run_flows_reference(
             np.array(links, dtype=np.int64),
             capacity_Bps,
             np.array([flow_cap_Bps[f] for f in moving]),
+            np.array([flow_weight[f] for f in moving]),
         )
         ends = {f: t + remaining[f] / r for f, r in zip(moving, rates, strict=True)}
         first = min(ends.values())

@@ -1,4 +1,4 @@
-"""Max-min fair rates of flows sharing directed links (progressive filling).
+"""Weighted max-min fair rates of flows sharing directed links (progressive filling).
 
 Flows are given in compressed form: the links of flow ``f`` are
 ``flow_links[flow_ptr[f]:flow_ptr[f + 1]]``. A link listed ``k`` times by one
@@ -6,10 +6,14 @@ flow carries that flow ``k`` times (its rate counts ``k`` times against the
 capacity). Each flow may also have its own rate ceiling ``flow_cap_Bps[f]``
 (``np.inf`` for none), treated as a private link that only that flow crosses.
 
-The allocation is the unique max-min fair one: every flow's rate is as large
-as possible given that no flow's rate can be raised without lowering that of
-a flow whose rate is already no larger. Progressive filling finds it by
-raising all rates together and freezing the flows of each link as it fills.
+Each flow has a weight ``flow_weight[f] > 0`` (1 when not given); the rate
+of flow ``f`` is its weight times its *level*. The allocation is the unique
+weighted max-min fair one: every flow's level is as large as possible given
+that no flow's level can be raised without lowering that of a flow whose
+level is already no larger. Progressive filling finds it by raising all
+levels together and freezing the flows of each link as it fills. The static
+simulator weighs each fragment by its bytes, as the executor shares a link
+(``docs/simulator.md``); with unit weights it is plain max-min fairness.
 
 :func:`maxmin_into` and :func:`maxmin_subset_into` are the numba kernels
 (arrays in, arrays out; callable from other numba code);
@@ -92,14 +96,18 @@ def _heap_pop(hkey, hid, hver, size):
 # --------------------------------------------------------------------- kernel
 @njit(cache=True)
 def _freeze_flow(
-    f, share, flow_ptr, flow_links, rate_Bps, state, weight, remaining, dirty, dirty_list, ndirty
+    f, level, flow_ptr, flow_links, flow_weight, rate_Bps, state, weight, count, remaining,
+    dirty, dirty_list, ndirty,
 ):
-    # Flow f stops at `share`: take it off every link it crosses.
+    # Flow f stops at `level` (its rate: level times its weight): take it off
+    # every link it crosses.
     state[f] = 2
+    share = level * flow_weight[f]
     rate_Bps[f] = share
     for k in range(flow_ptr[f], flow_ptr[f + 1]):
         e = flow_links[k]
-        weight[e] -= 1.0
+        weight[e] -= flow_weight[f]
+        count[e] -= 1
         rem = remaining[e] - share
         remaining[e] = rem if rem > 0.0 else 0.0
         if not dirty[e]:
@@ -136,6 +144,7 @@ def maxmin_on_incidence(
     flow_links,
     capacity_Bps,
     flow_cap_Bps,
+    flow_weight,
     members,
     cap_order,
     lptr,
@@ -143,33 +152,38 @@ def maxmin_on_incidence(
     state,
     rate_Bps,
 ):
-    """Max-min rates of ``members`` over a prebuilt incidence (numba kernel, no checks).
+    """Weighted max-min rates of ``members`` over a prebuilt incidence (numba kernel, no checks).
 
     ``lptr, lflow`` (:func:`build_incidence`) may cover a superset of
     ``members``: the others are skipped, so an event-driven caller rebuilds
     it only now and then. ``cap_order`` lists flows with a finite cap in
-    ascending order of cap (others than members are skipped). ``state`` is
-    an ``int8[F]`` scratch array of zeros, left as zeros on return.
+    ascending order of ``cap / weight`` (others than members are skipped,
+    :func:`cap_order_of`). ``state`` is an ``int8[F]`` scratch array of
+    zeros, left as zeros on return.
 
-    Bottleneck order: a heap holds each link's fair share
-    ``remaining / unfrozen crossings`` (lazily: a version stamp marks stale
-    entries). The smallest share, or the smallest cap if lower, is the next
-    bottleneck; its unfrozen flows freeze at that share, which is taken off
-    the other links they cross. Shares never fall as flows freeze, so one
-    pass suffices.
+    Flow ``f`` gets ``flow_weight[f]`` times a common *level*: a link's fair
+    level is ``remaining / unfrozen weight`` (lazily in a heap: a version
+    stamp marks stale entries). The smallest level, or the smallest
+    ``cap / weight`` if lower, is the next bottleneck; its unfrozen flows
+    freeze at that level, and their rates are taken off the other links
+    they cross. Levels never fall as flows freeze, so one pass suffices.
     """
     m = members.shape[0]
     nlinks = capacity_Bps.shape[0]
     weight = np.zeros(nlinks, dtype=np.float64)
+    # Unfrozen crossings per link: whether a link is still live does not
+    # hang on float weights summing back to exactly zero.
+    count = np.zeros(nlinks, dtype=np.int64)
     for j in range(m):
         f = members[j]
         state[f] = 1
         rate_Bps[f] = np.inf
         for k in range(flow_ptr[f], flow_ptr[f + 1]):
-            weight[flow_links[k]] += 1.0
+            weight[flow_links[k]] += flow_weight[f]
+            count[flow_links[k]] += 1
     nnz = 0
     for e in range(nlinks):
-        nnz += np.int64(weight[e])
+        nnz += count[e]
 
     remaining = capacity_Bps.astype(np.float64).copy()
     version = np.zeros(nlinks, dtype=np.int64)
@@ -183,7 +197,7 @@ def maxmin_on_incidence(
     hver = np.empty(hsize_max, dtype=np.int64)
     size = 0
     for e in range(nlinks):
-        if weight[e] > 0.0:
+        if count[e] > 0:
             size = _heap_push(hkey, hid, hver, size, remaining[e] / weight[e], e, 0)
 
     ncap = cap_order.shape[0]
@@ -193,8 +207,9 @@ def maxmin_on_incidence(
         # The next cap of an unfrozen member, and the next live heap entry.
         while cp < ncap and state[cap_order[cp]] != 1:
             cp += 1
-        cap_share = flow_cap_Bps[cap_order[cp]] if cp < ncap else np.inf
-        while size > 0 and (hver[0] != version[hid[0]] or weight[hid[0]] <= 0.0):
+        cap_share = flow_cap_Bps[cap_order[cp]] / flow_weight[cap_order[cp]] if cp < ncap \
+            else np.inf
+        while size > 0 and (hver[0] != version[hid[0]] or count[hid[0]] <= 0):
             size = _heap_pop(hkey, hid, hver, size)  # stale: re-keyed since this push
         link_share = hkey[0] if size > 0 else np.inf
         if cap_share == np.inf and link_share == np.inf:
@@ -206,9 +221,11 @@ def maxmin_on_incidence(
                 cap_share,
                 flow_ptr,
                 flow_links,
+                flow_weight,
                 rate_Bps,
                 state,
                 weight,
+                count,
                 remaining,
                 dirty,
                 dirty_list,
@@ -227,9 +244,11 @@ def maxmin_on_incidence(
                         link_share,
                         flow_ptr,
                         flow_links,
+                        flow_weight,
                         rate_Bps,
                         state,
                         weight,
+                        count,
                         remaining,
                         dirty,
                         dirty_list,
@@ -241,7 +260,7 @@ def maxmin_on_incidence(
             e = dirty_list[i]
             dirty[e] = False
             version[e] += 1
-            if weight[e] > 0.5:
+            if count[e] > 0:
                 size = _heap_push(hkey, hid, hver, size, remaining[e] / weight[e], e, version[e])
     for j in range(m):
         state[members[j]] = 0
@@ -249,8 +268,9 @@ def maxmin_on_incidence(
 
 
 @njit(cache=True)
-def maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, cap_order, rate_Bps):
-    """Max-min rates of the flows in ``subset`` (numba kernel, no checks).
+def maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
+                cap_order, rate_Bps):
+    """Weighted max-min rates of the flows in ``subset`` (numba kernel, no checks).
 
     Writes ``rate_Bps[subset[j]]``; other entries are left alone: flows
     outside ``subset`` take no capacity. ``cap_order``: see
@@ -263,6 +283,7 @@ def maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, cap_or
         flow_links,
         capacity_Bps,
         flow_cap_Bps,
+        flow_weight,
         subset,
         cap_order,
         lptr,
@@ -273,8 +294,8 @@ def maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, cap_or
 
 
 @njit(cache=True)
-def cap_order_of(flow_cap_Bps, subset):
-    """Members of ``subset`` with a finite cap, in ascending order of cap (stable)."""
+def cap_order_of(flow_cap_Bps, flow_weight, subset):
+    """Members of ``subset`` with a finite cap, in ascending order of ``cap / weight`` (stable)."""
     n = 0
     for j in range(subset.shape[0]):
         if flow_cap_Bps[subset[j]] < np.inf:
@@ -286,30 +307,33 @@ def cap_order_of(flow_cap_Bps, subset):
         f = subset[j]
         if flow_cap_Bps[f] < np.inf:
             ids[n] = f
-            vals[n] = flow_cap_Bps[f]
+            vals[n] = flow_cap_Bps[f] / flow_weight[f]
             n += 1
     return ids[np.argsort(vals, kind="mergesort")]
 
 
 @njit(cache=True)
-def maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, rate_Bps):
-    """Max-min rates of the flows in ``subset`` only (numba kernel, no checks).
+def maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
+                       rate_Bps):
+    """Weighted max-min rates of the flows in ``subset`` only (numba kernel, no checks).
 
     As :func:`maxmin_core`, sorting the subset's caps itself.
     """
-    order = cap_order_of(flow_cap_Bps, subset)
-    return maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, order, rate_Bps)
+    order = cap_order_of(flow_cap_Bps, flow_weight, subset)
+    return maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
+                       order, rate_Bps)
 
 
 @njit(cache=True)
-def maxmin_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, rate_Bps):
-    """Fill ``rate_Bps[:F]`` with the max-min fair rates of all flows (numba, no checks)."""
+def maxmin_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, rate_Bps):
+    """Fill ``rate_Bps[:F]`` with the weighted max-min rates of all flows (numba, no checks)."""
     subset = np.arange(flow_ptr.shape[0] - 1)
-    return maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, subset, rate_Bps)
+    return maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight,
+                              subset, rate_Bps)
 
 
 # --------------------------------------------------------------------- wrapper
-def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps):
+def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight=None):
     flow_ptr = np.ascontiguousarray(flow_ptr, dtype=np.int64)
     flow_links = np.ascontiguousarray(flow_links, dtype=np.int64)
     capacity_Bps = np.ascontiguousarray(capacity_Bps, dtype=np.float64)
@@ -349,7 +373,18 @@ def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps):
                 f"flow_links[{k}] = {int(flow_links[k])} is not a link id in "
                 f"[0, {capacity_Bps.size})"
             )
-    return flow_ptr, flow_links, capacity_Bps, flow_cap_Bps
+    if flow_weight is None:
+        flow_weight = np.ones(nflows)
+    flow_weight = np.ascontiguousarray(flow_weight, dtype=np.float64)
+    if flow_weight.shape != (nflows,):
+        raise ValueError(f"flow_weight has shape {flow_weight.shape}, expected ({nflows},)")
+    bad = np.flatnonzero(~((flow_weight > 0) & (flow_weight < np.inf)))
+    if bad.size:
+        f = int(bad[0])
+        raise ValueError(
+            f"flow_weight[{f}] = {float(flow_weight[f])!r}; weights must be finite and > 0"
+        )
+    return flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight
 
 
 def maxmin_rates(
@@ -357,8 +392,9 @@ def maxmin_rates(
     flow_links: np.ndarray,
     capacity_Bps: np.ndarray,
     flow_cap_Bps: np.ndarray,
+    flow_weight: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The exact max-min fair rate of every flow.
+    """The exact (weighted) max-min fair rate of every flow.
 
     Parameters
     ----------
@@ -370,6 +406,9 @@ def maxmin_rates(
         Capacity of each link, bytes per second, ``> 0``.
     flow_cap_Bps : float64[F]
         Per-flow rate ceiling, ``np.inf`` for none.
+    flow_weight : float64[F], optional
+        Each flow's weight (finite, ``> 0``; default 1): flows held by the
+        same bottleneck get rates in proportion to their weights.
 
     Returns
     -------
@@ -385,10 +424,16 @@ def maxmin_rates(
     >>> maxmin_rates(np.array([0, 1, 3]), np.array([0, 0, 1]),
     ...              np.array([10.0, 2.0]), np.array([np.inf, np.inf]))
     array([8., 2.])
+
+    Weighted 3 : 1, two flows alone on link 0 share it 3 : 1:
+
+    >>> maxmin_rates(np.array([0, 1, 2]), np.array([0, 0]), np.array([8.0]),
+    ...              np.array([np.inf, np.inf]), np.array([3.0, 1.0]))
+    array([6., 2.])
     """
-    fp, fl, cap, fcap = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps)
+    fp, fl, cap, fcap, w = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight)
     out = np.empty(fp.size - 1, dtype=np.float64)
-    return maxmin_into(fp, fl, cap, fcap, out)
+    return maxmin_into(fp, fl, cap, fcap, w, out)
 
 
 def maxmin_rates_reference(
@@ -396,12 +441,13 @@ def maxmin_rates_reference(
     flow_links: np.ndarray,
     capacity_Bps: np.ndarray,
     flow_cap_Bps: np.ndarray,
+    flow_weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Slow, obvious progressive filling; the twin of :func:`maxmin_rates`.
 
-    Raise every unfrozen flow's rate by the largest common step that keeps all
-    links (and caps) feasible; freeze the flows of every link or cap that is
-    now full; repeat.
+    Raise every unfrozen flow's rate by its weight times the largest common
+    step that keeps all links (and caps) feasible; freeze the flows of every
+    link or cap that is now full; repeat.
 
     Examples
     --------
@@ -410,26 +456,27 @@ def maxmin_rates_reference(
     ...                        np.array([10.0, 2.0]), np.array([np.inf, np.inf]))
     array([8., 2.])
     """
-    fp, fl, cap, fcap = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps)
+    fp, fl, cap, fcap, wf = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight)
     nflows = fp.size - 1
     links_of = [[int(e) for e in fl[fp[f] : fp[f + 1]]] for f in range(nflows)]
     rate = [0.0] * nflows
     active = [True] * nflows
     used = [0.0] * cap.size  # capacity taken so far
     while any(active):
-        # weight of each link: how many times active flows cross it
-        weight = [0] * cap.size
+        # weight of each link: the weights of the active flows crossing it,
+        # once per crossing
+        weight = [0.0] * cap.size
         for f in range(nflows):
             if active[f]:
                 for e in links_of[f]:
-                    weight[e] += 1
+                    weight[e] += wf[f]
         step = np.inf
         for e in range(cap.size):
             if weight[e]:
                 step = min(step, (cap[e] - used[e]) / weight[e])
         for f in range(nflows):
             if active[f]:
-                step = min(step, fcap[f] - rate[f])
+                step = min(step, (fcap[f] - rate[f]) / wf[f])
         if step == np.inf:
             for f in range(nflows):
                 if active[f]:
@@ -439,9 +486,9 @@ def maxmin_rates_reference(
         step = max(step, 0.0)
         for f in range(nflows):
             if active[f]:
-                rate[f] += step
+                rate[f] += step * wf[f]
                 for e in links_of[f]:
-                    used[e] += step
+                    used[e] += step * wf[f]
         tol = 1e-12
         full = [weight[e] > 0 and cap[e] - used[e] <= tol * cap[e] for e in range(cap.size)]
         for f in range(nflows):

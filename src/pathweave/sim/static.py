@@ -233,6 +233,7 @@ def simulate(fabric: Fabric | str, plan: Plan, model: SimModel | None = None) ->
         fs.flow_links,
         fs.capacity_Bps,
         fs.flow_cap_Bps,
+        fs.bytes,  # weights: the executor shares a link in proportion to bytes
         fs.bytes,
         fs.release_s,
         float(model.batch_rtol),
