@@ -55,7 +55,7 @@ Examples
 >>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
 >>> plan = pw.plan.make(fab, D)
 >>> plan.policy, plan.info["chosen"]
-('mintime', 'multirail')
+('mintime', 'deepep')
 """
 
 from __future__ import annotations
