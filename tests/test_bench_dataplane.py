@@ -204,7 +204,9 @@ def test_torchrun_example_runs_and_verifies():
            "--mib", "2", "--repeat", "1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"3 ranks on gloo, fabric {fabric}, hotspot 0.8" in proc.stdout
+    # The example names the fabric the group resolved (PATHWEAVE_FABRIC's preset).
+    name = pwfabric.preset(fabric).name
+    assert f"3 ranks on gloo, fabric {name}, hotspot 0.8" in proc.stdout
     assert "verified: bitwise equal" in proc.stdout
 
 
