@@ -235,7 +235,7 @@ class MoEAllToAll:
         self.scale_block = 128
         self.mode = _check_mode(self, mode)
         self.debug_checks = bool(debug_checks)
-        self._ll_states: dict[torch.device, Any] = {}
+        self._ll_states: dict[tuple[torch.device, int], Any] = {}
 
     def __repr__(self) -> str:
         return (
@@ -779,15 +779,10 @@ def _check_mode(layer: MoEAllToAll, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "low_latency":
         es = torch.empty(0, dtype=layer.dtype).element_size()
-        for bad, what in (
-            (layer.layout != "expert-major", f"layout={layer.layout!r} (only 'expert-major')"),
-            (layer.dp_size != 1, f"dp_size={layer.dp_size} (only 1)"),
-            ((layer.hidden_dim * es) % 8 != 0,
-             f"hidden_dim={layer.hidden_dim} with {es}-byte {layer.dtype} (rows must be a "
-             "multiple of 8 bytes)"),
-        ):
-            if bad:
-                raise ValueError(f"mode='low_latency' does not support {what}")
+        if (layer.hidden_dim * es) % 8 != 0:
+            raise ValueError(f"mode='low_latency' does not support hidden_dim={layer.hidden_dim}"
+                             f" with {es}-byte {layer.dtype} (rows must be a multiple of 8 "
+                             "bytes)")
     return mode
 
 
