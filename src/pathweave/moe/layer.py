@@ -118,11 +118,14 @@ class MoEAllToAll:
         (decode): fixed-shape buffers sized by ``max_num_tokens``, counts
         travelling with the data on the device, no host sync and no metadata
         exchange, so a dispatch + combine can be captured in a CUDA graph;
-        ``"expert-major"`` layout, ``dp_size=1``, no ``x_scale``, and
-        ``hidden_dim * itemsize`` a multiple of 8 bytes. Its contract is
-        pplx-kernels': ids in ``[-1, E)`` without repeats, no expert over
-        ``expert_capacity``, the same autograd path on every rank; nothing
-        checks it on the device (:mod:`pathweave.moe._lowlat`).
+        both layouts (compact: ``expert_x`` is ``[W * max_num_tokens, H]``,
+        the grouped pairs and their offsets are device tensors), DP groups
+        and ``x_scale``; ``hidden_dim * itemsize`` a multiple of 8 bytes.
+        Its contract is pplx-kernels': ids in ``[-1, E)`` without repeats,
+        no expert over ``expert_capacity``, scales of one width (or none) on
+        every rank and call, DP members with identical tokens, the same
+        autograd path on every rank; nothing checks it on the device
+        (:mod:`pathweave.moe._lowlat`).
     debug_checks
         ``"low_latency"`` only: check that contract on every call (host
         syncs and one small exchange; every rank raises the same error).
