@@ -224,7 +224,7 @@ class MoEAllToAll:
             "cap": self.expert_capacity,
         }
         self._pool = Pool()
-        self._dev_tables: dict[torch.device, Any] = {}
+        self._dev_tables: dict[Any, Any] = {}
         # Every parameter that shapes the exchange: checked across ranks once per layer
         # (a fingerprint has a fixed width, so a rank with another num_experts cannot
         # desize the gather), then its digest rides in every call's row.
@@ -232,9 +232,6 @@ class MoEAllToAll:
         self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
         self._config_checked = False
         self._dispatches = 0  # call id of the next dispatch
-        # Payload rows are copied as integers of the same width: bit-exact, and every
-        # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
-        self._move_dtype = P.INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
         self.scale_block = 128
         self.mode = _check_mode(self, mode)
         self.debug_checks = bool(debug_checks)
@@ -324,6 +321,18 @@ class MoEAllToAll:
             self._dev_tables[dev] = t
         return t  # type: ignore[return-value]
 
+    def _grid(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token and slot of every entry of a ``[max_num_tokens, k]`` table on ``dev`` (cached;
+        :func:`~pathweave.moe._routing.flat_pairs`)."""
+        key = (dev, "grid")
+        g = self._dev_tables.get(key)
+        if g is None:
+            m, k = self.max_num_tokens, self.experts_per_token
+            g = (torch.arange(m, device=dev).repeat_interleave(k),
+                 torch.arange(k, device=dev).repeat(m))
+            self._dev_tables[key] = g
+        return g
+
     def _local_plan(
         self, x: torch.Tensor, topk_idx: torch.Tensor
     ) -> tuple[R.SendPlan, np.ndarray, torch.Tensor]:
@@ -337,11 +346,13 @@ class MoEAllToAll:
         """
         place, local, order = self._tables(x.device)
         idx = topk_idx.to(torch.int64)
-        pairs = R.flat_pairs(idx, self.num_experts)
+        pairs = R.flat_pairs(idx, self.num_experts, self._grid(x.device))
         plan = R.send_plan(idx, place, local, order, self.num_ranks, layout=self.layout,
                            dp_size=self.dp_size, member=self._member, pairs=pairs)
-        slot_pos = R.return_slots(idx, place, order, layout=self.layout, dp_size=self.dp_size,
-                                  pairs=pairs)
+        slot_pos = plan.ret_row
+        if slot_pos is None:
+            slot_pos = R.return_slots(idx, place, order, layout=self.layout,
+                                      dp_size=self.dp_size, pairs=pairs)
         digest = R.routing_digest(idx).view(1) if self.dp_size > 1 else idx.new_zeros(1)
         counts = torch.cat([
             R.check_topk(idx, self.num_experts), digest,
@@ -497,7 +508,8 @@ class MoEAllToAll:
         def finish() -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
             self._pool.busy.discard("d_send")
             self._pool.busy.discard("d_recv")
-            chunks = P.chunks(self, recv, recv_counts, hb, mb, self._move_dtype)
+            move = P.move_dtype(hb, mb)
+            chunks = P.chunks(self, recv, recv_counts, hb, mb, move)
             meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
             meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
             handle.recv_src_token = (
@@ -509,7 +521,7 @@ class MoEAllToAll:
                 expert_x = torch.empty(n_recv, H, dtype=self.dtype, device=dev)
                 for s_, (payload, _) in enumerate(chunks):
                     if payload is not None:
-                        expert_x[starts[s_] : starts[s_ + 1]].view(self._move_dtype).copy_(
+                        expert_x[starts[s_] : starts[s_ + 1]].view(move).copy_(
                             payload
                         )
                 if S:
@@ -525,7 +537,7 @@ class MoEAllToAll:
             else:
                 L, cap = self.num_local_experts, self.expert_capacity
                 expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
-                flat = expert_x.view(self._move_dtype).view(L * cap, H)
+                flat = expert_x.view(move).view(L * cap, hb // move.itemsize)
                 scale = None
                 if S:
                     scale = torch.empty(L, cap, S, dtype=torch.float32, device=dev)
