@@ -875,16 +875,19 @@ def _slot_sum(
                 part = part * w[:, j : j + 1]
             acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
         return acc
-    es = rows.element_size()
+    f32 = rows.dtype == torch.float32  # gathered straight into the float32 temporaries
+    es = 0 if f32 else rows.element_size()
     group = max(1, min(k, SLOT_SUM_BATCH_BYTES // (m * H * (es + 4))))
     for j0 in range(0, k, group):
         pos = slot_row[:, j0 : j0 + group]
         g = pos.shape[1]
-        lo = pool.get("c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
-        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
         part = pool.get("c_tmp32", m * g, 4 * H, rows.device).view(torch.float32)
+        lo = part.view(m * g, H) if f32 else pool.get(
+            "c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
+        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
         part = part.view(m, g, H)
-        part.copy_(lo.view(m, g, H))
+        if not f32:
+            part.copy_(lo.view(m, g, H))
         if w is not None:
             part.mul_(w[:, j0 : j0 + g].unsqueeze(2))
         for j in range(g):
