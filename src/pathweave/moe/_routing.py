@@ -387,24 +387,18 @@ def send_plan(
     cells = torch.sort(1 - used, stable=True).indices  # used cells first, in (rank, token)
     rpr = used.view(n, mm).sum(1)
     row_tok = cells % mm
-    row_q = cells // mm
+    # The send row of every kept pair (a dump row past the cells for the others).
+    prow = torch.where(keep, _rank_of(cells)[cell.clamp(max=n * mm - 1)], n * mm)
     # Local expert of every slot of the row's token on the row's rank, -1 elsewhere.
-    table = topk_idx.to(torch.int64) if m else torch.full((1, k), -1, device=dev)
-    idx_rows = table[row_tok]
-    e_rows = idx_rows.clamp(0, max(E - 1, 0))
-    here = (idx_rows >= 0) & (idx_rows < E) & (placement[e_rows] == row_q.unsqueeze(1))
-    if dp_size > 1:
-        here &= (row_tok % dp_size == member).unsqueeze(1)
-    row_local = torch.where(here, local_index[e_rows], -1)
+    row_local = torch.full((n * mm + 1, k), -1, dtype=torch.int64, device=dev)
+    row_local[prow, slot] = loc
+    row_local = row_local[: n * mm]
     ret = torch.sort(torch.where(keep, cell * k + slot, n * mm * k), stable=True).indices
     ret_counts = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, q, ones)
     # The row of a slot is named once per (token, rank): by the token's first slot there.
-    qk = q.view(m, k)
-    kk = keep.view(m, k)
-    earlier = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)
-    seen = ((qk.unsqueeze(2) == qk.unsqueeze(1)) & earlier & kk.unsqueeze(1)).any(2)
-    row_of_cell = _rank_of(cells)
-    slot_row = torch.where(kk & ~seen, row_of_cell[cell.clamp(max=n * mm - 1)].view(m, k), -1)
+    first = torch.full((n * mm + 1,), k, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(0, prow, slot, "amin")
+    slot_row = torch.where(keep & (first[prow] == slot), prow, -1).view(m, k)
     # Without DP groups combine's receive buffer holds the pairs in return order.
     ret_row = torch.where(keep, _rank_of(ret), -1).view(m, k) if dp_size == 1 else None
     return SendPlan(row_tok, _ptr(rpr), row_local, tok[ret], slot[ret], _ptr(ret_counts), ppe,
