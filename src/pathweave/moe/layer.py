@@ -626,10 +626,10 @@ class MoEAllToAll:
         k = ids.shape[1]
         flat = ids.reshape(-1)
         valid = flat >= 0
-        pos = torch.arange(flat.numel(), device=ids.device)
-        key = torch.where(valid, flat * max(flat.numel(), 1) + pos, torch.iinfo(torch.int64).max)
         P = handle.num_pairs
-        grouped = torch.sort(key, stable=True).indices[:P]  # by local expert, then (row, slot)
+        # By local expert, then (row, slot): a stable sort of the ids, -1 (as L) last.
+        L = self.num_local_experts
+        grouped = torch.sort(torch.remainder(flat, L + 1), stable=True).indices[:P]
         handle.expert_rows = grouped // max(k, 1)
         handle.expert_offsets = np.concatenate(
             ([0], np.cumsum(handle.expert_num_tokens))
