@@ -125,6 +125,28 @@ def _outputs_job(rank: int, world: int) -> list[dict[str, Any]]:
     return res
 
 
+def _mixed_scales_job(rank: int, world: int) -> list[float]:
+    """One layer, calls with and without scales in turn (a buffer set per scale width):
+    each combine must use its own dispatch's blocks."""
+    # hidden 8 in bf16: 16-byte rows, 24 with the scales, so the count headers take two
+    # rows in one set of blocks and one in the other
+    d = _inputs(world, 12, 3, 8, 8, 4, torch.bfloat16)[rank]
+    moe = _layer("expert-major", 12, 3, 8, 8, torch.bfloat16)
+    errs = []
+    for sc in (None, d["scale"], None, d["scale"]):
+        expert_x, _, handle = moe.dispatch(d["x"], d["idx"], sc)
+        out = moe.combine(expert_x, handle, d["w"])
+        want = d["x"].float() * torch.where(d["idx"] >= 0, d["w"], 0).sum(1, keepdim=True)
+        errs.append(float((out.float() - want).abs().sum(1).max()) if len(out) else 0.0)
+    return errs
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_low_latency_layer_with_and_without_scales(world: int) -> None:
+    for errs in run_local(_mixed_scales_job, world, timeout_s=120):
+        assert max(errs) <= 1.0, errs  # bf16 rounding of x * sum(w), summed over a row
+
+
 def _source_order(src: torch.Tensor, dp: int) -> list[int]:
     """The layer's row order, source rank (the group member that owns the token) then
     token, of rows whose ids ``(DP group, token)`` the reference sorted."""

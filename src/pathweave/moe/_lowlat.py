@@ -108,6 +108,7 @@ class LowLatencyHandle:
     expert_num_tokens: torch.Tensor
     topk_idx: torch.Tensor
     layout: str = "expert-major"
+    state: Any = None  # the LowLatencyState (one per device and scale width) it used
     xpos: torch.Tensor | None = None  # expert-major: expert_x row of each received row
     xpos_gather: torch.Tensor | None = None  # xpos clamped into expert_y's rows
     back_pos: torch.Tensor | None = None  # expert_x row of each (member-summed) returned row
@@ -555,7 +556,7 @@ def dispatch(layer: Any, x: torch.Tensor, idx: torch.Tensor, x_scale: Any,
         expert_x, counts = got.pop("expert_x"), got.pop("counts")
         handle = LowLatencyHandle(layer, call_id, int(x.shape[0]), slot, dest,
                                   expert_num_tokens=counts, topk_idx=idx, layout=layer.layout,
-                                  **got)
+                                  state=st, **got)
         if torch.is_grad_enabled() and x.requires_grad:
             expert_x = _DispatchGrad.apply(x, (st, handle, expert_x))
         return expert_x, counts, handle
@@ -572,7 +573,9 @@ def combine(layer: Any, expert_y: torch.Tensor, handle: Any, w: torch.Tensor | N
         raise ValueError("handle must come from this layer's low-latency dispatch")
     if handle.combined:
         raise ValueError(f"the handle of dispatch {handle.call_id} was already combined")
-    st = next(s for (dev, _), s in layer._ll_states.items() if dev == expert_y.device)
+    st = handle.state
+    if expert_y.device != st.device:
+        raise ValueError(f"expert_y is on {expert_y.device}, the dispatch ran on {st.device}")
     ok = (expert_y.dim() == 2 and expert_y.shape[1] == st.H) if st.compact else (
         tuple(expert_y.shape) == (st.L, st.cap, st.H))
     if not ok or not expert_y.is_floating_point():
