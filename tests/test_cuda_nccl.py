@@ -351,7 +351,14 @@ def test_moe_gradients_on_nccl_equal_dense():
 
 
 def check_low_latency_graph(rank: int, world: int, backend: str) -> bool:
-    """A low-latency dispatch + combine captured in one CUDA graph replays bitwise (issue 23)."""
+    """A low-latency dispatch + combine captured in one CUDA graph replays bitwise (issue 23),
+    in every layout."""
+    from pathweave.moe._routing import LAYOUTS
+
+    return all(_low_latency_graph(rank, world, backend, layout) for layout in LAYOUTS)
+
+
+def _low_latency_graph(rank: int, world: int, backend: str, layout: str) -> bool:
     from pathweave.moe import MoEAllToAll
 
     dev = _device(rank, backend, world) if backend == "nccl" else torch.device("cpu")
@@ -359,10 +366,12 @@ def check_low_latency_graph(rank: int, world: int, backend: str) -> bool:
     m, k, E, H = 128, 8, 256, 256
     x = torch.randn(m, H, generator=g).to(dev)
     w, idx = (t.to(dev) for t in torch.randn(m, E, generator=g).softmax(-1).topk(k))
-    moe = MoEAllToAll(E, k, H, m, torch.float32, mode="low_latency")
+    moe = MoEAllToAll(E, k, H, m, torch.float32, mode="low_latency", layout=layout)
 
     def step():
         expert_x, _, handle = moe.dispatch(x, idx)
+        if layout == "compact":  # every grouped pair's row; the valid ones come first
+            expert_x = expert_x[handle.expert_rows]
         return moe.combine(expert_x * 2, handle, w)
 
     for _ in range(3):  # warm-up: the first call's checks, both buffer sets

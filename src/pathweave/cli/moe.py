@@ -171,7 +171,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
               "exchange more than (b): combine's guardrails (dispatch's replaces (b)'s count "
               "exchange; the data plane takes the splits from it); see docs/moe.md.[/]",
               soft_wrap=True)
-    with console(stderr=True).status("running the decode targets (1 and 4 ranks)"):
+    with console(stderr=True).status("running the decode and prefill targets (1 and 4 ranks)"):
         checks, decode = moe.decode_checks()
     for c in checks:  # issue 23's targets: the low-latency mode against plain torch
         tag = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "-"}[c.passed]

@@ -19,7 +19,8 @@ from pathweave.moe import _routing as R
 from pathweave.moe._work import MoEHandle
 
 __all__ = [
-    "INT_OF_SIZE", "byte_rows", "chunks", "i64", "pack_combine", "pack_dispatch", "row_bytes",
+    "INT_OF_SIZE", "byte_rows", "chunks", "i64", "move_dtype", "pack_combine", "pack_dispatch",
+    "row_bytes",
 ]
 
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -49,13 +50,33 @@ def row_bytes(
     hb = layer.hidden_dim * x.element_size()
     sb = 4 * cols if cols > 0 else 0
     extra = ID_BYTES * layer.experts_per_token if layer.layout == "compact" else 0
-    mb = -(-(sb + TAG_BYTES + extra) // 8) * 8
+    align = 16 if hb % 16 == 0 else 8  # 16: payloads can move as 16-byte elements
+    mb = -(-(sb + TAG_BYTES + extra) // align) * align
     return hb, mb, hb + mb
+
+
+#: Integer-like dtypes by width, widest first: rows move as the widest that divides them.
+_WIDE = ((16, torch.complex128), (8, torch.int64), (4, torch.int32), (2, torch.int16),
+         (1, torch.uint8))
+
+
+def move_dtype(hb: int, mb: int) -> torch.dtype:
+    """The dtype payload rows of ``hb`` bytes move as, in chunks of ``hb + mb``-byte rows:
+    the widest whose size divides both (every chunk's payload then starts aligned).
+
+    Bit-exact for any payload; the CPU's ``index_copy_`` walks elements, so a
+    16-byte element makes a quarter of the steps of a 4-byte one.
+
+    >>> move_dtype(1024, 16), move_dtype(512, 8), move_dtype(300, 8)
+    (torch.complex128, torch.int64, torch.int32)
+    """
+    return next(dt for w, dt in _WIDE if hb % w == 0 and mb % w == 0)
 
 def chunks(
     layer: Any, buf: torch.Tensor, counts: Sequence[int], hb: int, mb: int, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-    """Per peer: its payload rows (``dtype[n, H]``) and metadata rows (``uint8[n, mb]``).
+    """Per peer: its payload rows (``dtype[n, hb / itemsize]``, :func:`move_dtype`) and
+    metadata rows (``uint8[n, mb]``).
 
     A peer's chunk holds all its payload rows, then all its metadata
     rows, so payloads move as whole rows of their own dtype.
@@ -66,7 +87,7 @@ def chunks(
     for c in counts:
         c = int(c)
         pay = flat[off : off + c * hb]
-        payload = pay.view(dtype).view(c, layer.hidden_dim) if c else None
+        payload = pay.view(dtype).view(c, -1) if c else None
         meta = flat[off + c * hb : off + c * (hb + mb)].view(c, mb)
         out.append((payload, meta))
         off += c * (hb + mb)
@@ -96,17 +117,24 @@ def pack_dispatch(
     if layer.layout == "compact":
         meta[:, S + 1 : S + 1 + layer.experts_per_token] = plan.row_local.to(torch.int32)
     meta8 = meta.view(torch.uint8)
-    xc = x.detach().contiguous().view(layer._move_dtype)
+    move = move_dtype(hb, mb)
+    xc = _rows_as(x.detach(), move)
     ptr = np.concatenate(([0], np.cumsum(rows_per_rank)))
-    for q, (payload, mview) in enumerate(
-        chunks(layer, send, rows_per_rank, hb, mb, layer._move_dtype)
-    ):
+    for q, (payload, mview) in enumerate(chunks(layer, send, rows_per_rank, hb, mb, move)):
         if payload is None:
             continue
         a, b = int(ptr[q]), int(ptr[q + 1])
         torch.index_select(xc, 0, plan.row_token[a:b], out=payload)
         mview.copy_(meta8[a:b])
     return send
+
+def _rows_as(x: torch.Tensor, move: torch.dtype) -> torch.Tensor:
+    """``x``'s rows as ``[m, hb / itemsize]`` of ``move`` (a copy when not aligned for it)."""
+    size = move.itemsize
+    if not x.is_contiguous() or (x.storage_offset() * x.element_size()) % size:
+        x = x.contiguous().clone()  # a fresh tensor is aligned
+    return x.view(move) if x.numel() else x.new_empty(x.shape[0], 0, dtype=move)
+
 
 def pack_combine(
     layer: Any, expert_y: torch.Tensor, handle: MoEHandle, grad: bool

@@ -118,11 +118,14 @@ class MoEAllToAll:
         (decode): fixed-shape buffers sized by ``max_num_tokens``, counts
         travelling with the data on the device, no host sync and no metadata
         exchange, so a dispatch + combine can be captured in a CUDA graph;
-        ``"expert-major"`` layout, ``dp_size=1``, no ``x_scale``, and
-        ``hidden_dim * itemsize`` a multiple of 8 bytes. Its contract is
-        pplx-kernels': ids in ``[-1, E)`` without repeats, no expert over
-        ``expert_capacity``, the same autograd path on every rank; nothing
-        checks it on the device (:mod:`pathweave.moe._lowlat`).
+        both layouts (compact: ``expert_x`` is ``[W * max_num_tokens, H]``,
+        the grouped pairs and their offsets are device tensors), DP groups
+        and ``x_scale``; ``hidden_dim * itemsize`` a multiple of 8 bytes.
+        Its contract is pplx-kernels': ids in ``[-1, E)`` without repeats,
+        no expert over ``expert_capacity``, scales of one width (or none) on
+        every rank and call, DP members with identical tokens, the same
+        autograd path on every rank; nothing checks it on the device
+        (:mod:`pathweave.moe._lowlat`).
     debug_checks
         ``"low_latency"`` only: check that contract on every call (host
         syncs and one small exchange; every rank raises the same error).
@@ -221,7 +224,7 @@ class MoEAllToAll:
             "cap": self.expert_capacity,
         }
         self._pool = Pool()
-        self._dev_tables: dict[torch.device, Any] = {}
+        self._dev_tables: dict[Any, Any] = {}
         # Every parameter that shapes the exchange: checked across ranks once per layer
         # (a fingerprint has a fixed width, so a rank with another num_experts cannot
         # desize the gather), then its digest rides in every call's row.
@@ -229,13 +232,10 @@ class MoEAllToAll:
         self._config_digest = R.fingerprint(self._config_row.reshape(1, -1))
         self._config_checked = False
         self._dispatches = 0  # call id of the next dispatch
-        # Payload rows are copied as integers of the same width: bit-exact, and every
-        # index kernel supports them (fp8 dtypes have no index_copy_ on CPU).
-        self._move_dtype = P.INT_OF_SIZE[torch.empty(0, dtype=dtype).element_size()]
         self.scale_block = 128
         self.mode = _check_mode(self, mode)
         self.debug_checks = bool(debug_checks)
-        self._ll_states: dict[torch.device, Any] = {}
+        self._ll_states: dict[tuple[torch.device, int], Any] = {}
 
     def __repr__(self) -> str:
         return (
@@ -321,6 +321,18 @@ class MoEAllToAll:
             self._dev_tables[dev] = t
         return t  # type: ignore[return-value]
 
+    def _grid(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token and slot of every entry of a ``[max_num_tokens, k]`` table on ``dev`` (cached;
+        :func:`~pathweave.moe._routing.flat_pairs`)."""
+        key = (dev, "grid")
+        g = self._dev_tables.get(key)
+        if g is None:
+            m, k = self.max_num_tokens, self.experts_per_token
+            g = (torch.arange(m, device=dev).repeat_interleave(k),
+                 torch.arange(k, device=dev).repeat(m))
+            self._dev_tables[key] = g
+        return g
+
     def _local_plan(
         self, x: torch.Tensor, topk_idx: torch.Tensor
     ) -> tuple[R.SendPlan, np.ndarray, torch.Tensor]:
@@ -334,11 +346,13 @@ class MoEAllToAll:
         """
         place, local, order = self._tables(x.device)
         idx = topk_idx.to(torch.int64)
-        pairs = R.flat_pairs(idx, self.num_experts)
+        pairs = R.flat_pairs(idx, self.num_experts, self._grid(x.device))
         plan = R.send_plan(idx, place, local, order, self.num_ranks, layout=self.layout,
                            dp_size=self.dp_size, member=self._member, pairs=pairs)
-        slot_pos = R.return_slots(idx, place, order, layout=self.layout, dp_size=self.dp_size,
-                                  pairs=pairs)
+        slot_pos = plan.ret_row
+        if slot_pos is None:
+            slot_pos = R.return_slots(idx, place, order, layout=self.layout,
+                                      dp_size=self.dp_size, pairs=pairs)
         digest = R.routing_digest(idx).view(1) if self.dp_size > 1 else idx.new_zeros(1)
         counts = torch.cat([
             R.check_topk(idx, self.num_experts), digest,
@@ -494,7 +508,8 @@ class MoEAllToAll:
         def finish() -> tuple[torch.Tensor, torch.Tensor, MoEHandle]:
             self._pool.busy.discard("d_send")
             self._pool.busy.discard("d_recv")
-            chunks = P.chunks(self, recv, recv_counts, hb, mb, self._move_dtype)
+            move = P.move_dtype(hb, mb)
+            chunks = P.chunks(self, recv, recv_counts, hb, mb, move)
             meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
             meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
             handle.recv_src_token = (
@@ -506,7 +521,7 @@ class MoEAllToAll:
                 expert_x = torch.empty(n_recv, H, dtype=self.dtype, device=dev)
                 for s_, (payload, _) in enumerate(chunks):
                     if payload is not None:
-                        expert_x[starts[s_] : starts[s_ + 1]].view(self._move_dtype).copy_(
+                        expert_x[starts[s_] : starts[s_ + 1]].view(move).copy_(
                             payload
                         )
                 if S:
@@ -522,7 +537,7 @@ class MoEAllToAll:
             else:
                 L, cap = self.num_local_experts, self.expert_capacity
                 expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
-                flat = expert_x.view(self._move_dtype).view(L * cap, H)
+                flat = expert_x.view(move).view(L * cap, hb // move.itemsize)
                 scale = None
                 if S:
                     scale = torch.empty(L, cap, S, dtype=torch.float32, device=dev)
@@ -611,10 +626,10 @@ class MoEAllToAll:
         k = ids.shape[1]
         flat = ids.reshape(-1)
         valid = flat >= 0
-        pos = torch.arange(flat.numel(), device=ids.device)
-        key = torch.where(valid, flat * max(flat.numel(), 1) + pos, torch.iinfo(torch.int64).max)
         P = handle.num_pairs
-        grouped = torch.sort(key, stable=True).indices[:P]  # by local expert, then (row, slot)
+        # By local expert, then (row, slot): a stable sort of the ids, -1 (as L) last.
+        L = self.num_local_experts
+        grouped = torch.sort(torch.remainder(flat, L + 1), stable=True).indices[:P]
         handle.expert_rows = grouped // max(k, 1)
         handle.expert_offsets = np.concatenate(
             ([0], np.cumsum(handle.expert_num_tokens))
@@ -779,15 +794,10 @@ def _check_mode(layer: MoEAllToAll, mode: str) -> str:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "low_latency":
         es = torch.empty(0, dtype=layer.dtype).element_size()
-        for bad, what in (
-            (layer.layout != "expert-major", f"layout={layer.layout!r} (only 'expert-major')"),
-            (layer.dp_size != 1, f"dp_size={layer.dp_size} (only 1)"),
-            ((layer.hidden_dim * es) % 8 != 0,
-             f"hidden_dim={layer.hidden_dim} with {es}-byte {layer.dtype} (rows must be a "
-             "multiple of 8 bytes)"),
-        ):
-            if bad:
-                raise ValueError(f"mode='low_latency' does not support {what}")
+        if (layer.hidden_dim * es) % 8 != 0:
+            raise ValueError(f"mode='low_latency' does not support hidden_dim={layer.hidden_dim}"
+                             f" with {es}-byte {layer.dtype} (rows must be a multiple of 8 "
+                             "bytes)")
     return mode
 
 
@@ -865,16 +875,19 @@ def _slot_sum(
                 part = part * w[:, j : j + 1]
             acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
         return acc
-    es = rows.element_size()
+    f32 = rows.dtype == torch.float32  # gathered straight into the float32 temporaries
+    es = 0 if f32 else rows.element_size()
     group = max(1, min(k, SLOT_SUM_BATCH_BYTES // (m * H * (es + 4))))
     for j0 in range(0, k, group):
         pos = slot_row[:, j0 : j0 + group]
         g = pos.shape[1]
-        lo = pool.get("c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
-        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
         part = pool.get("c_tmp32", m * g, 4 * H, rows.device).view(torch.float32)
+        lo = part.view(m * g, H) if f32 else pool.get(
+            "c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
+        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
         part = part.view(m, g, H)
-        part.copy_(lo.view(m, g, H))
+        if not f32:
+            part.copy_(lo.view(m, g, H))
         if w is not None:
             part.mul_(w[:, j0 : j0 + g].unsqueeze(2))
         for j in range(g):
