@@ -69,8 +69,12 @@ NO_EXPERTS_ON_3 = [0, 0, 0, 1, 1, 1, 2, 2]  # rank 3 holds no expert
 
 
 def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]],
-              device: str = "cpu") -> list[dict[str, Any]]:
-    """One rank's outputs and gradients for every case; tensors live on ``device``."""
+              device: str = "cpu", mode: str = "normal") -> list[dict[str, Any]]:
+    """One rank's outputs and gradients for every case; tensors live on ``device``.
+
+    ``mode``: the layer's mode (``"normal"``, ``"low_latency"``): the same experts,
+    loss and dense reference serve both.
+    """
     import pathweave as pw
     from pathweave.moe import MoEAllToAll
 
@@ -85,7 +89,7 @@ def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]],
             orch = pw.Orchestrator(fabric="h100-2x4:gpus_per_node=2", enabled=True,
                                    min_split_bytes=1, chunk_bytes=4096)
         moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout,
-                          placement=placement, orchestrator=orch)
+                          placement=placement, orchestrator=orch, mode=mode)
         x = d["x"][gi].clone().requires_grad_()
         w = d["w"][gi].clone().requires_grad_()
         weights = {e: d["W"][e].clone().requires_grad_() for e in moe.local_expert_ids.tolist()}

@@ -23,17 +23,7 @@ from pathweave.bench.moe import count_ops, host_reads
 from pathweave.moe import MoEAllToAll, reference
 from pathweave.moe._routing import LAYOUTS
 from pathweave.runtime.launch import run_local
-from test_moe_grad import (
-    GRAD_CASES,
-    MS,
-    WORLD,
-    E,
-    H,
-    K,
-    _data,
-    _expert_outputs,
-    assert_equal_dense,
-)
+from test_moe_grad import GRAD_CASES, WORLD, _grad_job, assert_equal_dense
 
 #: Payloads: float32, bfloat16, and fp8 bytes (``uint8``) with ``SCALES`` block scales.
 PAYLOADS = (torch.float32, torch.bfloat16, torch.uint8)
@@ -184,45 +174,11 @@ def test_low_latency_outputs_equal_reference(world: int) -> None:
         assert seen == set(range(8)), (case, seen)
 
 
-def _grad_job(rank: int, world: int, cases: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """test_moe_grad's experts and loss through the low-latency mode."""
-    import pathweave as pw
-
-    out = []
-    for layout, dp, placement, async_op, multipath in cases:
-        d = _data(dp, seed=11 + dp)
-        gi = rank // dp
-        orch = None
-        if multipath:  # as test_moe_grad's: every pair split over paths, relays included
-            orch = pw.Orchestrator(fabric="h100-2x4:gpus_per_node=2", enabled=True,
-                                   min_split_bytes=1, chunk_bytes=4096)
-        moe = MoEAllToAll(E, K, H, max(MS), torch.float32, dp_size=dp, layout=layout,
-                          placement=placement, orchestrator=orch, mode="low_latency")
-        x = d["x"][gi].clone().requires_grad_()
-        w = d["w"][gi].clone().requires_grad_()
-        weights = {e: d["W"][e].clone().requires_grad_() for e in moe.local_expert_ids.tolist()}
-        res = moe.dispatch(x, d["idx"][gi], async_op=async_op)
-        expert_x, counts, handle = res.wait() if async_op else res
-        y = _expert_outputs(moe, expert_x, counts, handle, weights)
-        res = moe.combine(y, handle, w, async_op=async_op)
-        res = res.wait() if async_op else res
-        before = dict(orch.stats.bytes_per_path_kind) if orch else {}
-        (res * d["G"][rank]).sum().backward()
-        relayed = 0
-        if orch:
-            after = orch.stats.bytes_per_path_kind
-            relayed = sum(v - before.get(kk, 0) for kk, v in after.items()
-                          if kk not in ("direct", "torch"))
-        out.append({"layout": layout, "dp": dp, "relayed": relayed, "out": res.detach().numpy(),
-                    "x": x.grad.numpy(), "w": w.grad.numpy(),
-                    "W": {e: t.grad.numpy() for e, t in weights.items()}})
-    return out
-
-
 def test_low_latency_gradients_equal_dense() -> None:
     """test_moe_grad's cases (every layout, DP groups, a rank without experts, the async
     halves, a forced multi-path orchestrator) against its dense model."""
-    assert_equal_dense(run_local(_grad_job, WORLD, (GRAD_CASES,), timeout_s=240), GRAD_CASES)
+    res = run_local(_grad_job, WORLD, (GRAD_CASES, "cpu", "low_latency"), timeout_s=240)
+    assert_equal_dense(res, GRAD_CASES)
 
 
 def _step(moe: MoEAllToAll, d: dict[str, torch.Tensor], grad: bool) -> torch.Tensor:
