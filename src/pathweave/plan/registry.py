@@ -165,10 +165,11 @@ def check_options(policy: str, options: dict[str, Any], *, execute: bool = True)
     if not execute:
         return
     if not pol.executable:
+        # The summary names the peer ("MPI/UCX: ..."): its first part, to keep one short line.
         raise PlanError(
             f"policy {policy!r} models a peer's routing that pathweave's data plane cannot "
-            f"run ({pol.summary}); simulate it or compare against it, and run one of "
-            + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
+            f"run ({pol.summary.split(':')[0]}); simulate it or compare against it, and run "
+            "one of " + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
         )
     if "pcie" in kinds:
         raise PlanError(
