@@ -15,7 +15,13 @@ from typer.testing import CliRunner
 from pathweave.bench import emulate as bench
 from pathweave.emulate import EmulationResult, PolicyResult
 from pathweave.emulate._rankworker import round_robin
-from pathweave.plan import DEFAULT_POLICY, baselines
+from pathweave.plan import DEFAULT_POLICY
+from pathweave.plan import baselines as _all_baselines
+
+
+def baselines() -> list[str]:
+    """The baselines an emulated sweep runs: those the data plane can."""
+    return _all_baselines(executable_only=True)
 
 
 def records_of(workload: str, measured_s: dict[str, float], *, verified: bool = True,
@@ -101,9 +107,18 @@ def test_default_vs_best_pairs_the_calls_of_each_round():
 
 
 def test_sweep_policies_from_the_registry():
+    from pathweave.plan import policy_info
+
     pols = bench.sweep_policies()
     assert set(baselines()) <= set(pols) and DEFAULT_POLICY in pols and "mwu" in pols
     assert len(pols) == len(set(pols))
+    # A baseline the data plane cannot run is left out, and the report says so.
+    models = set(_all_baselines()) - set(baselines())
+    assert not models & set(pols)
+    notes = bench.not_emulated()
+    assert len(notes) == len(models) and all(
+        any(n.startswith(f"  note: {m} (") for n in notes) for m in models)
+    assert all(not policy_info(p).executable for p in models)
 
 
 def test_round_robin_order():
@@ -150,6 +165,7 @@ def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_pat
     (line,) = bench.checks(recs)
     assert f"MISS {DEFAULT_POLICY}/best baseline" in res.output
     assert "worst 1.050 at stencil:dims=2" in res.output
+    assert all(n.strip() in " ".join(res.output.split()) for n in bench.not_emulated())
     assert (tmp_path / "emulate_checks.txt").read_text() == line + "\n"
     assert (tmp_path / "emulate.csv").exists()
     # --quick: the short ratio list, the extras still in (run's default), one call each.
@@ -219,19 +235,19 @@ def test_predict_plans_what_the_data_plane_sends():
     """``predict`` hands the planner the data plane's threshold and chunk and the
     emulator's time model, as the ranks' Orchestrators do: its fragments carry
     the bytes per path kind the data plane measured sending, for every
-    registered policy (``mwu`` and
+    registered policy the data plane runs (``mwu`` and
     ``mwu_time`` split 0.2-0.7 MB pairs at a 64 KiB threshold, not at their 1 MiB
     default)."""
     import numpy as np
 
     import pathweave as pw
     from pathweave.emulate import predict
-    from pathweave.plan import policies
+    from pathweave.plan import policies, policy_info
     from pathweave.runtime.launch import run_local
 
     fab = pw.fabric.preset(FABRIC4)
     d = pw.traffic.parse_workload("hotspot:0.8", 4, bytes_per_rank=2 << 20).astype(np.int64)
-    names = list(policies())
+    names = [p for p in policies() if policy_info(p).executable]
     sent = run_local(job_path_kinds, 4, (d.tolist(), names), timeout_s=180)[0]
     for p in names:
         _, _, plan = predict(fab, d, p, chunk_bytes=CHUNK, min_split_bytes=MIN_SPLIT)

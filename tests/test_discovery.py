@@ -21,7 +21,7 @@ from pathweave.fabric import PathKind, VertexKind
 from pathweave.fabric._core import Fabric
 from pathweave.fabric.builders import NDR400_Bps, PCIE_GEN5_X16_Bps
 from pathweave.fabric.discovery import DiscoveryWarning, from_nccl_xml, from_nvidia_smi
-from pathweave.fabric.paths import candidate_paths
+from pathweave.fabric.paths import ALL_KINDS, candidate_paths
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "topology"
 H100_SMI = "h100_sxm_8gpu_8nic_nvidia-smi-topo-m.txt"
@@ -87,7 +87,7 @@ def test_h100_nvidia_smi_fixture() -> None:
     assert fab.rails == tuple(f"rail{j}" for j in range(8))
     assert d["skipped_nics"] == []
     assert any("does not report NIC speed" in n for n in d["notes"])
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ALL_KINDS)  # with UCX's pcie rule: the tree's routes show
     assert len(ps.pair_paths(0, 1)) == 1  # through the NVSwitch
     assert len(ps.pair_paths(0, 9)) == 8 + 1  # one per rail, one through the PCIe tree
     assert ps.describe(ps.pair_paths(0, 8)[0]) == (
@@ -194,7 +194,7 @@ def test_azure_xml_fixture() -> None:
         assert d["nic_Bps"][f"n0.nic{i}"] == 50e9
     assert any("0101:00:00.0 (InfiniBand) has no speed" in n for n in d["notes"])
     assert d["skipped_nics"] == []
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ALL_KINDS)
     # GPU-GPU through switch, root complex, switch
     assert ps.path_vertices(ps.pair_paths(0, 1)[0]) == [
         "n0.gpu0", "n0.pcie0", "n0.cpu0", "n0.pcie1", "n0.gpu1"]
@@ -308,7 +308,7 @@ def test_legacy_header_with_device_names() -> None:
     assert ps.path_vertices(ps.pair_paths(0, 3)[0]) == [
         "n0.gpu0", "n0.pcie0", "n0.cpu0", "n0.cpu1", "n0.pcie1", "n0.gpu3"]
     assert any("2 GPU pairs have no NVLink (GPU0-GPU3, GPU1-GPU2)" in n for n in d["notes"])
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ALL_KINDS)
     assert [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 3)][:1] == ["direct"]
     # rd via rail 0, dr via rail 1, and rail 0's NIC into n1.gpu2 over the tree
     assert [ps.rail_role(p) for p in ps.pair_paths(0, 6)] == ["rd", "dr", "pcie"]

@@ -389,3 +389,14 @@ def test_cli_policy_list():
         _policies("static,bogus")
     res = CliRunner().invoke(app, ["emulate", "run", "--policy", "bogus"])
     assert res.exit_code == 2 and "bogus" in res.output
+    # `all` is every policy the data plane runs; a baseline that only models a
+    # peer's routing (UCX) is refused by name, in one line, before anything is built.
+    from pathweave.plan import policies, policy_info
+
+    models = [p for p in policies() if not policy_info(p).executable]
+    assert models and not set(models) & set(_policies("all"))
+    for m in models:
+        res = CliRunner().invoke(app, ["emulate", "run", "--policy", f"static,{m}"])
+        assert res.exit_code == 2, res.output
+        assert f"policy {m!r} models a peer's routing" in res.output
+        assert "Traceback" not in res.output

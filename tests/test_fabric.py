@@ -137,10 +137,10 @@ def roles(ps, s, d):
 
 def test_h100_2x4_candidate_paths_by_hand():
     ps = pw.fabric.candidate_paths(preset("h100-2x4"))
-    # intra-node: direct + 2 relays; inter-node: one path per rail, plus the
-    # pcie path on the source's rail where the destination does not own it
+    # intra-node: direct + 2 relays; inter-node: one path per rail; no pcie
+    # path by default (the data plane cannot run it)
     assert roles(ps, 0, 1) == ["direct", "relay", "relay"]
-    assert roles(ps, 0, 5) == ["rd", "dr", "drd", "drd", "pcie"]
+    assert roles(ps, 0, 5) == ["rd", "dr", "drd", "drd"]
     assert roles(ps, 2, 6) == ["drd", "drd", "matched", "drd"]
     matched = ps.pair_paths(2, 6)[2]
     assert ps.path_vertices(matched) == [
@@ -150,24 +150,33 @@ def test_h100_2x4_candidate_paths_by_hand():
         "n0.gpu0", "n0.gpu3", "n0.pcie3", "n0.nic3", "rail3", "n1.nic3", "n1.pcie3", "n1.gpu3",
         "n1.gpu1",
     ]
-    # GPU 0 and GPU 1 share socket 0 (GPUs 0-1 on cpu0, 2-3 on cpu1): NIC 0
-    # reaches GPU 1 through its switch, the root complex and GPU 1's switch;
-    # GPU 3 also across the inter-socket link
-    assert ps.path_vertices(ps.pair_paths(0, 5)[4]) == [
+    # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails
+    assert ps.num_paths == 24 * 3 + 32 * 4
+    # The pcie rule where asked for (UCX's model): after the rail paths, the
+    # source's rail where the destination does not own it. GPU 0 and GPU 1
+    # share socket 0 (GPUs 0-1 on cpu0, 2-3 on cpu1): NIC 0 reaches GPU 1
+    # through its switch, the root complex and GPU 1's switch; GPU 3 also
+    # across the inter-socket link
+    ucx = pw.fabric.candidate_paths(preset("h100-2x4"), (*ps.kinds, "pcie"))
+    assert roles(ucx, 0, 5) == ["rd", "dr", "drd", "drd", "pcie"]
+    assert ucx.path_vertices(ucx.pair_paths(0, 5)[4]) == [
         "n0.gpu0", "n0.pcie0", "n0.nic0", "rail0", "n1.nic0", "n1.pcie0", "n1.cpu0", "n1.pcie1",
         "n1.gpu1"]
-    assert ps.path_vertices(ps.pair_paths(0, 7)[4])[5:] == [
+    assert ucx.path_vertices(ucx.pair_paths(0, 7)[4])[5:] == [
         "n1.pcie0", "n1.cpu0", "n1.cpu1", "n1.pcie3", "n1.gpu3"]
-    # 8 ranks: 24 intra pairs x 3 paths + 32 inter pairs x 4 rails + one pcie
-    # path for each of the 24 inter pairs with different local indices
-    assert ps.num_paths == 24 * 3 + 32 * 4 + 24
+    assert roles(ucx, 2, 6) == roles(ps, 2, 6)  # the destination owns rail 2: matched
+    # one pcie path for each of the 24 inter pairs with different local indices
+    assert ucx.num_paths == ps.num_paths + 24
 
 
 def test_nvswitch_has_no_relay_paths():
     ps = pw.fabric.candidate_paths(preset("dgx-h100"))
     assert roles(ps, 0, 1) == ["direct"]
     assert ps.path_vertices(ps.pair_paths(0, 1)[0]) == ["n0.gpu0", "n0.nvswitch", "n0.gpu1"]
-    assert len(ps.pair_paths(0, 9)) == 8 + 1
+    assert len(ps.pair_paths(0, 9)) == 8
+    # with the pcie rule: the source's one NIC, across the destination's PCIe tree
+    ucx = pw.fabric.candidate_paths(preset("dgx-h100"), (*ps.kinds, "pcie"))
+    assert len(ucx.pair_paths(0, 9)) == 8 + 1
 
 
 def test_spine_paths_one_per_spine():
@@ -203,8 +212,10 @@ def test_unreachable_pair_is_an_error():
 
 
 def test_paths_are_legal_walks():
+    from pathweave.fabric.paths import ALL_KINDS
+
     for fab in (preset("h100-2x4"), preset("dgx-h100"), cluster(2, 4, "pcie", spines=1)):
-        ps = pw.fabric.candidate_paths(fab)
+        ps = pw.fabric.candidate_paths(fab, ALL_KINDS)
         for pid in range(ps.num_paths):
             lk = ps.path_links(pid)
             assert np.all(fab.link_dst[lk[:-1]] == fab.link_src[lk[1:]])  # contiguous

@@ -117,6 +117,7 @@ CASES = [
     ("emulate-up-prefix-bad", ["emulate", "up", "--prefix", "pw-x"], 2),
     ("emulate-down-prefix-bad", ["emulate", "down", "--prefix", "CEO"], 2),
     ("policy-unknown", [*PLAN, "--policy", "fastest"], 2),
+    ("emulate-policy-model-only", [*EMU, "--policy", "multirail"], 2),
     ("unknown-option", [*PLAN, "--colour", "red"], 2),
     ("time-limit-0", [*PLAN, "--time-limit", "0"], 2),
 ]

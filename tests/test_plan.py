@@ -270,8 +270,11 @@ def test_unknown_policy_and_option():
 
 @pytest.mark.parametrize("policy", pw.plan.policies())
 def test_orchestrator_checks_policy_options_at_construction(policy):
-    # Defaults pass; an unknown option fails where it is set, before any call.
-    pw.plan.registry.check_options(policy, {})
+    # Defaults pass (for planning; for the data plane where it can run the
+    # policy); an unknown option fails where it is set, before any call.
+    pw.plan.registry.check_options(policy, {}, execute=False)
+    if pw.plan.policy_info(policy).executable:
+        pw.plan.registry.check_options(policy, {})
     with pytest.raises(PlanError, match=f"{policy!r} got unknown option 'lam'"):
         pw.Orchestrator(fabric="h100-2x4", policy=policy, lam=0.5)
 
@@ -469,3 +472,105 @@ def test_ucx_and_nccl_never_relay_through_a_gpu(policy):
                     assert gpus == [0, len(r.vertices) - 1], r.vertices
                 else:
                     assert all(r.vertices[i].startswith(f"n{s // 8}.") for i in gpus[:-1])
+
+
+# ------------------------------------- what the data plane runs never crosses a PCIe tree
+#: Policies whose plans the data plane runs, and baselines that only model a peer.
+EXECUTED = [p for p in pw.plan.policies() if pw.plan.policy_info(p).executable]
+MODELS = [p for p in pw.plan.policies() if not pw.plan.policy_info(p).executable]
+
+
+def _cross_rail_shift(fab: pw.fabric.Fabric, nbytes: int = 64 << 20) -> np.ndarray:
+    """Node 0's GPU k sends to node 1's GPU k + 1: no pair shares a rail, so a pcie path
+    (the source's own NIC, then the destination's PCIe tree) needs no GPU forward."""
+    n, g = fab.num_ranks, fab.gpus_per_node
+    D = np.zeros((n, n))
+    for k in range(g):
+        D[k, g + (k + 1) % g] = nbytes
+    return D
+
+
+#: A hot GPU: a second way into it (its PCIe link, from another NIC of its node) pays.
+HOT = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+
+
+@pytest.mark.parametrize("policy", ["mwu_time", "optimal"])
+def test_pcie_paths_would_carry_bytes_where_offered(policy):
+    # Offered the pcie rule, the time-aware planner and the LP put bytes on it
+    # for HOT: the test below is not vacuous.
+    from pathweave.fabric.paths import ALL_KINDS
+
+    offered = pw.plan.make(H100, HOT, policy, kinds=ALL_KINDS)
+    on_pcie = offered.paths.kind[offered.flow_path] == pw.fabric.PathKind.PCIE
+    assert offered.flow_bytes[on_pcie].sum() > 0.01 * HOT.sum()
+
+
+@pytest.mark.parametrize("policy", EXECUTED)
+def test_no_policy_the_data_plane_runs_routes_over_pcie(policy):
+    from pathweave.runtime.schedule import path_routes
+
+    for D in (HOT, _cross_rail_shift(H100)):
+        plan = pw.plan.make(H100, D, policy).validate()
+        assert "pcie" not in plan.paths.kinds
+        assert not (plan.paths.kind == pw.fabric.PathKind.PCIE).any()
+        assert path_routes(plan.paths).shape[0] == plan.paths.num_paths  # the routes it runs
+
+
+@pytest.mark.parametrize("policy", MODELS)
+def test_a_model_only_peer_plans_on_its_own_paths_and_is_simulated(policy):
+    # UCX's plan carries the path set it needs (the default rules plus pcie);
+    # the simulator runs it on those paths, link by link.
+    D = _cross_rail_shift(H100)
+    plan = pw.plan.make(H100, D, policy).validate()
+    assert "pcie" in plan.paths.kinds
+    assert (plan.paths.kind[plan.flow_path] == pw.fabric.PathKind.PCIE).all()
+    res = pw.sim.simulate(H100, plan)
+    assert res.makespan_s >= plan.congestion_s > 0
+
+
+def test_default_policy_never_takes_a_model_only_peers_plan():
+    from pathweave.plan import predict_time
+
+    D = _cross_rail_shift(H100)
+    times = {b: predict_time(pw.plan.make(H100, D, b)) for b in pw.plan.baselines()}
+    best = min(times, key=times.get)
+    # UCX's plan (no NVLink forward) is predicted the fastest baseline here,
+    # by more than mintime's tie: were it a candidate, it would be chosen.
+    assert best in MODELS
+    others = min(t for b, t in times.items() if b not in MODELS)
+    assert times[best] * (1 + pw.plan.mintime.MINTIME_DEFAULTS["tie"]) < others
+    for prune in (True, False):
+        plan = pw.plan.make(H100, D, prune=prune).validate()
+        assert plan.info["chosen"] in EXECUTED
+        assert not set(plan.info["candidates_s"]) & set(MODELS)
+        assert not (plan.paths.kind == pw.fabric.PathKind.PCIE).any()
+    again = pw.plan.replan(plan, D)
+    assert again.info["chosen"] not in MODELS and not set(again.info["candidates_s"]) & set(MODELS)
+
+
+@pytest.mark.parametrize("policy", MODELS)
+def test_the_data_plane_refuses_a_model_only_peer(policy):
+    from pathweave.emulate import predict
+    from pathweave.emulate.run import run_workloads
+
+    msg = f"policy {policy!r} models a peer's routing that pathweave's data plane cannot run"
+    pw.plan.registry.check_options(policy, {}, execute=False)  # planning it is fine
+    with pytest.raises(PlanError, match=msg):
+        pw.Orchestrator(fabric="h100-2x4", policy=policy)
+    # The emulator says so before it builds anything (no root needed to get here).
+    with pytest.raises(PlanError, match=msg):
+        run_workloads("h100-2x4", ["hotspot:0.5"], policies=("static", f"{policy}+adapt"))
+    with pytest.raises(PlanError, match=msg):
+        predict(H100, _cross_rail_shift(H100).astype(np.int64), policy)
+
+
+def test_the_data_plane_refuses_pcie_paths():
+    from pathweave.fabric.paths import ALL_KINDS
+    from pathweave.runtime.schedule import path_routes
+
+    with pytest.raises(PlanError, match="the data plane cannot run 'pcie' paths"):
+        pw.Orchestrator(fabric="h100-2x4", policy="mwu", kinds=ALL_KINDS)
+    # The routes the executor sends along cannot hold one (24 on h100-2x4: the
+    # inter-node pairs with different local indices).
+    with pytest.raises(PlanError, match="24 'pcie' paths"):
+        path_routes(pw.fabric.candidate_paths(H100, ALL_KINDS))

@@ -544,7 +544,7 @@ hypo_settings = settings(
 @given(
     seed=st.integers(0, 2**31),
     sparsity=st.floats(0, 0.9),
-    policy=st.sampled_from(["static", "mwu", "multirail", "relay", "drd", "rd"]),
+    policy=st.sampled_from(["static", "mwu", "deepep", "relay", "drd", "rd"]),
     chunk=st.sampled_from([50, 333, 4096]),
     window=st.integers(2, 6),
     min_split=st.sampled_from([0, 500, 10**9]),

@@ -25,7 +25,7 @@ from pathweave.bench._report import write_csv
 
 __all__ = [
     "BACKGROUND_LOADS", "DEFAULT_RATIOS", "EXTRA_WORKLOADS", "QUICK_RATIOS", "background_checks",
-    "background_policies", "checks", "default_vs_best", "run", "run_background",
+    "background_policies", "checks", "default_vs_best", "not_emulated", "run", "run_background",
     "sweep_policies", "write_background", "write_outputs",
 ]
 
@@ -43,10 +43,33 @@ CSV_FIELDS = (
 
 
 def sweep_policies() -> tuple[str, ...]:
-    """The registered baselines, ``mwu`` (the paper's Algorithm 1) and the default policy."""
+    """The registered baselines the data plane runs, ``mwu`` (the paper's Algorithm 1) and
+    the default policy (:func:`not_emulated` says which baselines are left out)."""
     from pathweave.plan import DEFAULT_POLICY, baselines
 
-    return tuple(dict.fromkeys([*baselines(), "mwu", DEFAULT_POLICY]))
+    return tuple(dict.fromkeys([*baselines(executable_only=True), "mwu", DEFAULT_POLICY]))
+
+
+def not_emulated() -> list[str]:
+    """One note per baseline left out of the emulated comparison, and why.
+
+    A baseline that models a peer's own routing (``multirail``: UCX's RDMA onto
+    the NIC of the source's rail, then across the destination node's PCIe tree)
+    cannot run on pathweave's data plane, so the emulator would time another
+    route than the one predicted; ``bench planner``, ``bench paper fig7`` and
+    ``fig8`` compare against it simulated.
+
+    Examples
+    --------
+    >>> not_emulated()  # doctest: +ELLIPSIS
+    ["  note: multirail (MPI/UCX) is not emulated: pathweave's data plane cannot take ..."]
+    """
+    from pathweave.plan import baselines, policy_info
+
+    return [f"  note: {b} ({policy_info(b).summary.split(':')[0]}) is not emulated: pathweave's "
+            "data plane cannot take its route, so the emulator would time another one; "
+            "bench planner and bench paper fig7/fig8 compare against it simulated"
+            for b in baselines() if not policy_info(b).executable]
 
 
 def run(
@@ -215,12 +238,13 @@ IDLE_REPEAT_FACTOR = 3
 
 
 def background_policies() -> tuple[str, ...]:
-    """static, multirail, the default policy blind and the default policy adapting."""
+    """static, deepep (rail striping the data plane runs; ``multirail``, UCX's model,
+    cannot run: :func:`not_emulated`), the default policy blind and adapting."""
     import pathweave.plan as plan
     from pathweave.emulate.run import ADAPT_SUFFIX
 
     default = getattr(plan, "DEFAULT_POLICY", "mwu")
-    return ("static", "multirail", default, default + ADAPT_SUFFIX)
+    return ("static", "deepep", default, default + ADAPT_SUFFIX)
 
 
 def run_background(

@@ -3,7 +3,8 @@
 Run as root (with iproute2), it brings up the demo's fabric as network
 namespaces joined by kernel-shaped links at 1e-4 of its capacities, runs the
 demo's workload through the data plane with the best baseline of the
-simulate step (``static`` if it did not run) and the default policy once each
+simulate step that the data plane runs (``static`` if it did not run; UCX's
+model, ``multirail``, cannot run there) and the default policy once each
 (after a warm-up call), checks every byte, and prints measured makespans
 beside the simulator's predictions and the measured ratio. It takes well under
 a minute. Otherwise it says why it skipped.
@@ -58,7 +59,8 @@ def emulate_step(ctx: DemoContext) -> None:
     from pathweave.cli.emulate import result_table
     from pathweave.emulate import run_emulated
 
-    spans = {n: r.makespan_s for n, r in ctx.simulations.items()}
+    spans = {n: r.makespan_s for n, r in ctx.simulations.items()
+             if pwplan.policy_info(n).executable}
     base = best_baseline(spans) or "static"
     default = pwplan.DEFAULT_POLICY
 
@@ -68,7 +70,7 @@ def emulate_step(ctx: DemoContext) -> None:
         f"shaped by the kernel at {EMULATE_SCALE:g} of its capacity (NVLink 120 GB/s -> "
         f"12 MB/s). One process per rank runs [bold]{ctx.workload}[/] at "
         f"{fmt_bytes(EMULATE_BYTES_PER_RANK)} per rank through the data plane: {base} (the "
-        f"best baseline) and {default} (the default policy)."
+        f"best baseline it runs) and {default} (the default policy)."
     )
     with out.status("running over the emulated fabric"):
         res = run_emulated(

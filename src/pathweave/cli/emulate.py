@@ -56,11 +56,13 @@ PrefixOpt = Annotated[str, typer.Option(
 
 
 def _policies(text: str) -> list[str]:
-    """Registered policies (``all`` allowed) plus ``torch``, in the order given.
+    """Registered policies (``all``: those the data plane runs) plus ``torch``, in the order
+    given.
 
     ``NAME+adapt`` runs NAME with live adaptation (plain names run blind).
     """
     from pathweave.emulate.run import ADAPT_SUFFIX
+    from pathweave.plan import policy_info
 
     out: list[str] = []
     for item in (p.strip() for p in text.split(",")):
@@ -69,7 +71,8 @@ def _policies(text: str) -> list[str]:
         tail = ADAPT_SUFFIX if item.endswith(ADAPT_SUFFIX) else ""
         item = item.removesuffix(tail)
         for name in ["torch"] if item == "torch" and not tail else [
-                n + tail for n in parse_policies(item)]:
+                n + tail for n in parse_policies(item)
+                if item != "all" or policy_info(n).executable]:
             if name not in out:
                 out.append(name)
     if not out:
@@ -253,8 +256,8 @@ def bench_emulate(
     bytes_per_rank: Annotated[str, typer.Option(
         "--bytes", metavar="SIZE", help="Payload per rank (4M, 4MiB, ...).")] = "4M",
     policy: Annotated[str | None, typer.Option(
-        "--policy", help="Comma-separated policies (default: the baselines, mwu and the "
-        "default policy).")] = None,
+        "--policy", help="Comma-separated policies (default: the baselines the data plane "
+        "runs, mwu and the default policy).")] = None,
     repeat: Annotated[int | None, typer.Option(
         "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5; "
         "3 with --background).")] = None,
@@ -267,7 +270,7 @@ def bench_emulate(
     background: Annotated[str | None, typer.Option(
         "--background", metavar="LINK",
         help="Instead: sweep a co-tenant's load 0..0.8 on LINK (e.g. rail0) under "
-        "--workload, for static, multirail, the default policy blind and adapting; "
+        "--workload, for static, deepep, the default policy blind and adapting; "
         "PASS/MISS lines for the co-tenant targets.")] = None,
     workload: Annotated[str, typer.Option(
         "--workload", help="Workload of the --background sweep.")] = "hotspot:0.6",
@@ -297,6 +300,8 @@ def bench_emulate(
     for line in bench.checks(records):
         out.print(line.replace("PASS", "[green]PASS[/]", 1).replace("MISS", "[red]MISS[/]", 1),
                   soft_wrap=True)
+    for line in bench.not_emulated():
+        out.print(line, soft_wrap=True, markup=False)
     files = bench.write_outputs(records, out_dir)
     out.print("wrote " + ", ".join(str(f) for f in files))
 

@@ -436,7 +436,8 @@ def policies_cmd() -> None:
     for name in pwplan.policies():
         info = pwplan.policy_info(name)
         opts = ", ".join(f"{k}={v!r}" for k, v in info.options.items()) or "-"
-        table.add_row(name, info.summary, opts)
+        model = "" if info.executable else " (a model to compare against; not run by pathweave)"
+        table.add_row(name, info.summary + model, opts)
     console().print(table)
 
 

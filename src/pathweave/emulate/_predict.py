@@ -139,6 +139,7 @@ def predict(
     """
     from pathweave.fabric import candidate_paths
     from pathweave.plan import Plan, make
+    from pathweave.plan.registry import check_options
     from pathweave.runtime.orchestrator import quantise, split_options
     from pathweave.runtime.schedule import split_fragments
     from pathweave.sim import simulate
@@ -147,6 +148,7 @@ def predict(
     n = fabric.num_ranks
     ps = candidate_paths(fabric)
     name = "static" if policy == "torch" else policy.removesuffix(ADAPT_SUFFIX)
+    check_options(name, {})  # a plan the data plane runs: its flows are on ``ps``
     q = quantise(d)
     np.fill_diagonal(q, 0)
     pf = fabric if plan_fabric is None else plan_fabric

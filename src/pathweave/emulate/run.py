@@ -339,7 +339,7 @@ def run_workloads(
     """
     from pathweave.emulate.background import Background, parse_background, residual_fabric
     from pathweave.fabric.io import save
-    from pathweave.plan import policy_info
+    from pathweave.plan.registry import check_options
     from pathweave.traffic import parse_workload
 
     t_start = time.monotonic()
@@ -349,7 +349,9 @@ def run_workloads(
         raise InputError("policies must name at least one policy")
     for p in pols:
         if p != "torch":
-            policy_info(p.removesuffix(ADAPT_SUFFIX))
+            # What the ranks' Orchestrators check, here before anything is built: a
+            # policy the data plane cannot run (multirail, UCX's model) is refused.
+            check_options(p.removesuffix(ADAPT_SUFFIX), {})
     tenants = parse_background(background, fab) if background else []
     from pathweave.runtime.orchestrator import MIN_CHUNK_BYTES
 

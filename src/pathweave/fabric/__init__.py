@@ -9,7 +9,7 @@ Examples
 Fabric(name='h100-2x4', nodes=2, gpus_per_node=4, vertices=32, links=92)
 >>> paths = pw.fabric.candidate_paths(fab)
 >>> len(paths.pair_paths(0, 1)), len(paths.pair_paths(0, 4)), len(paths.pair_paths(0, 5))
-(3, 4, 5)
+(3, 4, 4)
 """
 
 from pathweave.fabric._core import Fabric, Link, LinkKind, Vertex, VertexKind

@@ -29,6 +29,9 @@ Rules (NIMBLE Sec. IV-B, h-score blog):
     forwards the bytes (what MPI/UCX does, ``pathweave.plan.multirail``).
     Only where the destination does not own rail ``x`` (else the
     rail-matched path is that route) and only on fabrics with a PCIe tree.
+    Not a default rule (:data:`DEFAULT_KINDS`): pathweave's data plane cannot
+    send over it (a send straight to another node's GPU leaves on the NIC
+    the transport picks), so only the UCX model compiles it.
 
 A rank's own NICs are its nearest ones below the root complex: joined to
 its GPU directly or through PCIe switches only (``nvidia-smi topo -m``: PIX
@@ -70,6 +73,13 @@ class PathKind(IntEnum):
 
 
 ALL_KINDS = ("direct", "relay", "rail", "spine", "pcie")
+
+#: The rules planners use unless told otherwise: every rule whose paths the
+#: data plane can run. A ``pcie`` path has no forwarding GPU, so the data
+#: plane would send its bytes straight to the destination and the transport
+#: (NCCL's PXN, the emulator's kernel routes) would pick another route than
+#: the planned one; only ``multirail``, the model of UCX, adds that rule.
+DEFAULT_KINDS = ("direct", "relay", "rail", "spine")
 
 T = TypeVar("T")
 
@@ -484,7 +494,7 @@ def check_rules(kinds: Any, max_hops: Any) -> tuple[str, ...]:
 
 def compile_paths(
     fab: Fabric,
-    kinds: tuple[str, ...] | list[str] = ALL_KINDS,
+    kinds: tuple[str, ...] | list[str] = DEFAULT_KINDS,
     max_hops: int | None = None,
 ) -> PathSet:
     """Compile the candidate paths of every ordered rank pair.
@@ -495,8 +505,9 @@ def compile_paths(
         The fabric.
     kinds
         Which rules to apply, a subset of ``("direct", "relay", "rail",
-        "spine", "pcie")``. ``direct`` is always applied for intra-node pairs that have
-        a direct route.
+        "spine", "pcie")``; default :data:`DEFAULT_KINDS` (all but
+        ``pcie``). ``direct`` is always applied for intra-node pairs that
+        have a direct route.
     max_hops
         Drop candidate paths with more links than this.
 
@@ -515,12 +526,18 @@ def compile_paths(
     >>> [ps.describe(p).split(":")[0] for p in ps.pair_paths(0, 1)]
     ['direct', 'relay(via rank 2)', 'relay(via rank 3)']
     >>> [ps.rail_role(p) for p in ps.pair_paths(0, 5)]
-    ['rd', 'dr', 'drd', 'drd', 'pcie']
+    ['rd', 'dr', 'drd', 'drd']
     >>> ps.describe(ps.pair_paths(0, 5)[1]).split(":")[0]
     'rail(dr, rail1)'
     >>> ps.path_vertices(ps.pair_paths(0, 5)[1])  # doctest: +NORMALIZE_WHITESPACE
     ['n0.gpu0', 'n0.gpu1', 'n0.pcie1', 'n0.nic1', 'rail1', 'n1.nic1', 'n1.pcie1', 'n1.gpu1']
-    >>> ps.path_vertices(ps.pair_paths(0, 5)[4])  # doctest: +NORMALIZE_WHITESPACE
+
+    The ``pcie`` rule only where asked for (the UCX model):
+
+    >>> ucx = pw.fabric.candidate_paths(ps.fabric, (*ps.kinds, "pcie"))
+    >>> [ucx.rail_role(p) for p in ucx.pair_paths(0, 5)]
+    ['rd', 'dr', 'drd', 'drd', 'pcie']
+    >>> ucx.path_vertices(ucx.pair_paths(0, 5)[4])  # doctest: +NORMALIZE_WHITESPACE
     ['n0.gpu0', 'n0.pcie0', 'n0.nic0', 'rail0', 'n1.nic0', 'n1.pcie0', 'n1.cpu0', 'n1.pcie1',
      'n1.gpu1']
     """
@@ -693,7 +710,7 @@ def compile_paths(
 
 def candidate_paths(
     fab: Fabric,
-    kinds: tuple[str, ...] | list[str] = ALL_KINDS,
+    kinds: tuple[str, ...] | list[str] = DEFAULT_KINDS,
     max_hops: int | None = None,
 ) -> PathSet:
     """Cached :func:`compile_paths`: a fabric compiles each rule set once."""

@@ -8,9 +8,12 @@ be slower than plain rail striping with the same bound. ``mintime`` plans
 several candidates and returns the one the time model
 (:func:`pathweave.plan.timemodel.predict_time`) predicts fastest:
 
-* every registered *baseline* (``static``, ``multirail``, ``hscore``;
-  :func:`pathweave.plan.registry.baselines`), so by construction the result
-  is never predicted slower than any of them;
+* every registered *baseline* the data plane runs (``static``, ``deepep``,
+  ``hscore``; :func:`pathweave.plan.registry.baselines` with
+  ``executable_only``), so by construction the result is never predicted
+  slower than any of them. ``multirail`` (UCX) is a model of a peer whose
+  route the data plane cannot take (:attr:`pathweave.plan.Policy.executable`):
+  never a candidate, it is compared against in the benchmarks instead;
 * ``mwu`` (NIMBLE's Algorithm 1, min-congestion over the real links);
 * ``mwu_time``: the same kernel over the model's *effective* links (network
   efficiency, the virtual NVLink-injection and NIC-aggregate links) with each
@@ -32,7 +35,7 @@ prediction is lower by more than ``margin`` (default 1 %: the worst error
 measured, rounded up), and among baselines within ``tie`` (0.1 %, the
 simulator's own tie noise; it was 0.2 % when baselines too were predicted
 less exactly) of each other the first registered wins (``static`` before
-``multirail`` before ``hscore``: the simplest; the model cannot tell such
+``deepep`` before ``hscore``: the simplest; the model cannot tell such
 plans apart).
 
 Searching. Candidates that cannot be chosen are not planned
@@ -40,7 +43,7 @@ Searching. Candidates that cannot be chosen are not planned
 (:func:`~pathweave.plan.timemodel.lower_bound_s`) rules out later
 baselines once one reaches it (up to the links' tails) and the
 multi-path candidates when no plan could beat the chosen baseline by
-``margin``; ``static`` and ``multirail`` are scored from their stripes
+``margin``; ``static`` and ``deepep`` are scored from their stripes
 without building their plans. The result is the plan the full search
 (``prune=False``) returns, but where a skipped candidate would have been
 faster by less than the slack :func:`search` allows.
@@ -193,7 +196,8 @@ def search(
     * a later baseline when the best baseline so far is within the largest
       tail and ``tie`` of ``lb`` (it could only be faster by less than a tie,
       which the earlier one wins anyway; with the 1 % slack ``static`` was
-      kept 0.11 % slower than ``multirail`` on h100-2x4, hotspot:0.1);
+      kept 0.11 % slower than ``deepep``, then named multirail, on h100-2x4,
+      hotspot:0.1);
     * every multi-path candidate when ``(lb + slack) * (1 + margin)`` is at
       least the chosen baseline's time (none could clear the margin by more
       than ``slack``);
@@ -222,7 +226,7 @@ def search(
     reach_base = lb + min(slack, tie * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
-    base = baselines()
+    base = baselines(executable_only=True)
 
     def score(name: str) -> None:
         pol = policy_info(name) if name not in multi else None
@@ -277,7 +281,7 @@ def _multipath(
 
 def choose(times_s: dict[str, float], *, margin: float, tie: float) -> str:
     """The chosen candidate's name among ``times_s``'s (rule in the module docstring)."""
-    names = baselines()
+    names = baselines(executable_only=True)
     base = [n for n in times_s if n in names]
     best_base = min(times_s[n] for n in base)
     near = [n for n in base if times_s[n] <= best_base * (1.0 + tie)]

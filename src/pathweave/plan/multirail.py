@@ -21,13 +21,23 @@ A fabric without a PCIe tree cannot express the NIC-to-GPU hop through the
 root complex; there the receive-side forward from the rail's GPU (the *rd*
 path, what ``deepep`` uses) stands in for it. A GPU without a NIC falls
 back to the ``static`` path.
+
+A model, not something pathweave runs (``executable=False`` in the
+registry): pathweave's data plane cannot land an RDMA write on one NIC and
+DMA it across the receiving node's PCIe tree (a send straight to another
+node's GPU leaves on the NIC the transport picks). So the ``pcie`` rule is
+not among the default candidate paths, this policy plans on the given paths
+with ``pcie`` added (the plan carries them: :attr:`Plan.paths`, which
+simulating it uses), the default policy never takes its plan, and the
+Orchestrator and the emulator refuse it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pathweave.fabric import Fabric, PathKind, PathSet
+from pathweave.errors import PlanError
+from pathweave.fabric import Fabric, PathKind, PathSet, candidate_paths
 from pathweave.plan._flows import matching_paths, stripe_plan
 from pathweave.plan._plan import Plan
 from pathweave.plan.deepep import own_rail_paths, stripes_csr
@@ -41,11 +51,16 @@ UCX_MAX_RNDV_RAILS = 2
     "multirail",
     options={},
     baseline=True,
+    executable=False,
     stripes=lambda paths: multirail_stripes(paths),
     summary="MPI/UCX: direct inside a node; across, the source's nearest NICs (at most 2), "
             "GPUDirect RDMA into the destination through its PCIe tree, no GPU relay",
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
+    # UCX's route does not depend on pathweave's rule options: the given rules
+    # plus pcie (cached on the fabric), and the plan carries that path set.
+    if "pcie" not in paths.kinds:
+        paths = candidate_paths(fabric, (*paths.kinds, "pcie"), paths.max_hops)
     # Stripes are in pair order and path order within a pair: the Plan layout.
     return stripe_plan(fabric, demand, paths, multirail_stripes(paths), "multirail")
 
@@ -67,7 +82,14 @@ def ucx_paths(paths: PathSet) -> np.ndarray:
 
 
 def multirail_stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
-    """CSR over all pairs of the paths each pair is striped over (kept with the paths)."""
+    """CSR over all pairs of the paths each pair is striped over (kept with the paths).
+
+    ``paths`` must have the ``pcie`` rule: without it a PCIe tree's routes
+    would silently become the fallback's GPU forwards.
+    """
+    if "pcie" not in paths.kinds:
+        raise PlanError(f"multirail (UCX) stripes need the 'pcie' path rule; paths have "
+                        f"kinds {paths.kinds}")
 
     def build() -> tuple[np.ndarray, np.ndarray]:
         pairs = np.flatnonzero(paths.pair_ptr[1:] > paths.pair_ptr[:-1]).astype(np.int64)

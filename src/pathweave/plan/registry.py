@@ -11,14 +11,14 @@ import numpy as np
 
 from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
-from pathweave.fabric.paths import check_rules
+from pathweave.fabric.paths import DEFAULT_KINDS, check_rules
 from pathweave.plan._flows import whole_bytes
 from pathweave.plan._plan import Plan
 from pathweave.traffic import validate_demand
 
-#: Options every policy accepts: which path rules to use.
-COMMON_OPTIONS: dict[str, Any] = {"kinds": ("direct", "relay", "rail", "spine", "pcie"),
-                                  "max_hops": None}
+#: Options every policy accepts: which path rules to use (never ``pcie`` by
+#: default: :data:`pathweave.fabric.paths.DEFAULT_KINDS`).
+COMMON_OPTIONS: dict[str, Any] = {"kinds": DEFAULT_KINDS, "max_hops": None}
 
 Planner = Callable[..., Plan]
 
@@ -39,6 +39,13 @@ class Policy:
 
     ``check``: ``check(**options)`` raises for a bad option value without
     planning (:func:`check_options`); None: values are checked when planning.
+
+    ``executable``: False for a baseline whose plan models a peer that routes
+    in a way pathweave's data plane cannot (``multirail``: UCX's GPUDirect
+    RDMA across the destination node's PCIe tree, with no GPU forwarding).
+    Such a plan is simulated and compared, never run: the default policy
+    never takes it as a candidate and the data plane refuses the policy
+    (:func:`check_options`).
     """
 
     name: str
@@ -48,6 +55,7 @@ class Policy:
     baseline: bool = False
     check: Callable[..., None] | None = None
     stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None
+    executable: bool = True
 
 
 _REGISTRY: dict[str, Policy] = {}
@@ -61,6 +69,7 @@ def register(
     baseline: bool = False,
     check: Callable[..., None] | None = None,
     stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None,
+    executable: bool = True,
 ) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``.
 
@@ -71,7 +80,8 @@ def register(
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check, stripes)
+        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check, stripes,
+                                 executable)
         return func
 
     return deco
@@ -82,9 +92,22 @@ def policies() -> list[str]:
     return list(_REGISTRY)
 
 
-def baselines() -> list[str]:
-    """Names of the registered baseline policies (``static``, ``multirail``, ...)."""
-    return [p.name for p in _REGISTRY.values() if p.baseline]
+def baselines(*, executable_only: bool = False) -> list[str]:
+    """Names of the registered baseline policies (``static``, ``multirail``, ...).
+
+    ``executable_only``: only those whose plans the data plane runs
+    (:attr:`Policy.executable`), e.g. for the default policy's candidates or
+    a comparison on real bytes.
+
+    Examples
+    --------
+    >>> baselines()
+    ['static', 'deepep', 'multirail', 'hscore']
+    >>> baselines(executable_only=True)
+    ['static', 'deepep', 'hscore']
+    """
+    return [p.name for p in _REGISTRY.values()
+            if p.baseline and (p.executable or not executable_only)]
 
 
 def policy_info(name: str) -> Policy:
@@ -96,20 +119,36 @@ def policy_info(name: str) -> Policy:
         ) from None
 
 
-def check_options(policy: str, options: dict[str, Any]) -> None:
+def check_options(policy: str, options: dict[str, Any], *, execute: bool = True) -> None:
     """Raise unless ``policy`` is registered and takes ``options`` (names, and values where
     the policy registered a check), without planning anything.
+
+    With ``execute`` (the data plane's check, made by the Orchestrator and
+    the emulator before any byte moves), also raise unless the data plane
+    can run the policy's plans: the policy is executable
+    (:attr:`Policy.executable`) and ``kinds`` has no ``pcie`` rule (a
+    ``pcie`` path has no forwarding GPU, so its bytes would go straight to
+    the destination on a route the transport picks, not the planned one).
 
     Raises
     ------
     PlanError
-        Unknown policy, unknown option (the message lists the valid ones) or
-        an option value out of range.
+        Unknown policy, unknown option (the message lists the valid ones), an
+        option value out of range or, with ``execute``, a plan the data plane
+        cannot run.
     FabricError
         A bad value of a path-rule option every policy takes (``kinds``,
         ``max_hops``: :func:`pathweave.fabric.paths.check_rules`).
     TypeError
         An option value of the wrong type.
+
+    Examples
+    --------
+    >>> check_options("multirail", {}, execute=False)
+    >>> check_options("multirail", {})
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.PlanError: policy 'multirail' models a peer's routing that pathweave's ...
     """
     pol = policy_info(policy)
     valid = {**COMMON_OPTIONS, **pol.options}
@@ -119,10 +158,25 @@ def check_options(policy: str, options: dict[str, Any]) -> None:
             f"policy {policy!r} got unknown option {unknown[0]!r}; valid options: "
             + ", ".join(sorted(valid))
         )
-    check_rules(options.get("kinds", COMMON_OPTIONS["kinds"]),
-                options.get("max_hops", COMMON_OPTIONS["max_hops"]))
+    kinds = check_rules(options.get("kinds", COMMON_OPTIONS["kinds"]),
+                        options.get("max_hops", COMMON_OPTIONS["max_hops"]))
     if pol.check is not None:
         pol.check(**{k: options.get(k, v) for k, v in pol.options.items()})
+    if not execute:
+        return
+    if not pol.executable:
+        # The summary names the peer ("MPI/UCX: ..."): its first part, to keep one short line.
+        raise PlanError(
+            f"policy {policy!r} models a peer's routing that pathweave's data plane cannot "
+            f"run ({pol.summary.split(':')[0]}); simulate it or compare against it, and run "
+            "one of " + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
+        )
+    if "pcie" in kinds:
+        raise PlanError(
+            f"kinds={tuple(kinds)!r}: the data plane cannot run 'pcie' paths (no GPU forwards "
+            "them, so the transport would pick the route); that rule models UCX "
+            "('multirail') only"
+        )
 
 
 def as_demand(demand: Any, num_ranks: int) -> np.ndarray:
@@ -232,7 +286,7 @@ def make(
     valid = {**COMMON_OPTIONS, **pol.options}
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        check_options(policy, options)  # raises, naming the option and the valid ones
+        check_options(policy, options, execute=False)  # raises, naming the option
     t0 = time.perf_counter()
     d = as_demand(demand, fab.num_ranks)
     opts = {k: options.get(k, v) for k, v in pol.options.items()}

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pathweave.fabric import PathSet
+from pathweave.errors import PlanError
+from pathweave.fabric import PathKind, PathSet
 
 __all__ = [
     "Dataflow",
@@ -331,6 +332,10 @@ def path_routes(paths: PathSet) -> np.ndarray:
     ``s`` to ``d`` via forwarding GPUs ``x`` and ``y`` is ``[s, x, y, d]``
     and a spine path is ``[s, d]``. Kept with the path set.
 
+    A ``pcie`` path (UCX's route, :mod:`pathweave.plan.multirail`) has no
+    such route: as ``[s, d]`` its bytes would leave on whatever NIC the
+    transport picks, not the planned one. A path set with such paths raises.
+
     Examples
     --------
     >>> import pathweave as pw
@@ -338,7 +343,17 @@ def path_routes(paths: PathSet) -> np.ndarray:
     >>> r = path_routes(ps)
     >>> [r[p][r[p] >= 0].tolist() for p in ps.pair_paths(0, 5)]
     [[0, 4, 5], [0, 1, 5], [0, 2, 6, 5], [0, 3, 7, 5]]
+    >>> path_routes(pw.fabric.candidate_paths(ps.fabric, (*ps.kinds, "pcie")))
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.PlanError: 24 'pcie' paths (kinds ('direct', ..., 'pcie')): ...
     """
+    pcie = int(np.count_nonzero(paths.kind == PathKind.PCIE))
+    if pcie:
+        raise PlanError(
+            f"{pcie} 'pcie' paths (kinds {paths.kinds}): the data plane cannot run them "
+            "(no GPU forwards their bytes, so the transport would pick the route); "
+            "that rule models UCX only")
 
     def build() -> np.ndarray:
         fab = paths.fabric
