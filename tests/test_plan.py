@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -188,9 +189,11 @@ def test_mwu_is_close_to_optimal_on_skewed_exchanges():
 
 
 @pytest.mark.parametrize(
-    ("scale", "lam", "refine"), [(40 * MB, 0.4, 2), (600 * MB, 0.5, 1), (600 * MB, 0.75, 0)]
+    ("scale", "lam", "refine", "stop_s"),
+    [(40 * MB, 0.4, 2, 0.0), (600 * MB, 0.5, 1, 0.0), (600 * MB, 0.75, 0, 0.0),
+     (600 * MB, 0.5, 3, 0.02), (600 * MB, 0.5, 3, 1e-9)],
 )
-def test_mwu_kernel_matches_the_reference(scale, lam, refine):
+def test_mwu_kernel_matches_the_reference(scale, lam, refine, stop_s):
     rng = np.random.default_rng(7)
     ps = pw.fabric.candidate_paths(H100)
     D = np.floor(rng.random((8, 8)) * scale)
@@ -201,12 +204,70 @@ def test_mwu_kernel_matches_the_reference(scale, lam, refine):
     pen = (ps.length - 1) * 1e-6
     inv = 1.0 / H100.capacity_Bps
     args = (lo, hi, dem, ps.links, ps.length, pen, inv, lam, 1 << 20, 2 << 20, refine)
-    load_ref, flow_ref = route_reference(*args)
+    load_ref, flow_ref = route_reference(*args, stop_s)
     load = np.zeros(H100.num_links)
     flow = np.zeros(int((hi - lo).sum()), dtype=np.int64)
-    route_kernel(*args[:8], np.int64(args[8]), np.int64(args[9]), np.int64(args[10]), load, flow)
+    route_kernel(*args[:8], np.int64(args[8]), np.int64(args[9]), np.int64(args[10]), load, flow,
+                 stop_s)
     assert np.array_equal(flow, flow_ref)
     np.testing.assert_allclose(load, load_ref)
+
+
+def _congestion(ps, inv, pid, nbytes):
+    rows = ps.links[pid]
+    used = rows >= 0
+    load = np.bincount(rows[used], weights=np.broadcast_to(nbytes[:, None], rows.shape)[used],
+                       minlength=inv.size)
+    return float((load * inv).max())
+
+
+@pytest.mark.parametrize("policy", ["mwu", "mwu_time"])
+@pytest.mark.parametrize("which", ["h100", "dgx", "spine"])
+def test_refinement_early_stop_certifies_its_gap_against_the_lp(which, policy):
+    """The early stop's bound is below the LP optimum, and a plan whose refinement
+    stopped early is within the certified gap of that optimum (HiGHS's LP over the
+    real links for mwu; over the effective links mwu_time prices, the LP's plan is
+    one plan, so the bound must stay under its maximum)."""
+    from pathweave.plan import timemodel as tm
+    from pathweave.plan._mwu_kernel import route_pinned
+    from pathweave.plan.mintime import _time_tables
+    from pathweave.plan.mwu import CERTIFIED_GAP, _derived
+    from pathweave.plan.static import static_pins
+
+    fab = {"h100": H100, "dgx": DGX, "spine": SPINE}[which]
+    stopped = 0
+    for workload in ("hotspot:0.5", "stencil:dims=1", "zipf", "many_to_few:sinks=0;",
+                     "uniform", "random_sparse"):
+        D = pw.traffic.parse_workload(workload, fab.num_ranks, bytes_per_rank=256 * MB,
+                                      gpus_per_node=fab.gpus_per_node)
+        opt = pw.plan.make(fab, D, "optimal")
+        ps, dem = opt.paths, opt.demand
+        if policy == "mwu":
+            links, length = ps.links, ps.length
+            pen, inv = _derived(ps, pw.plan.mwu.DEFAULTS["hop_penalty_s"])
+            bound = tm.lower_bound_s(ps, dem, tm.ideal_model())
+            lp = opt.info["optimum_s"]
+        else:
+            pc = tm.path_costs(ps)
+            links, length = pc.links, pc.length
+            pen, inv = _time_tables(ps, None)
+            bound = tm.lower_bound_s(ps, dem) - pc.setup_s
+            lp = _congestion(SimpleNamespace(links=links), inv, opt.flow_path, opt.flow_bytes)
+        assert bound <= lp * (1 + 1e-9), workload
+        refine = 4
+        args = (dem.reshape(-1), ps.pair_ptr, links, length, pen, inv, 0.5, np.int64(MB),
+                np.int64(MB))
+        tail = (np.int64(inv.size), static_pins(ps))
+        pid, nb, sweeps = route_pinned(*args, np.int64(refine), *tail,
+                                       bound * (1 + CERTIFIED_GAP))
+        phase1 = int(route_pinned(*args, np.int64(0), *tail, 0.0)[2])
+        got = _congestion(SimpleNamespace(links=links), inv, pid, nb)
+        if int(sweeps) - phase1 < refine:  # stopped early: certified within the gap
+            stopped += 1
+            assert got <= bound * (1 + CERTIFIED_GAP) * (1 + 1e-12), workload
+            if policy == "mwu":
+                assert got <= lp * (1 + CERTIFIED_GAP) * (1 + 1e-12), workload
+    assert stopped  # the rule was exercised
 
 
 def test_round_within_pairs_conserves_bytes():

@@ -28,11 +28,16 @@ def plan_from_flows(
     fp = np.asarray(flow_path, dtype=np.int64)
     fb = np.asarray(flow_bytes, dtype=np.int64)
     if fp.size:
-        uniq, inv = np.unique(fp, return_inverse=True)
-        sums = np.bincount(inv, weights=fb, minlength=uniq.size)
-        fb = np.rint(sums).astype(np.int64)
+        # NOTE: a stable argsort and a check for repeats instead of np.unique
+        # with its inverse: most planners emit each path once, and unique was
+        # half of an 8-GPU hscore plan's Python time (8 of 14 us here).
+        order = np.argsort(fp, kind="stable")
+        fp, fb = fp[order], fb[order]
+        if fp.size > 1 and not (fp[1:] > fp[:-1]).all():
+            starts = np.flatnonzero(np.concatenate([[True], fp[1:] != fp[:-1]]))
+            fp, fb = fp[starts], np.add.reduceat(fb, starts)
         keep = fb != 0
-        fp, fb = uniq[keep], fb[keep]
+        fp, fb = fp[keep], fb[keep]
     fp.setflags(write=False)
     fb.setflags(write=False)
     return Plan(fabric, paths, demand, fp, fb, policy, 0.0, dict(info or {}))

@@ -77,7 +77,8 @@ if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
     from pathweave.sim.model import SimModel
 
-__all__ = ["PathCosts", "default_model", "effective_links", "lower_bound_s", "path_costs",
+__all__ = ["PathCosts", "default_model", "effective_links", "ideal_model", "lower_bound_s",
+           "path_costs",
            "predict_time", "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
@@ -94,6 +95,20 @@ def default_model() -> SimModel:
 
         _DEFAULT.append(SimModel())
     return _DEFAULT[0]
+
+
+_IDEAL: list[SimModel] = []
+
+
+def ideal_model() -> SimModel:
+    """:meth:`SimModel.ideal() <pathweave.sim.SimModel.ideal>`, built once: its
+    prediction is the congestion bound, its :func:`lower_bound_s` a lower bound of
+    every plan's congestion (``mwu``'s certified gap)."""
+    if not _IDEAL:
+        from pathweave.sim.model import SimModel
+
+        _IDEAL.append(SimModel.ideal())
+    return _IDEAL[0]
 
 
 @dataclass(frozen=True)
@@ -441,7 +456,9 @@ def _link_tail_max(
 def _model_key(model: SimModel | None) -> object:
     """Cache key of a model: the default one by name (hashing a SimModel's fields
     costs about a microsecond, several times per 8-GPU plan)."""
-    return "default" if model is None else model
+    if model is None:
+        return "default"
+    return "ideal" if _IDEAL and model is _IDEAL[0] else model
 
 
 def factored(
