@@ -60,7 +60,7 @@ from pathweave.plan._plan import Plan
 from pathweave.plan.registry import COMMON_OPTIONS, as_demand, make
 from pathweave.traffic.groups import GroupWorkload, check_placement
 
-__all__ = ["MODES", "GroupPaths", "group_paths", "plan_groups"]
+__all__ = ["MODES", "GroupPaths", "group_paths", "plan_groups", "shared_links"]
 
 #: Planning modes of :func:`plan_groups`.
 MODES = ("per_group", "joint")
@@ -266,3 +266,24 @@ def plan_groups(
                 plan_s=time.perf_counter() - t0,
                 info={"mode": mode, "groups": len(workload.groups), "group_plan_s": times})
     return plan.validate()
+
+
+def shared_links(plan: Plan, workload: GroupWorkload) -> np.ndarray:
+    """``bool[num_links]``: links that carry bytes of two or more groups in ``plan``.
+
+    >>> import numpy as np, pathweave as pw
+    >>> from pathweave.traffic.groups import groups
+    >>> fab = pw.fabric.resolve("cluster:nodes=2,gpus_per_node=4,node_kind=nvlink-mesh,rails=2")
+    >>> a = np.zeros((4, 4)); a[0, 2] = 200e6
+    >>> b = np.zeros((2, 2)); b[0, 1] = 100e6
+    >>> wl = groups(8, [a, b], ranks=[(0, 2, 4, 6), (1, 5)])
+    >>> plan = plan_groups(fab, wl, "optimal", mode="per_group")
+    >>> [fab.link_name(e) for e in np.flatnonzero(shared_links(plan, wl))]
+    ['n0.nic0 -> rail0', 'rail0 -> n1.nic0']
+    """
+    owner = workload.rank_group[plan.paths.src[plan.flow_path]]
+    count = np.zeros(plan.fabric.num_links, dtype=np.int64)
+    for g in range(len(workload.groups)):
+        sel = (owner == g) & (plan.flow_bytes > 0)
+        count += plan.paths.link_load_bytes(plan.flow_path[sel], plan.flow_bytes[sel]) > 0
+    return count >= 2

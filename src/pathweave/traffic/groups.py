@@ -241,7 +241,7 @@ def parse_groups(spec: str) -> GroupsSpec:
 
 def groups(
     num_ranks: int,
-    workload: str | Sequence[np.ndarray],
+    workload: str | Sequence[str | np.ndarray],
     count: int | None = None,
     size: int | None = None,
     layout: str = "block",
@@ -259,7 +259,8 @@ def groups(
         The fabric's ranks.
     workload
         A workload spec or demand file (:func:`~pathweave.traffic.parse_workload`),
-        built for each group with seed ``seed + g``; or one demand matrix per group.
+        built for each group ``g`` with seed ``seed + g``; or one spec or
+        demand matrix per group.
     count, size, layout
         The placement (:func:`placement`), unless ``ranks`` gives it.
     ranks
@@ -279,12 +280,11 @@ def groups(
               if isinstance(start_s, (int, float)) else [float(s) for s in start_s])
     if len(starts) != len(ranks):
         raise WorkloadError(f"groups: {len(starts)} start times for {len(ranks)} groups")
-    if isinstance(workload, str):
-        demands = [parse_workload(workload, len(r), bytes_per_rank=bytes_per_rank, seed=seed + g)
-                   for g, r in enumerate(ranks)]
-    else:
-        demands = [validate_demand(d) for d in workload]
-        if len(demands) != len(ranks):
-            raise WorkloadError(f"groups: {len(demands)} demand matrices for {len(ranks)} groups")
+    each = [workload] * len(ranks) if isinstance(workload, str) else list(workload)
+    if len(each) != len(ranks):
+        raise WorkloadError(f"groups: {len(each)} workloads for {len(ranks)} groups")
+    demands = [parse_workload(w, len(r), bytes_per_rank=bytes_per_rank, seed=seed + g)
+               if isinstance(w, str) else validate_demand(w, len(r))
+               for g, (w, r) in enumerate(zip(each, ranks, strict=True))]
     return GroupWorkload(num_ranks, tuple(Group(r, d, s) for r, d, s in
                                           zip(ranks, demands, starts, strict=True)))
