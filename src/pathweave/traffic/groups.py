@@ -283,8 +283,12 @@ def groups(
     each = [workload] * len(ranks) if isinstance(workload, str) else list(workload)
     if len(each) != len(ranks):
         raise WorkloadError(f"groups: {len(each)} workloads for {len(ranks)} groups")
-    demands = [parse_workload(w, len(r), bytes_per_rank=bytes_per_rank, seed=seed + g)
-               if isinstance(w, str) else validate_demand(w, len(r))
-               for g, (w, r) in enumerate(zip(each, ranks, strict=True))]
+    demands = []
+    for g, (w, r) in enumerate(zip(each, ranks, strict=True)):
+        try:
+            demands.append(parse_workload(w, len(r), bytes_per_rank=bytes_per_rank, seed=seed + g)
+                           if isinstance(w, str) else validate_demand(w, len(r)))
+        except WorkloadError as exc:
+            raise WorkloadError(f"group {g} ({len(r)} ranks): {exc}") from None
     return GroupWorkload(num_ranks, tuple(Group(r, d, s) for r, d, s in
                                           zip(ranks, demands, starts, strict=True)))
