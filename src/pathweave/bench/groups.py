@@ -42,6 +42,7 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench._report import Check, Progress
+from pathweave.fabric._limits import BYTES_PER_PATH, estimate_paths
 from pathweave.plan import DEFAULT_POLICY
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import GroupWorkload, groups
@@ -106,6 +107,10 @@ def scale_case(ranks: int, mode: str, policy: str | None = None) -> dict[str, An
         "path_bytes": path_bytes, "pair_ptr_bytes": ps.pair_ptr.nbytes,
         "paths_s": paths_s, "plan_s": plan.plan_s, "sim_s": res.sim_s,
         "congestion_s": plan.congestion_s, "makespan_s": res.makespan_s,
+        "fragments": plan.fragments, "events": res.events,
+        # What the whole fabric's dense path set would take to compile (the
+        # preset's own size check), which group path sets never build.
+        "dense_paths_bytes": BYTES_PER_PATH * estimate_paths(ranks // 8, 8, 8, 4, False),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
