@@ -180,6 +180,12 @@ def plan_cmd(
         bool, typer.Option("--no-lp", help="Skip the LP optimum (no 'x optimal'); at 1024 GPUs "
                            "it needs ~16 GB and minutes.")
     ] = False,
+    groups: Annotated[
+        str | None, typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
+                                 help="Concurrent groups, each running the workload on its own "
+                                 "ranks (layout=block|strided): plan every group alone and "
+                                 "all jointly, side by side.", show_default=False)
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
                                   help="Write the records as JSON (- for stdout).")
@@ -193,6 +199,12 @@ def plan_cmd(
     names = parse_policies(policy)
     size = parse_bytes(bytes_per_rank)
     fab = load_fabric(fabric)
+    if groups is not None:
+        from pathweave.cli._groups import run_groups
+
+        return run_groups(human_console(json_out), fab, workload, groups,
+                          [n for n in names if not (no_lp and n == "optimal")], size,
+                          simulate=False, json_out=json_out)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )
@@ -256,10 +268,19 @@ def bench_planner(
         Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
                                   help="Write bench_planner.png (ratio to optimal) here.")
     ] = None,
+    scale: Annotated[
+        bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-2048 GPUs "
+                           "(plan, simulate, peak memory) and joint against per-group planning.")
+    ] = False,
+    scale_ranks: Annotated[
+        str, typer.Option("--scale-ranks", metavar="N,N,...", help="GPU counts of --scale.")
+    ] = "512,1024,2048",
 ) -> None:
     """Congestion and planning time of every policy on 8 to 1024 GPUs, against the LP."""
     from pathweave.bench import planner
 
+    if scale:
+        return _bench_scale(scale_ranks, json_out)
     size = parse_bytes(bytes_per_rank)
     with Steps("bench") as steps:
         records = planner.run(
@@ -280,6 +301,32 @@ def bench_planner(
         written = viz.plot_bench_ratios(records, Path(out_dir) / "bench_planner.png",
                                         labels=labels)
         out.print(f"wrote {written}")
+
+
+def _bench_scale(ranks_text: str, json_out: Path | None) -> None:
+    from pathweave.bench import groups as bench_groups
+    from pathweave.cli._groups import scale_tables
+
+    try:
+        ranks = [int(t) for t in ranks_text.split(",")]
+    except ValueError:
+        fail(f"--scale-ranks {ranks_text!r} is not a list of GPU counts such as 512,1024")
+    if any(n < 64 or n % 64 for n in ranks):
+        fail(f"--scale-ranks {ranks_text!r}: every count must be a multiple of 64")
+    with Steps("bench") as steps:
+        def progress(done: int, total: int, text: str) -> None:
+            steps.update(text, done, total)
+
+        scale_rows = bench_groups.run_scale(ranks, on_progress=progress)
+        joint_rows = bench_groups.run_joint(on_progress=progress)
+    out = human_console(json_out)
+    for table in scale_tables(scale_rows, joint_rows):
+        out.print(table)
+    for check in bench_groups.joint_checks(joint_rows):
+        mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
+        out.print(f"{mark} {check.text}")
+    if json_out is not None:
+        wrote(out, write_json(json_out, {"scale": scale_rows, "joint": joint_rows}))
 
 
 @bench_app.command("sim")

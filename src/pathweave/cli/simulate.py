@@ -81,11 +81,24 @@ def simulate_cmd(
                                   help="Link-utilisation heatmap (links x time per policy; "
                                   "- for a PNG on stdout).")
     ] = None,
+    groups: Annotated[
+        str | None, typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
+                                 help="Concurrent groups, each running the workload on its own "
+                                 "ranks (layout=block|strided, stagger: seconds between group "
+                                 "starts): simulate per-group and joint plans side by side.",
+                                 show_default=False)
+    ] = None,
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
     names = ordered_policies(parse_policies(policy))
     size = parse_bytes(bytes_per_rank)
     fab = load_fabric(fabric)
+    if groups is not None:
+        from pathweave.cli._groups import run_groups
+
+        warm_up()  # the simulator's kernels too
+        return run_groups(human_console(json_out, png), fab, workload, groups, names, size,
+                          simulate=True, json_out=json_out)
     demand = traffic.parse_workload(
         workload, fab.num_ranks, bytes_per_rank=size, gpus_per_node=fab.gpus_per_node
     )

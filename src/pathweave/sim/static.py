@@ -185,7 +185,20 @@ def build_flows(fabric: Fabric, plan: Plan, model: SimModel) -> FlowSet:
     )
 
 
-def simulate(fabric: Fabric | str, plan: Plan, model: SimModel | None = None) -> SimResult:
+def _start_of_flows(plan: Plan, fs: FlowSet, start_s: np.ndarray) -> np.ndarray:
+    """Each engine flow's start offset: its source rank's ``start_s``."""
+    n = plan.paths.num_ranks
+    start = np.asarray(start_s, dtype=np.float64)
+    if start.shape != (n,) or not np.all(np.isfinite(start)) or (start < 0).any():
+        raise PlanError(f"start_s must be {n} finite times >= 0 (one per rank), got shape "
+                        f"{start.shape}" + (f", min {start.min():g}" if start.size else ""))
+    return start[plan.paths.src[plan.flow_path[fs.index]]]
+
+
+def simulate(
+    fabric: Fabric | str, plan: Plan, model: SimModel | None = None, *,
+    start_s: np.ndarray | None = None,
+) -> SimResult:
     """Simulate ``plan`` on ``fabric``: completion times and link utilisation.
 
     Parameters
@@ -199,6 +212,11 @@ def simulate(fabric: Fabric | str, plan: Plan, model: SimModel | None = None) ->
     model
         Overheads and efficiencies; default :class:`SimModel()` (fitted to the
         NIMBLE testbed). :meth:`SimModel.ideal` is the pure fluid model.
+    start_s
+        ``float64[num_ranks]``, optional: when each source rank starts
+        sending, in seconds (concurrent groups that start apart,
+        :mod:`pathweave.plan.groups`); default all at 0. Finish times and
+        the makespan count from 0.
 
     Returns
     -------
@@ -228,6 +246,8 @@ def simulate(fabric: Fabric | str, plan: Plan, model: SimModel | None = None) ->
         raise TypeError(f"model must be a SimModel or None, got {type(model).__name__}")
     t0 = time.perf_counter()
     fs = build_flows(fab, plan, model)
+    if start_s is not None:
+        fs.release_s = fs.release_s + _start_of_flows(plan, fs, start_s)
     end_s, seg_t, seg_rate, events = run_flows(
         fs.flow_ptr,
         fs.flow_links,
