@@ -190,6 +190,15 @@ def test_spine_paths_one_per_spine():
     assert not any(ps.kind[p] == PathKind.SPINE for p in ps.pair_paths(0, 4))
 
 
+def test_spines_without_a_cross_rail_pair_add_no_path():
+    # One rail: every inter-node pair is rail-matched, so no pair takes a spine
+    # (this once failed while joining an empty block of spine paths).
+    fab = cluster(nodes=2, gpus_per_node=2, rails=1, spines=1)
+    ps = pw.fabric.candidate_paths(fab)
+    assert not (ps.kind == PathKind.SPINE).any()
+    assert roles(ps, 0, 2) == ["matched"]
+
+
 def test_max_hops_and_kinds_filter():
     fab = preset("h100-2x4")
     # rd and dr: 7 links (two GPU-switch-NIC routes, two rail hops, one

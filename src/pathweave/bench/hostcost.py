@@ -15,11 +15,11 @@ GPU that copy is device work; on this CPU it would dwarf the rest: 6 of
 8 ms of pathweave's call at 8 ranks was the copy into the output, and
 torch's own fake call on CPU tensors took 0.1 s). ``device="cpu"`` keeps it.
 
-The demand is issue 27's: 1 MiB per pair and one hot column of 16 MiB (every
+The demand: 1 MiB per pair and one hot column of 16 MiB (every
 rank sends rank 0 16 MiB), timed on rank 1, which sends 16 MiB + (N - 2) MiB
 and receives (N - 1) MiB.
 
-Targets (issue 27): median host work <= 100 us at 8 ranks, <= 1 ms at 256
+Targets: median host work <= 100 us at 8 ranks, <= 1 ms at 256
 (<= 4 ms at 1024), and never above torch's own call on the same group from
 64 ranks up.
 """

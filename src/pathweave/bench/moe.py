@@ -526,7 +526,7 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-#: The decode case of issue 23: one rank, 128 tokens, top-8 of 256 experts, hidden 256, fp32.
+#: The decode case: one rank, 128 tokens, top-8 of 256 experts, hidden 256, fp32.
 DECODE_CASE = {"tokens": 128, "experts": 256, "k": 8, "hidden": 256}
 
 
@@ -586,13 +586,13 @@ def _decode_job(rank: int, world: int, c: dict[str, int], repeat: int) -> dict[s
     return rec
 
 
-#: Tokens of the prefill line of issue 23 (normal mode against plain torch, one rank).
+#: Tokens of the prefill line (normal mode against plain torch, one rank).
 PREFILL_TOKENS = 4096
 
 
 def decode_checks(repeat: int = 200, case: dict[str, int] | None = None,
                   prefill_repeat: int = 15) -> tuple[list, dict]:
-    """Issue 23's CPU targets: low-latency round trip <= 3x plain torch indexing (one
+    """The CPU targets: low-latency round trip <= 3x plain torch indexing (one
     rank), no host read-back per steady-state step on 4 gloo ranks, <= 20 torch ops per
     round trip; and, informative on a CPU, the normal mode at :data:`PREFILL_TOKENS`
     tokens against plain torch (the 1.2x target is a GPU's). Returns the

@@ -173,7 +173,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
               soft_wrap=True)
     with console(stderr=True).status("running the decode and prefill targets (1 and 4 ranks)"):
         checks, decode = moe.decode_checks()
-    for c in checks:  # issue 23's targets: the low-latency mode against plain torch
+    for c in checks:  # the decode targets: the low-latency mode against plain torch
         tag = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "-"}[c.passed]
         out.print(f"{tag} {c.text}", soft_wrap=True)
     s["decode"] = {"checks": [vars(c) for c in checks], **decode}

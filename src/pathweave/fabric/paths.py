@@ -459,6 +459,8 @@ def _join(parts: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.nd
     m = parts[0][0].shape[0]
     lk = np.full((m, width), -1, dtype=np.int32)
     at = np.zeros(m, dtype=np.int64)
+    if m == 0:  # e.g. spines but no pair on different rails: reshape(0, -1) is ambiguous
+        return lk, at
     rows = np.arange(m)
     for seg, ln in parts:
         seg = seg.reshape(m, -1)
