@@ -461,6 +461,8 @@ class _Call:
                                     Callable[[], None] | None]]
     #: ``timing(layout)``: a key per receive op for live adaptation (None: not timed).
     timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
+    #: What the call writes: the value of its handle's ``get_future()``.
+    outputs: Sequence[Any] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -997,7 +999,7 @@ class Orchestrator:
 
         return _Call("all_to_all_single", mkey, decode,
                      lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
-                     timing)
+                     timing, [output])
 
     def _p2p_call(
         self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
@@ -1034,7 +1036,8 @@ class Orchestrator:
             return bufs, bufs, post_torch, finish
 
         return _Call("batch_isend_irecv", mkey, decode,
-                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers)
+                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers,
+                     outputs=[op.tensor for op in ops if op.op is not dist.isend])
 
     # ------------------------------------------------------- op pipeline
     def _pipeline(
@@ -1088,13 +1091,13 @@ class Orchestrator:
                 except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
                     raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
                 handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
-                                host_wait=not tr.nccl)
+                                host_wait=not tr.nccl, outputs=call.outputs)
             else:
                 timing = None
                 if st.adapt is not None and wait and st.adapt.sampled:
                     timing = call.timing(layout)
                 handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
-                                wait=timing is not None, finish=finish, timing=timing)
+                                wait=wait, finish=finish, timing=timing, outputs=call.outputs)
                 if timing is not None:
                     st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
             if wait:
