@@ -100,14 +100,15 @@ class _Program:
     ``(group peer, tag offset, view)``, the view an index into the list that
     :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
     buffer (one C++ call for all of a buffer's pieces, half the host time of
-    slicing each). ``rounds`` and the stream steps hold operation indices.
+    slicing each). ``rounds`` holds each round's receives and sends as such
+    tuples; the stream steps hold operation indices.
     """
 
     slots: list[tuple[int, int, list[int] | None, list[tuple[int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
-    rounds: list[tuple[list[int], list[int]]]
+    rounds: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]
     copies: list[tuple[int, int, int, int, int]]
     first_recvs: list[int]
     first_sends: list[int]
@@ -163,7 +164,7 @@ def _compile(sched: RankSchedule) -> _Program:
     recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
     sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
     rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
-    rounds = [(list(range(rp[t], rp[t + 1])), list(range(sp[t], sp[t + 1])))
+    rounds = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]])
               for t in range(sched.num_rounds)]
     copies = list(zip(*(c.tolist() for c in (
         sched.copy_send_buf, sched.copy_send_off, sched.copy_recv_buf, sched.copy_recv_off,
@@ -301,15 +302,21 @@ def _wait_all(
 
     A timeout makes NCCL's ``wait`` block the host until the work is done;
     without one it only makes the current stream wait, and NCCL's own
-    watchdog enforces the process group's timeout.
+    watchdog enforces the process group's timeout. The timeout handed to
+    ``wait`` is remade at most once a second (a call waits for thousands of
+    works at 256 ranks; making one per work cost 2.5 us each): a wait may
+    end up to a second past ``deadline``, and the next one raises.
     """
+    td, fresh_until = None, 0.0
     for w in works:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             raise CommError(f"rank {rank}: {what} ran past the timeout")
         try:
             if host_wait:
-                w.wait(datetime.timedelta(seconds=left))
+                if now > fresh_until:
+                    td, fresh_until = datetime.timedelta(seconds=deadline - now), now + 1.0
+                w.wait(td)
             else:
                 w.wait()
         except CommError:
@@ -439,7 +446,7 @@ class Transport:
             if staged:
                 _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
             try:
-                staged = self._post_round(prog, views, recvs, sends, tag_base)
+                staged = self._post_round(views, recvs, sends, tag_base)
             except CommError:
                 raise
             except Exception as exc:
@@ -472,7 +479,7 @@ class Transport:
             staged: list[Any] = []
             for recvs, sends in prog.rounds:
                 _wait_all(staged, deadline, self.rank, "forwarding")
-                staged = self._post_round(prog, views, recvs, sends, tag_base)
+                staged = self._post_round(views, recvs, sends, tag_base)
             final = staged
         else:
             final = self._run_streams(prog, views, tag_base, deadline)
@@ -585,8 +592,8 @@ class Transport:
         return final
 
     def _post_round(
-        self, prog: _Program, views: list[torch.Tensor], recvs: list[int], sends: list[int],
-        tag_base: int,
+        self, views: list[torch.Tensor], recvs: list[tuple[int, int, int]],
+        sends: list[tuple[int, int, int]], tag_base: int,
     ) -> list[Any]:
         """Post one round, receives first; its works.
 
@@ -598,14 +605,14 @@ class Transport:
         if self.nccl:
             g, granks = self.group, self.global_ranks
             ops = [dist.P2POp(dist.irecv, views[v], granks[p], g, tag_base + k)
-                   for p, k, v in (prog.recvs[i] for i in recvs)]
+                   for p, k, v in recvs]
             ops += [dist.P2POp(dist.isend, views[v], granks[p], g, tag_base + k)
-                    for p, k, v in (prog.sends[j] for j in sends)]
+                    for p, k, v in sends]
             works = dist.batch_isend_irecv(ops) if ops else []
             return [w for w in works if w is not None]
-        pg, r_ops, s_ops = self._pg, prog.recvs, prog.sends
-        works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in (r_ops[i] for i in recvs)]
-        works += [pg.send([views[v]], p, tag_base + k) for p, k, v in (s_ops[j] for j in sends)]
+        pg = self._pg
+        works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in recvs]
+        works += [pg.send([views[v]], p, tag_base + k) for p, k, v in sends]
         return works
 
 
