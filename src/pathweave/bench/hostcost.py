@@ -63,6 +63,8 @@ TORCH_PARITY_RANKS = 64
 #: How soon an async call must return, as a fraction of its wait.
 ASYNC_RETURN_FRACTION = 0.05
 ISSUES = ("rounds", "streams")
+#: The metadata row each rank sends at this many ranks must fit METADATA_BYTES.
+METADATA_RANKS, METADATA_BYTES = 1024, 16 << 10
 ELEMENT_BYTES = 4
 RANK = 1
 
@@ -77,6 +79,18 @@ def split_matrix(num_ranks: int) -> np.ndarray:
     rows[1:, 0] = HOT_BYTES // ELEMENT_BYTES
     np.fill_diagonal(rows, 0)
     return rows
+
+
+def metadata_bytes(num_ranks: int) -> int:
+    """Bytes of the metadata row one rank sends per call (``all_to_all_single``, plane words).
+
+    >>> metadata_bytes(1024) <= METADATA_BYTES
+    True
+    """
+    from pathweave.runtime._validate import meta_width
+    from pathweave.runtime.orchestrator import PLANE_WORDS
+
+    return (meta_width(num_ranks) + PLANE_WORDS) * 8
 
 
 def _timed(fn: Any, repeats: int) -> float:
@@ -166,6 +180,11 @@ def checks(records: Sequence[dict[str, Any]],
             out.append(Check(f"vs_torch_{n}", pw_s / t_s, 1.0, pw_s <= t_s,
                              f"host work at {n} ranks vs torch's own call: {pw_s / t_s:.2f}x "
                              f"({pw_s * 1e6:,.0f} vs {t_s * 1e6:,.0f} us; target <= 1x)"))
+    m = metadata_bytes(METADATA_RANKS)
+    out.append(Check("metadata", m, METADATA_BYTES, m <= METADATA_BYTES,
+                     f"metadata row per rank at {METADATA_RANKS} ranks: {m / 1024:.1f} KiB "
+                     f"(target <= {METADATA_BYTES >> 10} KiB; each rank then receives "
+                     f"{m * METADATA_RANKS / 2**20:.1f} MiB of rows)"))
     if overlap is not None:
         f = overlap["return_fraction"]
         out.append(Check("async_return", f, ASYNC_RETURN_FRACTION, f <= ASYNC_RETURN_FRACTION,
