@@ -37,14 +37,16 @@ def bench_hostcost(
     records, checks = hostcost.run(tuple(ranks or (8, 64, 256)), repeat, device,
                                    issues=issues, overlap=not no_async)
     out = console()
-    out.print(f"host work per call, fake process group ({device} tensors), median of {repeat}:")
+    out.print(f"host work (CPU time) per call, fake process group ({device} tensors), "
+              f"median of {repeat}:")
     for r in records:
         if r.get("async"):
             continue
         out.print(f"  {r['ranks']:>5} ranks ({r['fabric']}), {r['issue']:>7}: pathweave "
-                  f"{r['pathweave_s'] * 1e6:>9,.0f} us, torch {r['torch_s'] * 1e6:>6,.0f} us, "
-                  f"{r['ops']:>5} ops (fake group's own {r['floor_s'] * 1e6:>7,.0f} us), "
-                  f"first call {r['first_call_s'] * 1e3:,.0f} ms")
+                  f"{r['pathweave_s'] * 1e6:>9,.0f} us CPU ({r['pathweave_wall_s'] * 1e6:,.0f} "
+                  f"wall), torch {r['torch_s'] * 1e6:>6,.0f} us, {r['ops']:>5} ops (fake "
+                  f"group's own {r['floor_s'] * 1e6:>7,.0f} us), first call "
+                  f"{r['first_call_s'] * 1e3:,.0f} ms")
     for c in checks:
         state = "INFO" if c.passed is None else "PASS" if c.passed else "MISS"
         out.print(f"{state} {c.text}")
