@@ -55,10 +55,19 @@ def _a2a_single(rank, ws, gloo, seed, dtype, trail, async_op=False):
     outs, ins = rows[:, rank].tolist(), rows[rank].tolist()
     out = torch.zeros((sum(outs), *trail), dtype=dtype)
     ref = torch.ones_like(out)
-    w = dist.all_to_all_single(out, inp, outs, ins, async_op=async_op)
-    if async_op:
+    w = dist.all_to_all_single(out, inp, outs, ins, async_op=bool(async_op))
+    value = None
+    if async_op == "future":
+        value = w.get_future().wait()  # no wait(): the future is set when the bytes are in
+    elif async_op:
         w.wait()
     dist.all_to_all_single(ref, inp, outs, ins, group=gloo)
+    if async_op == "future":
+        # As torch's gloo work: the future's value is [output]
+        ref_value = dist.all_to_all_single(torch.empty_like(ref), inp, outs, ins, group=gloo,
+                                           async_op=True).get_future().wait()
+        return (len(value) == len(ref_value) == 1 and value[0] is out
+                and _same(value[0], ref_value[0]))
     return _same(out, ref)
 
 
@@ -184,6 +193,7 @@ def job_eight(rank, ws):
         res[f"single {dtype}"] = all(_a2a_single(rank, ws, gloo, 10 * i + k, dtype, trail)
                                      for k in range(2))
     res["single async"] = _a2a_single(rank, ws, gloo, 99, torch.float32, (2,), True)
+    res["single async future"] = _a2a_single(rank, ws, gloo, 98, torch.float32, (2,), "future")
     res["list"] = _a2a_list(rank, ws, gloo, 5) and _a2a_list(rank, ws, gloo, 6, equal=True)
     res["list async"] = _a2a_list(rank, ws, gloo, 7, True)
     res["single functional"] = _a2a_functional(rank, ws, gloo, 8)
@@ -206,7 +216,7 @@ def test_plain_all_to_alls_are_bitwise_gloo_and_forwarded(eight):
     stats = [r["stats"] for r in eight]
     assert all(s == stats[0] for s in stats[1:]), "stats differ between ranks"
     s = stats[0]
-    assert s["calls"] == 13 and s["multipath_calls"] == 13
+    assert s["calls"] == 14 and s["multipath_calls"] == 14
     forwarded = sum(s["bytes_per_path_kind"].get(k, 0) for k in FORWARDED)
     assert forwarded > 0, s["bytes_per_path_kind"]
     assert "torch" not in s["bytes_per_path_kind"]

@@ -67,21 +67,36 @@ FAULTS = [
 ]
 
 
-def _kill_while_relaying():
-    """SIGKILL this process on its second forward of a relayed chunk."""
+class _SendHook:
+    """The process group the executor posts through (``Transport._pg``), ``send`` replaced."""
+
+    def __init__(self, pg, send):
+        self._pg, self.send = pg, send
+
+    def __getattr__(self, name):
+        return getattr(self._pg, name)
+
+
+def _hook_send(orch, send):
+    tr = orch._state(None).transport
+    tr._pg = _SendHook(tr._pg, send)
+    return tr._pg._pg.send
+
+
+def _kill_while_relaying(orch):
+    """SIGKILL this process on its second forward of a relayed chunk (on a forwarding thread)."""
     import threading
 
-    real_isend = dist.isend
     forwards = []
 
-    def isend(*args, **kwargs):
+    def send(*args):
         if threading.current_thread().name.startswith("pathweave-forward"):
             forwards.append(1)
             if len(forwards) == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
-        return real_isend(*args, **kwargs)
+        return real_send(*args)
 
-    dist.isend = isend  # the executor looks it up at call time
+    real_send = _hook_send(orch, send)
 
 
 def _victim(mode):
@@ -105,17 +120,17 @@ def job_peer_fault(rank, ws, mode, enabled, piddir):
     out.fill_(-1.0)
     if rank == _victim(mode):
         if mode == "die-mid-transfer":
-            def die_on_send(*args, **kwargs):
+            def die_on_send(*args):
                 # its receives are posted and the peers' bytes are in flight
                 os._exit(17)
 
-            dist.isend = die_on_send  # the executor looks it up at call time
+            _hook_send(orch, die_on_send)
         elif mode == "die-before-call":
             os._exit(17)
         elif mode == "raise-before-call":
             raise KeyError("rank 3 gave up before the call")
         elif mode == "kill-while-relaying":
-            _kill_while_relaying()
+            _kill_while_relaying(orch)
         else:  # hang: alive, never joins the call
             time.sleep(60)
     t0 = time.perf_counter()

@@ -733,7 +733,9 @@ def _decode_two(args0, args1):
     """Encode two ranks' arguments in one process and decode the rows as every rank would."""
     from pathweave.runtime import _validate as V
 
-    return V.decode_a2a(np.stack([V.encode_a2a(*args0, 2), V.encode_a2a(*args1, 2)]))
+    outs = np.zeros((2, 2), dtype=np.int64)
+    rows = [V.encode_a2a(*args, 2, outs=outs[r]) for r, args in enumerate((args0, args1))]
+    return V.decode_a2a(np.stack(rows), outs)
 
 
 def test_validation_rows_accept_any_int_sequence_and_name_bad_ones():

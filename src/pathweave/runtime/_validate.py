@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,11 +233,43 @@ _IN_ROWEL, _OUT_ROWEL = PROBLEM_WORDS + 8, PROBLEM_WORDS + 9
 _IN_TRAIL = PROBLEM_WORDS + 10
 _OUT_TRAIL = _IN_TRAIL + _MAX_TRAIL
 _HEADER = _OUT_TRAIL + _MAX_TRAIL
+# After the header: the input splits (N words), then one word, a digest of the
+# output splits (:func:`split_digests`): a row is O(N), 8.3 KiB at 1024 ranks
+# where both split lists took 18 KiB. The output splits themselves travel only
+# when a digest disagrees (every rank sees it, so every rank exchanges them).
+_OUT_DIGEST = 1
 
 
 def meta_width(num_ranks: int) -> int:
     """Length of one rank's metadata row for ``all_to_all_single`` (fingerprint included)."""
-    return _HEADER + 2 * num_ranks + FP_WORDS
+    return _HEADER + num_ranks + _OUT_DIGEST + FP_WORDS
+
+
+_DIGEST_WEIGHTS: dict[int, np.ndarray] = {}
+
+
+def split_digests(splits: np.ndarray) -> np.ndarray:
+    """A 64-bit digest of each column of ``splits`` (``int[N]`` or ``int[N, M]``), as ``int64``.
+
+    ``sum_s splits[s] * w[s]`` modulo ``2**64`` with fixed odd weights ``w``
+    (the same in every process): a change of one entry always changes it, and
+    column ``d`` of every rank's input splits digests to rank ``d``'s output
+    splits' digest exactly when they are equal, but for chance (``2**-64``).
+
+    >>> a = np.array([[0, 3], [5, 0]])
+    >>> bool(split_digests(a)[1] == split_digests(np.array([3, 0])))
+    True
+    """
+    n = splits.shape[0]
+    w = _DIGEST_WEIGHTS.get(n)
+    if w is None:
+        w = np.random.default_rng(0x9E3779B9).integers(0, 2**63, n, dtype=np.uint64) * 2 + 1
+        _DIGEST_WEIGHTS[n] = w
+    u = np.ascontiguousarray(splits, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        d = (u.T * w).sum(axis=-1, dtype=np.uint64) if u.ndim == 2 else (u * w).sum(
+            dtype=np.uint64)
+    return np.asarray(d, dtype=np.uint64).view(np.int64)
 
 
 def _tensor(x: Any) -> bool:
@@ -289,17 +321,21 @@ def _trail(t: Any, row: np.ndarray, col: int) -> None:
 def encode_a2a(
     output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, num_ranks: int,
     config: np.ndarray | None = None, problem: ArgProblem | None = None,
+    outs: np.ndarray | None = None,
 ) -> np.ndarray:
     """This rank's metadata row for ``all_to_all_single`` (``int64[meta_width(n)]``).
 
     ``config`` is the call's :func:`fingerprint` (default: no fields); it
     travels at the end of the row. Never raises on bad arguments: it records
     the first problem in the row, or ``problem``, one its caller found (the
-    list form's).
+    list form's). The output splits travel as a digest; ``outs``
+    (``int64[n]``), if given, receives them, for :func:`decode_a2a` and
+    :func:`check_split_matrix`.
     """
     n = num_ranks
     row = np.zeros(meta_width(n), dtype=np.int64)
-    row[_HEADER + 2 * n :] = fingerprint({}) if config is None else config
+    row[_HEADER + n + _OUT_DIGEST :] = fingerprint({}) if config is None else config
+    mine = np.zeros(n, dtype=np.int64) if outs is None else outs
 
     def fail(code: int, which: int, b: int = 0, c: int = 0) -> np.ndarray:
         row[:PROBLEM_WORDS] = ArgProblem(code, which, b, c).words()
@@ -331,13 +367,14 @@ def encode_a2a(
     row[_OUT_ROWEL] = math.prod(output.shape[1:])
     _trail(input, row, _IN_TRAIL)
     _trail(output, row, _OUT_TRAIL)
-    for which, splits, rows, col in (
-        (0, input_split_sizes, input.shape[0], _HEADER),
-        (1, output_split_sizes, output.shape[0], _HEADER + n),
+    for which, splits, rows, dst, col in (
+        (0, input_split_sizes, input.shape[0], row, _HEADER),
+        (1, output_split_sizes, output.shape[0], mine, 0),
     ):
-        code, b, c = _splits(splits, int(rows), n, which, row, col)
+        code, b, c = _splits(splits, int(rows), n, which, dst, col)
         if code:
             return fail(code, which, b, c)
+    row[_HEADER + n] = split_digests(mine)
     return row
 
 
@@ -377,14 +414,18 @@ def _raise_local(rank: int, row: np.ndarray) -> None:
                   **shapes)
 
 
-def decode_a2a(meta: np.ndarray) -> A2ALayout:
+def decode_a2a(meta: np.ndarray,
+               outs: np.ndarray | Callable[[], np.ndarray] | None = None) -> A2ALayout:
     """Check every rank's row and return the call's layout; raise on the first problem.
 
     The rows are the same on every rank, so every rank raises the same
-    exception with the same message.
+    exception with the same message. ``outs``: every rank's output splits
+    (``int64[N, N]``, rank order), or a collective that gathers them (each
+    rank's :func:`encode_a2a` ``outs``); asked for only when a rank's digest
+    disagrees with what the ranks send it, to name the pair and both numbers.
     """
     n = meta.shape[0]
-    check_fingerprints(meta[:, _HEADER + 2 * n :], "all_to_all_single")
+    check_fingerprints(meta[:, _HEADER + n + _OUT_DIGEST :], "all_to_all_single")
     bad = np.flatnonzero(meta[:, 0])
     if bad.size:
         _raise_local(int(bad[0]), meta[int(bad[0])])
@@ -412,27 +453,39 @@ def decode_a2a(meta: np.ndarray) -> A2ALayout:
             "exchange rows of the same shape"
         )
     ins = meta[:, _HEADER : _HEADER + n]
-    outs = meta[:, _HEADER + n : _HEADER + 2 * n]
-    mism = np.flatnonzero((ins != outs.T).reshape(-1))
-    if mism.size:
-        s, d = divmod(int(mism[0]), n)
-        raise ValueError(
-            f"all_to_all_single: rank {s}'s input split for rank {d} is {int(ins[s, d])} rows "
-            f"but rank {d}'s output split for rank {s} is {int(outs[d, s])} rows "
-            f"({mism.size} pair(s) disagree)"
-        )
+    if not np.array_equal(split_digests(ins), meta[:, _HEADER + n]):
+        _raise_split_mismatch(ins, meta[:, _HEADER + n], outs() if callable(outs) else outs)
     row_bytes = int(meta[0, _IN_ES]) * int(meta[0, _IN_ROWEL])
     return A2ALayout(np.ascontiguousarray(ins), row_bytes)
 
 
-def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int) -> A2ALayout:
+def _raise_split_mismatch(ins: np.ndarray, digests: np.ndarray,
+                          outs: np.ndarray | None) -> None:
+    """Name the first pair whose splits disagree (only a rank's digest, without ``outs``)."""
+    n = ins.shape[0]
+    if outs is None:
+        d = int(np.flatnonzero(split_digests(ins) != digests)[0])
+        raise ValueError(f"all_to_all_single: rank {d}'s output splits disagree with what the "
+                         f"ranks send it ({ins[:, d].tolist()[:8]} rows from ranks 0, 1, ...)")
+    outs = np.asarray(outs)
+    mism = np.flatnonzero((ins != outs.T).reshape(-1))
+    s, d = divmod(int(mism[0]), n)
+    raise ValueError(
+        f"all_to_all_single: rank {s}'s input split for rank {d} is {int(ins[s, d])} rows "
+        f"but rank {d}'s output split for rank {s} is {int(outs[d, s])} rows "
+        f"({mism.size} pair(s) disagree)"
+    )
+
+
+def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int,
+                       outs: np.ndarray) -> A2ALayout:
     """The layout of a call whose caller passed every rank's splits; local checks only.
 
     ``matrix[s, d]`` is the rows rank ``s`` sends to rank ``d``. ``row`` is
-    this rank's :func:`encode_a2a` row: a local problem in it is raised, then
-    this rank's input splits must equal ``matrix[rank]`` and its output
-    splits ``matrix[:, rank]``. Raises ``TypeError``/``ValueError`` naming
-    the entry and the numbers.
+    this rank's :func:`encode_a2a` row and ``outs`` its output splits: a
+    local problem in the row is raised, then this rank's input splits must
+    equal ``matrix[rank]`` and its output splits ``matrix[:, rank]``. Raises
+    ``TypeError``/``ValueError`` naming the entry and the numbers.
     """
     n = num_ranks
     if row[0]:
@@ -454,7 +507,6 @@ def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int) 
         s, d = (int(v) for v in neg[0])
         raise ValueError(f"all_to_all_single: split_matrix[{s}, {d}] = {int(m[s, d])} is negative")
     ins = row[_HEADER : _HEADER + n]
-    outs = row[_HEADER + n : _HEADER + 2 * n]
     bad = np.flatnonzero(ins != m[rank])
     if bad.size:
         d = int(bad[0])

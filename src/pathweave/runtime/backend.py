@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -109,23 +110,30 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> BackendConfig:
 
 class _Work(dist.Work):
     """A c10d ``Work`` around what the orchestrator returned (``None``, torch's work, a
-    :class:`~pathweave.runtime.executor.Handle`), plus what must follow the wait."""
+    :class:`~pathweave.runtime.executor.Handle`), plus what must follow the wait.
 
-    def __init__(self, inner: Any = None, finish: Any = None):
+    ``get_future()`` gives a future of ``outputs``, set once the exchange is
+    done (a waiter thread calls ``wait()``; the caller need not).
+    """
+
+    def __init__(self, inner: Any = None, finish: Any = None, outputs: Sequence[Any] = ()):
         super().__init__()
         self._inner = inner
         self._finish = finish
+        self._outputs = list(outputs)
+        self._lock = threading.Lock()
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        if self._inner is not None:
-            if timeout:
-                self._inner.wait(timeout)
-            else:
-                self._inner.wait()
-            self._inner = None
-        if self._finish is not None:
-            self._finish()
-            self._finish = None
+        with self._lock:
+            if self._inner is not None:
+                if timeout:
+                    self._inner.wait(timeout)
+                else:
+                    self._inner.wait()
+                self._inner = None
+            if self._finish is not None:
+                self._finish()
+                self._finish = None
         return True
 
     def is_completed(self) -> bool:
@@ -133,6 +141,22 @@ class _Work(dist.Work):
 
     def is_success(self) -> bool:
         return self.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        from pathweave.runtime.executor import _waiters
+
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def settle() -> None:
+            try:
+                self.wait()
+            except BaseException as exc:  # the future carries it to its waiter
+                fut.set_exception(exc)
+            else:
+                fut.set_result(self._outputs)
+
+        _waiters().submit(settle)
+        return fut
 
 
 class ProcessGroupPathweave(dist.ProcessGroup):
@@ -259,7 +283,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
             output, input, list(output_split_sizes) or None, list(input_split_sizes) or None,
             group=inner, async_op=bool(getattr(opts, "asyncOp", False)),
         )
-        return _Work(handle)
+        return _Work(handle, outputs=[output])
 
     alltoall_base = all_to_all_single
 
@@ -351,7 +375,7 @@ def all_to_all_list(
     handle = orchestrator.all_to_all_single(
         flat_out, flat_in, out_sizes, [t.numel() for t in ins], group=group, async_op=async_op,
     )
-    work = _Work(handle, unpack)
+    work = _Work(handle, unpack, list(output_tensors))
     if not async_op:
         work.wait()
     return work

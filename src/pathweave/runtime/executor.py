@@ -32,10 +32,12 @@ The deadlock-freedom arguments of both are in ``docs/runtime.md``.
 from __future__ import annotations
 
 import datetime
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,12 +87,107 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 def _wrap(exc: BaseException, rank: int, what: str) -> CommError:
     return CommError(f"rank {rank}: {what} failed: {exc}")
 
+#: Buffer kinds of a program's slots: the staging area, a send buffer, a receive buffer.
+_STAGE, _SEND, _RECV = 0, 1, 2
+
+
+@dataclass(frozen=True, eq=False)
+class _Program:
+    """A :class:`RankSchedule` compiled for posting; made once per schedule and kept with it.
+
+    A cached plan's calls differ only in their tensors, so everything that
+    depends on the schedule alone is worked out here: every operation is
+    ``(group peer, tag offset, view)``, the view an index into the list that
+    :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
+    buffer (one C++ call for all of a buffer's pieces, half the host time of
+    slicing each). ``rounds`` holds each round's receives and sends as such
+    tuples; the stream steps hold operation indices.
+    """
+
+    slots: list[tuple[int, int, list[int] | None, list[tuple[int, int]]]]
+    recvs: list[tuple[int, int, int]]
+    sends: list[tuple[int, int, int]]
+    user_recvs: list[int]
+    rounds: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]
+    copies: list[tuple[int, int, int, int, int]]
+    first_recvs: list[int]
+    first_sends: list[int]
+    streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
+    slots_per_stream: list[int]
+
+    def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
+              recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Every operation's tensor for one call, in view-index order."""
+        out: list[torch.Tensor] = []
+        for kind, b, sizes, ranges in self.slots:
+            t = staging if kind == _STAGE else (send_bufs if kind == _SEND else recv_bufs)[b]
+            if sizes is None:
+                out += [t[o : o + n] for o, n in ranges]
+            else:
+                pieces = t.split_with_sizes([*sizes, t.numel() - sum(sizes)])
+                out += pieces[1::2]  # sizes alternate gap, piece
+        return out
+
+
+def _program(sched: RankSchedule) -> _Program:
+    """:class:`_Program` of ``sched``, compiled on first use and kept with the schedule."""
+    cached = sched.__dict__.get("_program")
+    if cached is None:
+        cached = _compile(sched)
+        object.__setattr__(sched, "_program", cached)
+    return cached
+
+
+def _compile(sched: RankSchedule) -> _Program:
+    df = sched.dataflow()
+    ranges: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
+    ops_r = [((_STAGE, 0) if b == STAGING else (_RECV, b), (o, n), p, k)
+             for p, k, b, o, n in df.recvs]
+    ops_s = [((_STAGE, 0) if b == STAGING else (_SEND, b), (o, n), p, k)
+             for p, k, b, o, n in df.sends]
+    for slot, rng, _, _ in ops_r + ops_s:
+        ranges.setdefault(slot, {}).setdefault(rng, 0)
+    slots, base = [], 0
+    for slot in sorted(ranges):
+        rngs = sorted(ranges[slot])
+        for i, r in enumerate(rngs):
+            ranges[slot][r] = base + i
+        base += len(rngs)
+        apart = all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(rngs))
+        sizes = None
+        if apart:
+            sizes, end = [], 0
+            for o, n in rngs:
+                sizes += [o - end, n]
+                end = o + n
+        slots.append((slot[0], slot[1], sizes, rngs))
+    recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
+    sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
+    rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
+    rounds = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]])
+              for t in range(sched.num_rounds)]
+    copies = list(zip(*(c.tolist() for c in (
+        sched.copy_send_buf, sched.copy_send_off, sched.copy_recv_buf, sched.copy_recv_off,
+        sched.copy_bytes)), strict=True))
+    user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
+    return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, df.first_sends,
+                    df.streams, df.slots)
+
 
 class Handle:
     """What an ``async_op=True`` call returns: ``wait()`` finishes the exchange.
 
     Mirrors ``torch.distributed.Work``: ``wait()`` returns ``True`` and raises
-    if the exchange failed; ``is_completed()`` tells whether it is done.
+    if the exchange failed; ``is_completed()`` tells whether it is done (the
+    output written, or the failure known); ``get_future()`` returns a
+    ``torch.futures.Future`` whose value is the list of the call's outputs
+    (``[output]`` for ``all_to_all_single``, as torch's gloo work gives), set
+    once the exchange is done.
+
+    The exchange runs either behind ``works`` (torch's works, waited for in
+    ``wait()``, which then calls ``finish``) or, for ``pending``, on a worker
+    thread that posts, forwards, waits and finishes by itself: the call
+    returned before any transfer and ``wait()`` only waits for the thread.
     """
 
     def __init__(
@@ -101,39 +198,101 @@ class Handle:
         deadline: float,
         finish: Callable[[], None] | None = None,
         host_wait: bool = True,
+        pending: Future[Any] | None = None,
+        outputs: Sequence[torch.Tensor] = (),
     ):
         self._works = list(works)
         self._host_wait = host_wait
         self._rank = rank
         self._deadline = deadline
         self._finish = finish
+        self._pending = pending
+        self._outputs = list(outputs)
         self._done = False
+        self._lock = threading.Lock()
+        self._future: torch.futures.Future[list[torch.Tensor]] | None = None
         #: Receive completion times by key (``Transport.run(timing=...)``).
         self.timings: dict[Any, float] = {}
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if self._done:
-            return True
         deadline = self._deadline
         if timeout is not None:
             deadline = min(deadline, time.monotonic() + timeout.total_seconds())
-        _wait_all(self._works, deadline, self._rank, "waiting for the exchange",
-                  host_wait=self._host_wait)
-        self._works = []
-        if self._finish is not None:
-            self._finish()
-            self._finish = None
-        self._done = True
+        with self._lock:
+            if self._done:
+                return True
+            if self._pending is not None:
+                _wait_future(self._pending, deadline, self._rank)
+                self._pending = None
+            _wait_all(self._works, deadline, self._rank, "waiting for the exchange",
+                      host_wait=self._host_wait)
+            self._works = []
+            if self._finish is not None:
+                self._finish()
+                self._finish = None
+            self._done = True
         return True
 
     def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._works)
+        if self._done:
+            return True
+        if self._pending is not None:
+            return self._pending.done()
+        return all(w.is_completed() for w in self._works)
 
     def is_success(self) -> bool:
         return self._done
 
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        """A future of the outputs, completed (or failed) when the exchange is.
+
+        No ``wait()`` is needed for it: on a worker-run call the worker sets
+        it; otherwise a pool thread waits for the works.
+        """
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+            self._future = fut
+
+        def settle(_: Any = None) -> None:
+            try:
+                self.wait()
+            except BaseException as exc:  # the future carries it to its waiter
+                fut.set_exception(exc)
+            else:
+                fut.set_result(self._outputs)
+
+        if self._pending is not None:
+            self._pending.add_done_callback(settle)
+        else:
+            _waiters().submit(settle)
+        return fut
+
     def __repr__(self) -> str:
         return f"Handle(completed={self.is_completed()}, pending={len(self._works)})"
+
+
+def _wait_future(fut: Future[Any], deadline: float, rank: int) -> None:
+    """Wait for a worker-run exchange; its own waits end at ``deadline`` already."""
+    try:
+        fut.result(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+    except CommError:
+        raise
+    except TimeoutError as exc:
+        raise CommError(f"rank {rank}: waiting for the exchange ran past the timeout") from exc
+    except Exception as exc:
+        raise _wrap(exc, rank, "the exchange") from exc
+
+
+_WAITERS: list[ThreadPoolExecutor] = []
+
+
+def _waiters() -> ThreadPoolExecutor:
+    """Threads that wait for handles whose futures were asked for (made on first use)."""
+    if not _WAITERS:
+        _WAITERS.append(ThreadPoolExecutor(max_workers=64, thread_name_prefix="pathweave-wait"))
+    return _WAITERS[0]
 
 
 def _wait_all(
@@ -143,15 +302,21 @@ def _wait_all(
 
     A timeout makes NCCL's ``wait`` block the host until the work is done;
     without one it only makes the current stream wait, and NCCL's own
-    watchdog enforces the process group's timeout.
+    watchdog enforces the process group's timeout. The timeout handed to
+    ``wait`` is remade at most once a second (a call waits for thousands of
+    works at 256 ranks; making one per work cost 2.5 us each): a wait may
+    end up to a second past ``deadline``, and the next one raises.
     """
+    td, fresh_until = None, 0.0
     for w in works:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             raise CommError(f"rank {rank}: {what} ran past the timeout")
         try:
             if host_wait:
-                w.wait(datetime.timedelta(seconds=left))
+                if now > fresh_until:
+                    td, fresh_until = datetime.timedelta(seconds=deadline - now), now + 1.0
+                w.wait(td)
             else:
                 w.wait()
         except CommError:
@@ -188,6 +353,7 @@ class Transport:
         self.group = group
         self.rank, self.size = group_rank_size(group)
         pg = group if group is not None else dist.group.WORLD
+        self._pg = pg
         self.backend = str(dist.get_backend(pg)).lower()
         self.nccl = "nccl" in self.backend
         self.global_ranks = (
@@ -237,6 +403,7 @@ class Transport:
         wait: bool,
         finish: Callable[[], None] | None = None,
         timing: Callable[[tuple[int, ...]], Any] | None = None,
+        outputs: Sequence[torch.Tensor] = (),
     ) -> Handle:
         """Execute ``sched``; returns a handle (already waited for if ``wait``).
 
@@ -245,66 +412,80 @@ class Transport:
         of its receives completed, in seconds after this call started
         (:mod:`pathweave.runtime.telemetry`; no extra messages).
 
-        A schedule with forwarding always runs to completion here: forwarding
-        needs this process to act between rounds, and a later blocking call
-        of the caller's could otherwise stall the peers whose chunks it
-        relays.
+        Without ``wait`` on gloo the whole exchange (local copies, posting,
+        forwarding, waiting, ``finish``) runs on a worker thread and this
+        returns before any transfer; the message tags are taken here, in
+        call order. On NCCL the rounds are posted here, and ``wait`` on
+        their works orders the CUDA stream without blocking the host.
+        ``outputs`` are the value of the handle's ``get_future()``.
         """
-        # A rank with no buffers of its own may still forward (batch_isend_irecv
-        # with an empty list): its staging lives on the group's device.
-        bufs = list(recv_bufs) or list(send_bufs)
-        device = bufs[0].device if bufs else self.meta_device
-        for sb, so, rb, ro, nb in zip(
-            sched.copy_send_buf.tolist(),
-            sched.copy_send_off.tolist(),
-            sched.copy_recv_buf.tolist(),
-            sched.copy_recv_off.tolist(),
-            sched.copy_bytes.tolist(),
-            strict=True,
-        ):
-            recv_bufs[rb][ro : ro + nb].copy_(send_bufs[sb][so : so + nb])
-        staging = (
-            torch.empty(sched.staging_bytes, dtype=torch.uint8, device=device)
-            if sched.staging_bytes
-            else None
-        )
+        prog = _program(sched)
         tag_base = self.next_tag_base()
+        if not wait and not self.nccl:
+            pending = self._stream_pool().submit(
+                self._run_behind, prog, sched, send_bufs, recv_bufs, tag_base, deadline, finish)
+            return Handle([], rank=self.rank, deadline=deadline, pending=pending, outputs=outputs)
+        views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if not self.grouped_rounds:
             t0 = time.monotonic()
-            final = self._run_streams(sched, send_bufs, recv_bufs, staging, tag_base, deadline)
-            handle = Handle(final, rank=self.rank, deadline=deadline, finish=finish)
-            if wait and timing is not None:
-                user = [op for op in sched.dataflow().recvs if op[2] != STAGING]
+            final = self._run_streams(prog, views, tag_base, deadline)
+            handle = Handle(final, rank=self.rank, deadline=deadline, finish=finish,
+                            outputs=outputs)
+            if timing is not None:
+                df = sched.dataflow()
                 groups: dict[Any, list[Any]] = {}
-                for op, w in zip(user, final, strict=False):
-                    groups.setdefault(timing(op), []).append(w)
+                for i, w in zip(prog.user_recvs, final, strict=False):
+                    groups.setdefault(timing(df.recvs[i]), []).append(w)
                 handle.timings = self._time_groups(groups, t0, deadline)
                 # A gloo work waited for once must not be waited for again.
-                handle._works = final[len(user):]
-            if wait:
-                handle.wait()
+                handle._works = final[len(prog.user_recvs):]
+            handle.wait()
             return handle
-        rounds = _rounds(sched)
-        run_round = self._round_grouped
-        final: list[Any] = []
         staged: list[Any] = []
-        for recvs, sends in rounds:
+        for recvs, sends in prog.rounds:
             if staged:
                 _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
-                staged = []
             try:
-                run_round(recvs, sends, send_bufs, recv_bufs, staging, tag_base, final, staged)
+                staged = self._post_round(views, recvs, sends, tag_base)
             except CommError:
                 raise
             except Exception as exc:
                 raise _wrap(exc, self.rank, "posting transfers") from exc
-        final.extend(staged)
-        handle = Handle(
-            final, rank=self.rank, deadline=deadline, finish=finish, host_wait=not self.nccl
-        )
+        handle = Handle(staged, rank=self.rank, deadline=deadline, finish=finish,
+                        host_wait=not self.nccl, outputs=outputs)
         if wait or sched.forwards:
             handle.wait()
         return handle
+
+    def _prepare(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
+                 recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The local copies done, the staging area made: every operation's view."""
+        for sb, so, rb, ro, nb in prog.copies:
+            recv_bufs[rb][ro : ro + nb].copy_(send_bufs[sb][so : so + nb])
+        # A rank with no buffers of its own may still forward: its staging then
+        # lives on the group's device.
+        bufs = list(recv_bufs) or list(send_bufs)
+        device = bufs[0].device if bufs else self.meta_device
+        staging = (torch.empty(sched.staging_bytes, dtype=torch.uint8, device=device)
+                   if sched.staging_bytes else None)
+        return prog.views(staging, send_bufs, recv_bufs)
+
+    def _run_behind(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
+                    recv_bufs: Sequence[torch.Tensor], tag_base: int, deadline: float,
+                    finish: Callable[[], None] | None) -> None:
+        """An ``async_op`` call's whole exchange on gloo, on a worker thread."""
+        views = self._prepare(prog, sched, send_bufs, recv_bufs)
+        if self.grouped_rounds:
+            staged: list[Any] = []
+            for recvs, sends in prog.rounds:
+                _wait_all(staged, deadline, self.rank, "forwarding")
+                staged = self._post_round(views, recvs, sends, tag_base)
+            final = staged
+        else:
+            final = self._run_streams(prog, views, tag_base, deadline)
+        _wait_all(final, deadline, self.rank, "waiting for the exchange")
+        if finish is not None:
+            finish()
 
     def _time_groups(self, groups: dict[Any, list[Any]], t0: float,
                      deadline: float) -> dict[Any, float]:
@@ -332,36 +513,31 @@ class Transport:
         return out
 
     def _run_streams(
-        self,
-        sched: RankSchedule,
-        send_bufs: Sequence[torch.Tensor],
-        recv_bufs: Sequence[torch.Tensor],
-        staging: torch.Tensor | None,
-        tag_base: int,
-        deadline: float,
+        self, prog: _Program, views: list[torch.Tensor], tag_base: int, deadline: float
     ) -> list[Any]:
         """Post what needs nothing, forward each stream on its own thread; returns the works
-        still to wait for (when forwarding, the threads are done and joined already)."""
-        df = sched.dataflow()
-        g, granks, rank = self.group, self.global_ranks, self.rank
+        still to wait for (when forwarding, the streams are done already).
+
+        The last stream runs on the calling thread, which would otherwise
+        only wait: one thread hand-off fewer per call.
+        """
+        pg, rank, recvs, sends = self._pg, self.rank, prog.recvs, prog.sends
 
         def recv(i: int) -> Any:
-            peer, order, buf, off, nb = df.recvs[i]
-            t = staging if buf == STAGING else recv_bufs[buf]
-            return dist.irecv(t[off : off + nb], granks[peer], g, tag_base + order)
+            peer, order, v = recvs[i]
+            return pg.recv([views[v]], peer, tag_base + order)
 
         def send(j: int) -> Any:
-            peer, order, buf, off, nb = df.sends[j]
-            t = staging if buf == STAGING else send_bufs[buf]
-            return dist.isend(t[off : off + nb], granks[peer], g, tag_base + order)
+            peer, order, v = sends[j]
+            return pg.send([views[v]], peer, tag_base + order)
 
         try:
-            posted = {i: recv(i) for i in df.first_recvs}
-            final = [w for i, w in posted.items() if df.recvs[i][2] != STAGING]
-            final += [send(j) for j in df.first_sends]
+            posted = {i: recv(i) for i in prog.first_recvs}
+            final = [posted[i] for i in prog.user_recvs]
+            final += [send(j) for j in prog.first_sends]
         except Exception as exc:
             raise _wrap(exc, rank, "posting transfers") from exc
-        if not df.streams:
+        if not prog.streams:
             return final
         failed = threading.Event()
 
@@ -393,48 +569,51 @@ class Transport:
                 failed.set()
                 raise _wrap(exc, rank, "forwarding") from exc
 
+        jobs = list(zip(prog.streams, prog.slots_per_stream, strict=True))
         pool = self._stream_pool()
-        futures = [pool.submit(guarded, st, k) for st, k in zip(df.streams, df.slots,
-                                                                 strict=True)]
-        first_error: BaseException | None = None
+        futures = [pool.submit(guarded, st, k) for st, k in jobs[:-1]]
+        errors: list[BaseException] = []
+        try:
+            guarded(*jobs[-1])
+        except BaseException as exc:
+            errors.append(exc)
         for fut in futures:
             left = max(0.0, deadline - time.monotonic())
             try:
                 fut.result(timeout=left + 1.0)  # the stream's own waits end at the deadline
             except BaseException as exc:
                 failed.set()
-                if first_error is None:
-                    first_error = exc
-        if first_error is not None:
-            if isinstance(first_error, CommError):
-                raise first_error
-            raise CommError(f"rank {rank}: forwarding failed: {first_error}") from first_error
+                errors.append(exc)
+        if errors:
+            first = errors[0]
+            if isinstance(first, CommError):
+                raise first
+            raise CommError(f"rank {rank}: forwarding failed: {first}") from first
         return final
 
-    def _round_grouped(
-        self,
-        recvs: list[tuple[int, ...]],
-        sends: list[tuple[int, ...]],
-        send_bufs: Sequence[torch.Tensor],
-        recv_bufs: Sequence[torch.Tensor],
-        staging: torch.Tensor | None,
-        tag_base: int,
-        final: list[Any],
-        staged: list[Any],
-    ) -> None:
-        g, granks = self.group, self.global_ranks
-        ops = []
-        for peer, order, buf, off, nb in recvs:
-            t = staging if buf == STAGING else recv_bufs[buf]
-            ops.append(dist.P2POp(dist.irecv, t[off : off + nb], granks[peer], g, tag_base + order))
-        for peer, order, buf, off, nb in sends:
-            t = staging if buf == STAGING else send_bufs[buf]
-            ops.append(dist.P2POp(dist.isend, t[off : off + nb], granks[peer], g, tag_base + order))
-        if not ops:
-            return
-        works = dist.batch_isend_irecv(ops)
-        # The next round may forward what this one received: order the stream.
-        staged.extend(w for w in works if w is not None)
+    def _post_round(
+        self, views: list[torch.Tensor], recvs: list[tuple[int, int, int]],
+        sends: list[tuple[int, int, int]], tag_base: int,
+    ) -> list[Any]:
+        """Post one round, receives first; its works.
+
+        On NCCL one ``batch_isend_irecv`` (one NCCL group); elsewhere the
+        process group's own ``recv``/``send``, which is what
+        ``batch_isend_irecv`` does on a backend that cannot coalesce, minus
+        ``isend``'s argument checks on views made by this module.
+        """
+        if self.nccl:
+            g, granks = self.group, self.global_ranks
+            ops = [dist.P2POp(dist.irecv, views[v], granks[p], g, tag_base + k)
+                   for p, k, v in recvs]
+            ops += [dist.P2POp(dist.isend, views[v], granks[p], g, tag_base + k)
+                    for p, k, v in sends]
+            works = dist.batch_isend_irecv(ops) if ops else []
+            return [w for w in works if w is not None]
+        pg = self._pg
+        works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in recvs]
+        works += [pg.send([views[v]], p, tag_base + k) for p, k, v in sends]
+        return works
 
 
 def start_row_exchange(
@@ -516,10 +695,3 @@ def _doc_row_exchange(rank: int, world_size: int) -> list[list[int]]:
     wait = start_row_exchange(np.array([rank, 10 + rank]), deadline=time.monotonic() + 60)
     return wait().tolist()
 
-
-def _rounds(sched: RankSchedule) -> list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]]:
-    cached = sched.__dict__.get("_rounds")
-    if cached is None:
-        cached = sched.rounds()
-        object.__setattr__(sched, "_rounds", cached)
-    return cached

@@ -461,6 +461,8 @@ class _Call:
                                     Callable[[], None] | None]]
     #: ``timing(layout)``: a key per receive op for live adaptation (None: not timed).
     timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
+    #: What the call writes: the value of its handle's ``get_future()``.
+    outputs: Sequence[Any] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -867,14 +869,20 @@ class Orchestrator:
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         words = self._fingerprint(st, config)
+        outs = np.zeros(tr.size, dtype=np.int64)
         row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words,
-                           problem)
+                           problem, outs)
+
+        def all_outs() -> np.ndarray:
+            # Only when some rank's output-split digest disagrees: every rank is here.
+            return tr.exchange(outs, deadline)
+
         if split_matrix is not None:
-            given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size)
+            given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size, outs)
             if config_digests is None or not V.same_digests(config_digests, words, tr.rank):
                 # Without digests, or with digests that differ (every rank holds the
                 # same ones, so every rank is here): the exchange checks, and names.
-                self._check_config(st, row, given, deadline)
+                self._check_config(st, row, given, deadline, all_outs)
             # The key stands for what every rank would have exchanged: all splits,
             # the row size (dtype and row shape only enter through it), the config.
             mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
@@ -887,7 +895,7 @@ class Orchestrator:
             mkey = b"A" + meta.tobytes()
 
             def decode() -> V.A2ALayout:
-                return V.decode_a2a(meta)
+                return V.decode_a2a(meta, all_outs)
         call = self._a2a_call(st, output, input, mkey, decode, reuse=not async_op)
         handle = self._pipeline(st, call, t0, deadline, wait=not async_op)
         return handle if async_op else None
@@ -997,7 +1005,7 @@ class Orchestrator:
 
         return _Call("all_to_all_single", mkey, decode,
                      lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
-                     timing)
+                     timing, [output])
 
     def _p2p_call(
         self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
@@ -1034,7 +1042,8 @@ class Orchestrator:
             return bufs, bufs, post_torch, finish
 
         return _Call("batch_isend_irecv", mkey, decode,
-                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers)
+                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers,
+                     outputs=[op.tensor for op in ops if op.op is not dist.isend])
 
     # ------------------------------------------------------- op pipeline
     def _pipeline(
@@ -1088,13 +1097,13 @@ class Orchestrator:
                 except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
                     raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
                 handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
-                                host_wait=not tr.nccl)
+                                host_wait=not tr.nccl, outputs=call.outputs)
             else:
                 timing = None
                 if st.adapt is not None and wait and st.adapt.sampled:
                     timing = call.timing(layout)
                 handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
-                                wait=timing is not None, finish=finish, timing=timing)
+                                wait=wait, finish=finish, timing=timing, outputs=call.outputs)
                 if timing is not None:
                     st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
             if wait:
@@ -1152,7 +1161,8 @@ class Orchestrator:
         return V.fingerprint_digest(self._fingerprint(self._state(group), config))
 
     def _check_config(
-        self, st: _GroupState, row: np.ndarray, given: V.A2ALayout, deadline: float
+        self, st: _GroupState, row: np.ndarray, given: V.A2ALayout, deadline: float,
+        all_outs: Callable[[], np.ndarray],
     ) -> None:
         """A ``split_matrix`` call whose configuration no digests vouch for: exchange.
 
@@ -1160,7 +1170,7 @@ class Orchestrator:
         rank that passed no matrix still meets this one in the same
         collective, and a configuration that differs raises on every rank.
         """
-        layout = V.decode_a2a(self._exchange_rows(st, row, deadline))
+        layout = V.decode_a2a(self._exchange_rows(st, row, deadline), all_outs)
         if not np.array_equal(layout.in_rows, given.in_rows):
             s, d = (int(v) for v in np.argwhere(layout.in_rows != given.in_rows)[0])
             raise ValueError(
