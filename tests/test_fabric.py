@@ -287,3 +287,14 @@ def test_subset_keeps_the_members_and_every_link_between_what_stays(ranks):
 def test_subset_refuses_ranks_it_cannot_describe(ranks, match):
     with pytest.raises(FabricError, match=match):
         preset("h100-2x4").subset(ranks)
+
+
+@pytest.mark.parametrize("name", ["h100-2x4", "dgx-h100"])
+def test_one_gpu_nodes_get_one_socket_unless_sockets_is_given(name):
+    # A one-rank job's default fabric is a one-GPU dgx-h100 node: one PCIe
+    # switch, so one root complex (no inter-socket link to model).
+    fab = preset(f"{name}:nodes=1,gpus_per_node=1")
+    assert fab.num_ranks == 1
+    assert not any(v.startswith("n0.cpu1") for v in fab.vertex_names)
+    with pytest.raises(FabricError, match="sockets=2 exceeds the 1 PCIe switches"):
+        preset(f"{name}:nodes=1,gpus_per_node=1,sockets=2")

@@ -61,6 +61,18 @@ NIMBLE_NVLINK_PAIR_Bps = 120e9
 NIMBLE_MEASURED_RAIL_Bps = 45.1e9
 
 
+def _fit_sockets(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """A node of fewer GPUs than sockets keeps one socket per GPU unless ``sockets`` was given.
+
+    The presets' two sockets hold one PCIe switch (GPU + NIC) each at least;
+    a one-GPU node (``dgx-h100:gpus_per_node=1``, a one-rank default fabric)
+    has one switch, hence one socket.
+    """
+    if "sockets" not in kw:
+        params["sockets"] = max(1, min(params["sockets"], int(params["gpus_per_node"])))
+    return params
+
+
 def _h100_2x4(**kw: Any) -> Fabric:
     params: dict[str, Any] = {
         "nodes": 2,
@@ -75,6 +87,7 @@ def _h100_2x4(**kw: Any) -> Fabric:
         "name": "h100-2x4",
     }
     params.update(kw)
+    _fit_sockets(params, kw)
     return cluster(
         **params,
         meta={
@@ -99,6 +112,7 @@ def _dgx(preset: str, gpu: str, **kw: Any) -> Fabric:
         "intersocket_Bps": UPI2_SPR_Bps,
     }
     params.update(kw)
+    _fit_sockets(params, kw)
     params.setdefault("name", f"{preset}-{params['nodes']}n")
     return cluster(
         **params,
