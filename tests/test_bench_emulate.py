@@ -242,12 +242,12 @@ def test_predict_plans_what_the_data_plane_sends():
 
     import pathweave as pw
     from pathweave.emulate import predict
-    from pathweave.plan import policies, policy_info
+    from pathweave.plan import policies
     from pathweave.runtime.launch import run_local
 
     fab = pw.fabric.preset(FABRIC4)
     d = pw.traffic.parse_workload("hotspot:0.8", 4, bytes_per_rank=2 << 20).astype(np.int64)
-    names = [p for p in policies() if policy_info(p).executable]
+    names = policies(executable_only=True)
     sent = run_local(job_path_kinds, 4, (d.tolist(), names), timeout_s=180)[0]
     for p in names:
         _, _, plan = predict(fab, d, p, chunk_bytes=CHUNK, min_split_bytes=MIN_SPLIT)

@@ -57,7 +57,7 @@ def _rail0_links() -> np.ndarray:
     return np.flatnonzero((FAB.link_src == v) | (FAB.link_dst == v))
 
 
-@pytest.mark.parametrize("policy", pw.plan.policies())
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
 @pytest.mark.parametrize("slow_host", [None, (0, 1.0)], ids=["", "hot-receiver-cpu-bound"])
 def test_slow_rail_is_found_and_nothing_else(policy, slow_host):
     true = np.ones(FAB.num_links)
@@ -77,7 +77,7 @@ def test_slow_rail_is_found_and_nothing_else(policy, slow_host):
     assert (lo[seen] <= true[seen] * 1.02).all() and (lo[seen] > 0.97).any()
 
 
-@pytest.mark.parametrize("policy", pw.plan.policies())
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
 def test_a_uniformly_slow_receiver_blames_no_link(policy):
     # Rank 0, the hot receiver, 3x slower than its links as a whole: every stream
     # into it ends at about the same time. Only with ranks as resources is no link

@@ -87,9 +87,13 @@ def register(
     return deco
 
 
-def policies() -> list[str]:
-    """Names of the registered policies, in registration order."""
-    return list(_REGISTRY)
+def policies(*, executable_only: bool = False) -> list[str]:
+    """Names of the registered policies, in registration order.
+
+    ``executable_only``: only those whose plans the data plane runs
+    (:attr:`Policy.executable`; not a model of a peer's own routing).
+    """
+    return [n for n, p in _REGISTRY.items() if p.executable or not executable_only]
 
 
 def baselines(*, executable_only: bool = False) -> list[str]:
