@@ -333,8 +333,14 @@ def _random_demand(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster"])
 @pytest.mark.parametrize("opts", [{}, {"spray_delta": 0.05}, {"spray_delta": 0.5, "order": "pair"}])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, seed: int) -> None:
-    """The planner's kernel call, replayed on the slow twin with copies of its outputs."""
+@pytest.mark.parametrize("stop_share", [None, 0.9])
+def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, seed: int,
+                                        stop_share: float | None) -> None:
+    """The planner's kernel calls, replayed on the slow twin with copies of their outputs;
+    with ``stop_share``, under the link limits of ``hscore_below`` at that share of the
+    plan's predicted time (the routing may stop: both must say so, -1)."""
+    from pathweave.plan.hscore import hscore_below
+
     kernel = hk.route_kernel
     compared = []
 
@@ -344,14 +350,89 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
         ref_n = hk.route_reference(*inputs, *ref_out)
         n = kernel(*args)
         assert n == ref_n
+        compared.append(n)
+        if n < 0:  # stopped: what was placed so far is not a plan
+            return n
         np.testing.assert_array_equal(out_pid[:n], ref_out[1][:n])
         np.testing.assert_array_equal(out_bytes[:n], ref_out[2][:n])
         np.testing.assert_array_equal(counts, ref_out[3])
         np.testing.assert_array_equal(load, ref_out[0])
-        compared.append(n)
         return n
 
-    monkeypatch.setattr(hk, "route_kernel", both)
     fab = _fabric(fab_name)
-    pw.plan.make(fab, _random_demand(fab.num_ranks, seed), "hscore", **opts).validate()
-    assert compared and compared[0] > 0
+    D = _random_demand(fab.num_ranks, seed)
+    full = pw.plan.make(fab, D, "hscore", **opts)
+    monkeypatch.setattr(hk, "route_kernel", both)
+    if stop_share is None:
+        pw.plan.make(fab, D, "hscore", **opts).validate()
+        assert compared and compared[0] > 0
+    else:
+        t = pw.plan.predict_time(full)
+        hscore_below(fab, full.demand, full.paths, stop_share * t, **opts)
+        assert compared
+
+
+# ------------------------------------------------------- hscore_below: a sound stop
+def _bench_demands(fab: pw.fabric.Fabric, seed: int) -> list[np.ndarray]:
+    """``bench planner``'s workloads on ``fab``, the MoE case's next step, and random ones."""
+    from pathweave.bench import planner as bp
+
+    n = fab.num_ranks
+    out = [pw.traffic.parse_workload(w, n, bytes_per_rank=bp.BYTES_PER_RANK,
+                                     gpus_per_node=fab.gpus_per_node)
+           for w in bp.workloads(n)]
+    out.append(pw.traffic.parse_workload(bp.workloads(n)[3], n, seed=bp.REPLAN_SEED))
+    out += [_random_demand(n, seed), _demand("random", n, seed)]
+    return out
+
+
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster", "spine-tree"])
+def test_below_stops_only_plans_predicted_at_least_the_stop(fab_name: str) -> None:
+    # Against predict_time of the full plan (the independent reference): a stop
+    # at or below the prediction may return None, one above it must return the
+    # plan itself, bit for bit; and the stop must fire on the losing cases.
+    from pathweave.plan.hscore import hscore_below
+
+    fab = _fabric(fab_name)
+    ps = pw.fabric.candidate_paths(fab)
+    stopped = 0
+    for D in _bench_demands(fab, seed=3):
+        d = pw.plan.registry.as_demand(D, fab.num_ranks)
+        full = pw.plan.make(fab, d, "hscore", paths=ps)
+        t = pw.plan.predict_time(full)
+        for share in (0.3, 0.9, 0.999, 1.0, 1.000001, 1.5):
+            got = hscore_below(fab, d, ps, share * t)
+            if got is None:
+                assert share * t <= t
+                stopped += 1
+            else:
+                assert np.array_equal(got.flow_path, full.flow_path)
+                assert np.array_equal(got.flow_bytes, full.flow_bytes)
+        assert hscore_below(fab, d, ps, t * (1 + 1e-6)) is not None
+    assert stopped >= 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), share=st.floats(0.05, 1.2),
+       fab_name=st.sampled_from(["h100-2x4", "dgx-h100"]),
+       spray=st.sampled_from([None, 0.1]))
+def test_below_is_a_sound_stop_on_random_demands(seed, share, fab_name, spray) -> None:
+    from pathweave.plan.hscore import hscore_below
+
+    fab = FABS[fab_name]
+    ps = pw.fabric.candidate_paths(fab)
+    rng = np.random.default_rng(seed)
+    n = fab.num_ranks
+    D = rng.integers(0, 1 << int(rng.integers(10, 30)), size=(n, n)) * (rng.random((n, n)) < 0.6)
+    np.fill_diagonal(D, 0)
+    full = pw.plan.make(fab, D, "hscore", spray_delta=spray)
+    t = pw.plan.predict_time(full)
+    got = hscore_below(fab, full.demand, ps, share * t, spray_delta=spray)
+    if got is None:
+        assert share * t <= t
+    else:
+        assert np.array_equal(got.flow_path, full.flow_path)
+        assert np.array_equal(got.flow_bytes, full.flow_bytes)
+
+
+FABS = {"h100-2x4": pw.fabric.preset("h100-2x4"), "dgx-h100": pw.fabric.preset("dgx-h100")}

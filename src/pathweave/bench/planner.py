@@ -44,14 +44,16 @@ Time
     and the LP at 256 GPUs; a few minutes on 2 cores.
 
 Targets (:func:`summarize`): ``mwu`` within 2 % of the optimum at the median
-and 5 % at worst; ``mwu`` median planning time at most 50 us, 5 ms, 100 ms and
+and 5 % at worst; ``mwu`` median planning time at most 30 us, 2 ms, 100 ms and
 2 s at 8, 64, 256 and 1024 ranks; and, as a check of the fabric model
 against the NIMBLE paper, ``static`` at 3.8x and 2.7x the optimum for
 hotspot 0.9 and 0.5 on ``h100-2x4``. For the default policy
 (:func:`time_checks`): simulated makespan at most the best baseline's on
 every case (ties within 0.1 %) and never above ``static``'s; predicted time
-within 2 % (median) and 5 % (worst) of the time yardstick; planning time
-under the same per-size targets as ``mwu``.
+within 2 % (median) and 5 % (worst) of the time yardstick; median planning
+time at most 40 us, 5 ms, 100 ms and 2 s at 8, 64, 256 and 1024 ranks;
+replanning a changed MoE step (64 ranks and up) at most 10 % of that step's
+predicted time.
 
 Examples
 --------
@@ -98,8 +100,12 @@ REPEATS_LARGEST = 3
 #: slower (fresh multi-megabyte buffers at 1024 GPUs) while one costs a few ms.
 REPLAN_REPEATS = 11
 
-#: ``mwu`` median planning-time targets in seconds, by rank count.
-MWU_TIME_TARGET_S: dict[int, float] = {8: 50e-6, 64: 5e-3, 256: 0.1, 1024: 2.0}
+#: ``mwu`` median planning-time targets in seconds, by rank count: issue 26's
+#: at 8 and 64 GPUs (Algorithm 1 under the paper's Table I), the first planner
+#: issue's (NIMBLE's) at 256 and 1024, where issue 26 sets none.
+MWU_TIME_TARGET_S: dict[int, float] = {8: 30e-6, 64: 2e-3, 256: 0.1, 1024: 2.0}
+#: The default policy's: issue 26's at 8 GPUs, issue 10's from 64 up.
+DEFAULT_TIME_TARGET_S: dict[int, float] = {8: 40e-6, 64: 5e-3, 256: 0.1, 1024: 2.0}
 RATIO_TARGET_MEDIAN = 1.02
 RATIO_TARGET_WORST = 1.05
 #: ``static / optimal`` on h100-2x4 that the NIMBLE paper's setting implies.
@@ -428,7 +434,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
     >>> recs = [
     ...     {"fabric": "h100-2x4", "ranks": 8, "workload": "hotspot:0.9", "policy": p,
     ...      "congestion_s": c, "optimal_s": 1.0, "plan_s_median": t}
-    ...     for p, c, t in [("static", 3.79, 1e-5), ("mwu", 1.01, 4e-5), ("optimal", 1.0, 1e-2)]
+    ...     for p, c, t in [("static", 3.79, 1e-5), ("mwu", 1.01, 2.5e-5), ("optimal", 1.0, 1e-2)]
     ... ]
     >>> s = summarize(recs)
     >>> [c.passed for c in s.checks][:8]
@@ -582,7 +588,7 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
     for r in records:
         if r["policy"] == default and r.get("plan_s_median") is not None:
             times.setdefault(int(r["ranks"]), []).append(float(r["plan_s_median"]))
-    for ranks, target in MWU_TIME_TARGET_S.items():
+    for ranks, target in DEFAULT_TIME_TARGET_S.items():
         ts = times.get(ranks)
         t = statistics.median(ts) if ts else None
         out.append(Check(

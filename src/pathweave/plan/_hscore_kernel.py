@@ -191,13 +191,18 @@ def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
 
 
 @njit(cache=True)
-def _emit(p, b, links, length, load, out_pid, out_bytes, n_out):
+def _emit(p, b, links, length, limit, load, out_pid, out_bytes, n_out):
+    # Place b bytes on path p; return the new count, or -1 once a link's load
+    # passes its limit (loads only grow, so the finished plan's would too).
     out_pid[n_out] = p
     out_bytes[n_out] = b
     fb = float(b)
+    over = False
     for h in range(length[p]):
-        load[links[p, h]] += fb
-    return n_out + 1
+        e = links[p, h]
+        load[e] += fb
+        over |= load[e] > limit[e]
+    return -1 if over else n_out + 1
 
 
 @njit(cache=True)
@@ -219,6 +224,7 @@ def route_kernel(
     df_lo,
     num_rails,
     delta,
+    limit,
     load,
     out_pid,
     out_bytes,
@@ -228,7 +234,9 @@ def route_kernel(
 
     ``load`` (bytes per link) is updated as pairs are placed; ``out_pid`` and
     ``out_bytes`` receive the fragments (at most ``max(1, num_rails)`` per
-    pair); ``counts[code]`` counts pairs per decision code.
+    pair); ``counts[code]`` counts pairs per decision code. Routing stops and
+    -1 is returned as soon as a fragment leaves some link ``e`` with
+    ``load[e] > limit[e]`` (``np.inf`` everywhere: never).
     """
     kk = max(num_rails, 1)
     hx = np.ones(kk)
@@ -248,7 +256,9 @@ def route_kernel(
                 if kind[q] == _DIRECT:
                     p = q
                     break
-            n_out = _emit(p, f, links, length, load, out_pid, out_bytes, n_out)
+            n_out = _emit(p, f, links, length, limit, load, out_pid, out_bytes, n_out)
+            if n_out < 0:
+                return -1
             counts[CODE_INTRA] += 1
             continue
         rail_pid[:] = -1
@@ -291,10 +301,10 @@ def route_kernel(
             if s < rail_s:
                 rail_s = s
         if best_sp >= 0 and (n == 0 or best_sp_s > rail_s):
-            n_out = _emit(best_sp, f, links, length, load, out_pid, out_bytes, n_out)
+            n_out = _emit(best_sp, f, links, length, limit, load, out_pid, out_bytes, n_out)
             counts[CODE_SPINE] += 1
         elif n == 0:
-            n_out = _emit(lo, f, links, length, load, out_pid, out_bytes, n_out)
+            n_out = _emit(lo, f, links, length, limit, load, out_pid, out_bytes, n_out)
             counts[CODE_OTHER] += 1
         else:
             # Even shares, earlier rails take the extra bytes (split_evenly's rule).
@@ -303,10 +313,13 @@ def route_kernel(
             for j in range(n):
                 piece = share + (1 if j < extra else 0)
                 if piece > 0:
-                    n_out = _emit(
-                        rail_pid[chosen[j]], piece, links, length, load, out_pid, out_bytes, n_out
-                    )
+                    n_out = _emit(rail_pid[chosen[j]], piece, links, length, limit, load,
+                                  out_pid, out_bytes, n_out)
+                    if n_out < 0:
+                        return -1
             counts[code] += 1
+        if n_out < 0:
+            return -1
     return n_out
 
 
@@ -363,7 +376,7 @@ def decide_reference(hx, hsf, hdf, rail_pid, g1, g2, delta):
 
 def route_reference(
     order, pair_lo, pair_hi, nbytes, inter, g1s, g2s, links, length, kind, via,
-    sf_end, core_lo, core_hi, df_lo, num_rails, delta, load, out_pid, out_bytes, counts,
+    sf_end, core_lo, core_hi, df_lo, num_rails, delta, limit, load, out_pid, out_bytes, counts,
 ):
     """:func:`route_kernel` in plain Python, with the same arguments and outputs."""
 
@@ -374,9 +387,12 @@ def route_reference(
     flows = []
 
     def emit(p, b):
+        # Place b bytes on path p; False once one of its links is over its limit.
         flows.append((p, b))
-        for h in range(length[p]):
-            load[links[p, h]] += float(b)
+        hops = [links[p, h] for h in range(length[p])]
+        for e in hops:
+            load[e] += float(b)
+        return all(load[e] <= limit[e] for e in hops)
 
     kk = max(num_rails, 1)
     hx, hsf, hdf = [1.0] * kk, [1.0] * kk, [1.0] * kk
@@ -384,7 +400,8 @@ def route_reference(
         lo, hi, f = int(pair_lo[k]), int(pair_hi[k]), int(nbytes[k])
         if not inter[k]:
             direct = [q for q in range(lo, hi) if kind[q] == _DIRECT]
-            emit(direct[0] if direct else lo, f)
+            if not emit(direct[0] if direct else lo, f):
+                return -1
             counts[CODE_INTRA] += 1
             continue
         rail_pid = [-1] * kk
@@ -404,17 +421,18 @@ def route_reference(
         # The first spine path of the best score (the kernel keeps the first on ties).
         best_sp = max(spine, key=lambda sp: (sp[0], -sp[1])) if spine else None
         if best_sp is not None and (not rails or best_sp[0] > rail_s):
-            emit(best_sp[1], f)
+            placed = [emit(best_sp[1], f)]
             counts[CODE_SPINE] += 1
         elif not rails:
-            emit(lo, f)
+            placed = [emit(lo, f)]
             counts[CODE_OTHER] += 1
         else:
             share, extra = divmod(f, len(rails))
-            for j, x in enumerate(rails):
-                if share + (j < extra) > 0:
-                    emit(rail_pid[x], share + (j < extra))
+            placed = [emit(rail_pid[x], share + (j < extra))
+                      for j, x in enumerate(rails) if share + (j < extra) > 0]
             counts[code] += 1
+        if not all(placed):
+            return -1
     for i, (p, b) in enumerate(flows):
         out_pid[i], out_bytes[i] = p, b
     return len(flows)

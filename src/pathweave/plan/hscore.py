@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
@@ -102,6 +103,7 @@ from pathweave.plan import _hscore_kernel as _k
 from pathweave.plan._flows import nonzero_pairs, plan_from_flows
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
+from pathweave.plan.timemodel import path_costs
 
 ORDERS = ("size", "pair")
 
@@ -151,6 +153,13 @@ def _check_options(spray_delta: object, order: object) -> float:
     return float(spray_delta)
 
 
+#: ``hscore_below`` first routes this many pairs per rank (the largest, in
+#: the planner's order) and stops there if they already pass the limit: the
+#: largest pairs decide most plans that lose (at 64 GPUs the hot column's
+#: first few), and the rest of the plan is not worth sorting.
+HEAD_PAIRS_PER_RANK = 4
+
+
 @register(
     "hscore",
     options={"spray_delta": None, "order": "size"},
@@ -160,6 +169,7 @@ def _check_options(spray_delta: object, order: object) -> float:
         "h-score rail routing: rd/dr by h-ratio, drd via remote-rail theorem, "
         "best-fit rail by binary search, optional spraying"
     ),
+    below=lambda *args, **kw: hscore_below(*args, **kw),
 )
 def hscore(
     fabric: Fabric,
@@ -200,16 +210,96 @@ def hscore(
         On an unknown ``order`` or a ``spray_delta`` that is not ``None`` or a
         finite number >= 0.
     """
+    plan = _plan(fabric, demand, paths, spray_delta, order, None)
+    assert plan is not None  # no limit: never stopped
+    return plan
+
+
+def hscore_below(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, stop_s: float, model: Any = None,
+    *, spray_delta: float | None = None, order: str = "size",
+) -> Plan | None:
+    """:func:`hscore`'s plan, or None once its predicted time must be at least ``stop_s``.
+
+    A plan's predicted time (:func:`~pathweave.plan.timemodel.predict_time`)
+    is at least ``setup_s + load_e / c_e`` for each of its real links ``e``
+    (``c_e`` its effective capacity under ``model``), and hscore only adds
+    bytes to links as it routes; so routing stops, and None is returned, as
+    soon as some link's load passes ``(stop_s - setup_s) * c_e``. With
+    ``order="size"`` the largest ``HEAD_PAIRS_PER_RANK * N`` pairs are routed
+    first on their own (the plan's first pairs: the same loads), and the
+    rest only if they stay within the limit. A plan that is returned is
+    :func:`hscore`'s, bit for bit.
+
+    Examples
+    --------
+    >>> import pathweave as pw
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> D = pw.traffic.hotspot(8, bytes_per_rank=256 << 20, ratio=0.9)
+    >>> ps = pw.fabric.candidate_paths(fab)
+    >>> t = pw.plan.predict_time(hscore(fab, D, ps))
+    >>> hscore_below(fab, D, ps, 0.99 * t) is None
+    True
+    >>> int(hscore_below(fab, D, ps, t).flow_bytes.sum()) == int(D.sum())
+    True
+    """
+    pc = path_costs(paths, model)
+    # A hair above the exact limit: the prediction divides where this multiplies.
+    limit = (float(stop_s) - pc.setup_s) * pc.capacity_Bps[: fabric.num_links] * (1.0 + 1e-9)
+    return _plan(fabric, demand, paths, spray_delta, order, limit)
+
+
+def _plan(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, spray_delta: float | None, order: str,
+    limit: np.ndarray | None,
+) -> Plan | None:
+    """The plan of :func:`hscore`, or None if a link passes ``limit`` (bytes per link)."""
     delta = _check_options(spray_delta, order)
-    sf_end, core_lo, core_hi, df_lo = _segments(paths)
     pairs, nbytes = nonzero_pairs(demand)
+    if limit is None:
+        limit = paths.derived("hscore.no_limit", lambda: np.full(fabric.num_links, np.inf))
+    elif order == "size" and pairs.size > 2 * HEAD_PAIRS_PER_RANK * paths.num_ranks:
+        head = _size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
+        if _route(fabric, paths, pairs[head], nbytes[head], np.arange(head.size), delta,
+                  limit)[0] < 0:
+            return None
+    # argsort of -bytes is stable, and pairs come in index order: ties by pair.
+    seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
+    n_out, out_pid, out_bytes, counts = _route(fabric, paths, pairs, nbytes, seq, delta, limit)
+    if n_out < 0:
+        return None
+    info = {
+        "order": order,
+        "spray_delta": spray_delta,
+        "decisions": dict(zip(DECISIONS, counts.tolist(), strict=True)),
+        "remote_pairs": int(counts[_k.CODE_REMOTE] + counts[_k.CODE_SPRAY]),
+    }
+    return plan_from_flows(
+        fabric, demand, paths, out_pid[:n_out], out_bytes[:n_out], "hscore", info
+    )
+
+
+def _size_head(nbytes: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the first ``k`` of ``nbytes`` in ``"size"`` order (largest first,
+    ties by index), in that order, without sorting the rest."""
+    v = np.partition(nbytes, nbytes.size - k)[nbytes.size - k]  # the k-th largest
+    above = np.flatnonzero(nbytes > v)
+    ties = np.flatnonzero(nbytes == v)[: k - above.size]
+    return np.concatenate([above[np.argsort(-nbytes[above], kind="stable")], ties])
+
+
+def _route(
+    fabric: Fabric, paths: PathSet, pairs: np.ndarray, nbytes: np.ndarray, seq: np.ndarray,
+    delta: float, limit: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Run the kernel over ``pairs`` in order ``seq``: ``(flows or -1, path ids, bytes,
+    decision counts)``."""
+    sf_end, core_lo, core_hi, df_lo = _segments(paths)
     n = paths.num_ranks
     src, dst = pairs // n, pairs % n
     rank_node = fabric.vertex_node[fabric.rank_vertex]
     first_rail = paths.first_rail
     num_rails = len(fabric.rails)
-    # argsort of -bytes is stable, and pairs come in index order: ties by pair.
-    seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
     load = np.zeros(fabric.num_links)
     cap = pairs.size * (max(num_rails, 1) if delta >= 0 else 1)
     out_pid = np.empty(cap, dtype=np.int64)
@@ -233,17 +323,10 @@ def hscore(
         df_lo,
         num_rails,
         delta,
+        limit,
         load,
         out_pid,
         out_bytes,
         counts,
     )
-    info = {
-        "order": order,
-        "spray_delta": spray_delta,
-        "decisions": dict(zip(DECISIONS, counts.tolist(), strict=True)),
-        "remote_pairs": int(counts[_k.CODE_REMOTE] + counts[_k.CODE_SPRAY]),
-    }
-    return plan_from_flows(
-        fabric, demand, paths, out_pid[:n_out], out_bytes[:n_out], "hscore", info
-    )
+    return int(n_out), out_pid, out_bytes, counts

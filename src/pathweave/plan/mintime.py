@@ -44,9 +44,13 @@ Searching. Candidates that cannot be chosen are not planned
 baselines once one reaches it (up to the links' tails) and the
 multi-path candidates when no plan could beat the chosen baseline by
 ``margin``; ``static`` and ``deepep`` are scored from their stripes
-without building their plans. The result is the plan the full search
-(``prune=False``) returns, but where a skipped candidate would have been
-faster by less than the slack :func:`search` allows.
+without building their plans, and ``hscore`` stops routing as soon as its
+loads prove it no faster than the fastest baseline so far
+(:attr:`~pathweave.plan.Policy.below`; it is 1.15-4.3x the bound on
+``bench planner``'s cases, where ``deepep`` is within 6 %). The result is
+the plan the full search (``prune=False``) returns, but where a skipped
+candidate would have been faster by less than the slack :func:`search`
+allows.
 
 ``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
 and the CLI use it where no policy is given.
@@ -206,15 +210,21 @@ def search(
       than ``slack``);
     * the remaining multi-path candidates once one reaches ``lb``.
 
+    A baseline with a :attr:`~pathweave.plan.Policy.below` (``hscore``) is
+    given the fastest baseline time so far and skipped if it proves itself
+    no faster: :func:`choose` ranks baselines from the fastest, so one that
+    is not faster changes nothing (exact, no slack).
+
     So the pruned search returns the plan the full one would, but where a
     skipped candidate would have been faster by less than ``slack`` (tested
     on random cases: none differed). Exchanges of a few milliseconds and
     more prune as before; below, where a tail is over 1 % of the time,
-    every baseline is scored.
+    every baseline is scored (``hscore`` until it loses).
 
     ``first`` (a baseline or a key of ``multi``; the previous step's winner
     in :func:`replan`) is scored before anything else and returned at once
-    if it reaches the bound. ``sums``: the demand's row and column sums, if
+    if it reaches the bound; else its score (and plan) is kept, not
+    computed again, and the search goes on. ``sums``: the demand's row and column sums, if
     the caller has them (passed to :func:`~pathweave.plan.timemodel.lower_bound_s`).
 
     Returns
@@ -231,12 +241,18 @@ def search(
     times: dict[str, float] = {}
     base = baselines(executable_only=True)
 
-    def score(name: str) -> None:
+    def score(name: str, stop_s: float | None = None) -> None:
         pol = policy_info(name) if name not in multi else None
         if pol is not None and pol.stripes is not None:  # scored without building the plan
             times[name] = stripe_time(paths, demand, pol.stripes(paths), model, key=name)
             return
-        plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
+        if pol is not None and pol.below is not None and stop_s is not None:
+            p = pol.below(fabric, demand, paths, stop_s, model)
+            if p is None:  # predicted at least stop_s: not the fastest baseline
+                return
+            plans[name] = p
+        else:
+            plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
         times[name] = predict_time(plans[name], model)
 
     if prune and first is not None and (first in multi or first in base):
@@ -245,18 +261,21 @@ def search(
             if first not in plans:
                 plans[first] = policy_info(first).func(fabric, demand, paths)
             return first, plans[first], times, lb
-        times.pop(first)
     for name in base:
-        if times and reach_base >= min(times.values()):
+        done = [times[n] for n in base if n in times]
+        if name in times or (done and reach_base >= min(done)):
             continue
-        score(name)
-    pick = choose(times, margin=margin, tie=tie)
+        # A baseline that cannot beat the fastest so far cannot change the
+        # choice (choose() ranks baselines from the fastest): stop it early.
+        score(name, min(done) if prune and done else None)
+    pick = choose({n: t for n, t in times.items() if n in base}, margin=margin, tie=tie)
     if multi and reach * (1.0 + margin) < times[pick]:
         for name in multi:
-            score(name)
+            if name not in times:
+                score(name)
             if times[name] <= reach * (1.0 + BOUND_RTOL):
                 break
-        pick = choose(times, margin=margin, tie=tie)
+    pick = choose(times, margin=margin, tie=tie)
     if pick not in plans:
         plans[pick] = policy_info(pick).func(fabric, demand, paths)
     return pick, plans[pick], times, lb

@@ -46,6 +46,14 @@ class Policy:
     Such a plan is simulated and compared, never run: the default policy
     never takes it as a candidate and the data plane refuses the policy
     (:func:`check_options`).
+
+    ``below``: for a policy that places each pair's bytes once, in a fixed
+    order, and never moves them (loads only grow as it plans),
+    ``below(fabric, demand, paths, stop_s, model)`` returns its plan, or
+    None as soon as the loads placed so far prove that the plan's predicted
+    time (:func:`pathweave.plan.timemodel.predict_time` under ``model``)
+    is at least ``stop_s``. The default policy passes its best candidate's
+    time so far and skips the policy on None.
     """
 
     name: str
@@ -56,6 +64,7 @@ class Policy:
     check: Callable[..., None] | None = None
     stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None
     executable: bool = True
+    below: Callable[..., Plan | None] | None = None
 
 
 _REGISTRY: dict[str, Policy] = {}
@@ -70,6 +79,7 @@ def register(
     check: Callable[..., None] | None = None,
     stripes: Callable[[PathSet], tuple[np.ndarray, np.ndarray]] | None = None,
     executable: bool = True,
+    below: Callable[..., Plan | None] | None = None,
 ) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``.
 
@@ -81,7 +91,7 @@ def register(
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
         _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check, stripes,
-                                 executable)
+                                 executable, below)
         return func
 
     return deco
