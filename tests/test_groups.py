@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import pathweave as pw
 from pathweave.cli.main import app
-from pathweave.errors import WorkloadError
+from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import VertexKind
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import LAYOUTS, groups, parse_groups, placement
@@ -71,7 +71,7 @@ def test_start_times_delay_a_group_by_its_start():
         pw.sim.simulate(fab, plan, start_s=np.full(8, -1.0))
 
 
-@pytest.mark.parametrize("policy", pw.plan.policies())
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_union_plan_carries_each_groups_demand_on_its_own_pairs(policy, layout):
     fab = pw.fabric.resolve("dgx-h100:nodes=2,spines=2")
@@ -103,6 +103,15 @@ def test_group_paths_stay_inside_their_group_and_are_walks():
         inner = fab.link_dst[links[:-1]]
         fwd = fab.vertex_rank[inner[gpu[inner]]]
         assert (owner[fwd] == owner[s]).all()  # forwards only through its own GPUs
+
+
+@pytest.mark.parametrize("policy", sorted(set(pw.plan.policies())
+                                           - set(pw.plan.policies(executable_only=True))))
+def test_a_model_only_peer_is_refused_with_the_policies_that_run(policy):
+    wl = groups(8, "hotspot:0.8", 2, 4, "strided", bytes_per_rank=1 << 20)
+    with pytest.raises(PlanError, match=f"policy {policy!r} models a peer's own routing.*"
+                                        "mintime"):
+        plan_groups("h100-2x4", wl, policy)
 
 
 def test_placement_layouts_by_hand():

@@ -57,7 +57,7 @@ from pathweave.fabric import Fabric, PathKind, PathSet, VertexKind
 from pathweave.fabric.paths import ALL_KINDS, candidate_paths
 from pathweave.fabric.presets import resolve
 from pathweave.plan._plan import Plan
-from pathweave.plan.registry import COMMON_OPTIONS, as_demand, make
+from pathweave.plan.registry import COMMON_OPTIONS, as_demand, make, policies, policy_info
 from pathweave.traffic.groups import GroupWorkload, check_placement
 
 __all__ = ["MODES", "GroupPaths", "group_paths", "plan_groups", "shared_links"]
@@ -243,6 +243,12 @@ def plan_groups(
                             f"{fab.name!r} has {fab.num_ranks}")
     if mode not in MODES:
         raise PlanError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not policy_info(policy).executable:
+        # Its plan runs on a path set of its own (a peer's routing the data plane
+        # cannot take), which the groups' shared path set cannot hold.
+        raise PlanError(f"policy {policy!r} models a peer's own routing, not a plan a "
+                        "group's runtime runs; use one of "
+                        + ", ".join(policies(executable_only=True)))
     gp = group_paths(fab, workload.ranks, options.get("kinds", COMMON_OPTIONS["kinds"]),
                      options.get("max_hops", COMMON_OPTIONS["max_hops"]))
     t0 = time.perf_counter()
