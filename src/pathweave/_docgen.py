@@ -26,6 +26,7 @@ which pathweave's tables follow off a terminal too). Words after
 * ``root``: also needs root (the emulator); skipped otherwise.
 * ``only=REGEX``: keep only the output lines ``REGEX`` finds (a benchmark's
   PASS/MISS lines).
+* ``columns=N``: a terminal ``N`` wide instead (lines that must not wrap).
 
 tests/test_docs.py reruns every block not tagged ``slow`` and compares it
 with the file through :func:`comparable`, which blanks the table columns
@@ -82,6 +83,7 @@ class Block:
     argv: list[str]
     tags: frozenset[str]
     only: str | None
+    columns: int
     first: int
     last: int
     body: str
@@ -142,18 +144,20 @@ def parse(text: str, name: str = "<text>") -> list[Block]:
 
 
 def _block(match: re.Match[str], first: int, last: int, body: str, name: str) -> Block:
-    tags, only = set(), None
+    tags, only, columns = set(), None, COLUMNS
     for word in match["tags"].split():
         if word.startswith("only="):
             only = word[len("only="):]
             re.compile(only)
+        elif re.fullmatch(r"columns=[1-9][0-9]*", word):
+            columns = int(word[len("columns="):])
         elif word in TAGS:
             tags.add(word)
         else:
             raise DocsError(f"{name}:{first + 1}: unknown docs.sh tag {word!r} "
-                            f"(known: {', '.join(sorted(TAGS))}, only=REGEX)")
+                            f"(known: {', '.join(sorted(TAGS))}, only=REGEX, columns=N)")
     env, argv = split_command(match["command"])
-    return Block(match["command"], env, argv, frozenset(tags), only, first, last, body)
+    return Block(match["command"], env, argv, frozenset(tags), only, columns, first, last, body)
 
 
 def clean(output: str, only: str | None = None) -> str:
@@ -190,20 +194,22 @@ def measured_line(today: datetime.date | None = None) -> str:
         count = listed.stdout.count("GPU ")
         gpus = f"{count} GPU(s)" if listed.returncode == 0 and count else gpus
     day = (today or datetime.date.today()).isoformat()
-    return (f"<sub>Measured {day} on {os.cpu_count()} CPU cores ({cpu}), {gpus}, "
+    # Timings on a shared machine move with its load: say what it was.
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return (f"<sub>Measured {day} on {os.cpu_count()} CPU cores ({cpu}){load}, {gpus}, "
             f"{platform.system()} {platform.machine()}, Python {platform.python_version()}: "
             f"`bash scripts/docs.sh --slow`.</sub>")
 
 
-def command_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
+def command_env(root: Path, block: Block) -> dict[str, str]:
     """The environment a block's command runs in (see the module docstring)."""
     env = dict(os.environ)
     env.pop("PATHWEAVE_DEBUG", None)  # log lines are not part of a transcript
-    env["COLUMNS"] = str(COLUMNS)
+    env["COLUMNS"] = str(block.columns)
     src = str(root / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(extra)
+    env.update(block.env)
     return env
 
 
@@ -212,7 +218,7 @@ def run(block: Block, root: Path) -> str:
 
     Raises :class:`DocsError` with the end of its stderr when it exits non-zero.
     """
-    env = command_env(root, block.env)
+    env = command_env(root, block)
     exe = shutil.which(block.argv[0], path=env["PATH"])
     if exe is None:
         raise DocsError(f"{block.command}: {block.argv[0]!r} not found on PATH")
@@ -264,17 +270,21 @@ def fenced_output(body: str) -> str:
     return "\n".join(lines[fences[0] + 2:fences[1]])
 
 
-def update(path: Path, root: Path, *, slow: bool = False, check: bool = False) -> list[str]:
+def update(path: Path, root: Path, *, slow: bool = False, check: bool = False,
+           match: str | None = None) -> list[str]:
     """Rerun the blocks of ``path`` and rewrite it (atomically) where any changed.
 
     Blocks tagged ``slow`` run only when ``slow``; ``root`` blocks only as
-    root. With ``check`` nothing is written. Returns one line per block.
+    root; with ``match``, only blocks whose command it finds. With ``check``
+    nothing is written. Returns one line per block run or skipped.
     """
     text = path.read_text()
     lines = text.splitlines(keepends=True)
     report, changed = [], False
     for block in reversed(parse(text, str(path))):
         where = f"{path.relative_to(root)}:{block.first + 1} {block.command}"
+        if match is not None and not re.search(match, block.command):
+            continue
         if block.slow and not slow:
             report.append(f"{where}: skipped (slow; --slow reruns it)")
             continue
@@ -302,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="rerun the blocks tagged slow too (demo, benchmarks, torchrun)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a block's numbers differ")
+    parser.add_argument("--match", metavar="REGEX",
+                        help="only the blocks whose command REGEX finds")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2],
                         help="repository root (default: the one this module is in)")
     args = parser.parse_args(argv)
@@ -309,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     drift = False
     try:
         for name in args.files or DOC_FILES:
-            for line in update((root / name).resolve(), root, slow=args.slow, check=args.check):
+            for line in update((root / name).resolve(), root, slow=args.slow, check=args.check,
+                               match=args.match):
                 print(line, flush=True)
                 drift |= line.endswith("UPDATED")
     except DocsError as exc:
