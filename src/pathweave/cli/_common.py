@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -41,11 +42,19 @@ def console(*, stderr: bool = False) -> Console:
     swap ``sys.stdout`` see the output. Off a terminal (a pipe, a CI log)
     rich would fall back to 80 columns and cut the columns of wider tables
     short; there the width is :data:`PIPE_WIDTH`, so tables keep their natural
-    width and every column.
+    width and every column, unless ``COLUMNS`` asks for a width, as rich and
+    :func:`shutil.get_terminal_size` read it (``scripts/docs.sh`` sets it, so
+    the transcripts in the docs are those of a terminal that wide).
     """
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else PIPE_WIDTH
+    width = None if stream.isatty() else _pipe_width()
     return Console(file=stream, width=width, highlight=False)
+
+
+def _pipe_width() -> int:
+    """``COLUMNS`` where it is a positive whole number, else :data:`PIPE_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
 
 
 #: Console width off a terminal: wider than any table pathweave prints.

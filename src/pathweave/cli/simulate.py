@@ -26,9 +26,10 @@ from pathweave.cli._common import (
     write_json,
     wrote,
 )
-from pathweave.plan import Plan
+from pathweave.plan import DEFAULT_POLICY, Plan, baselines
 
-DEFAULT_POLICIES = "static,multirail,hscore,mwu,mintime"
+#: Every baseline (the model-only ones too: simulation is where they compare), mwu, the default.
+DEFAULT_POLICIES = ",".join([*baselines(), "mwu", DEFAULT_POLICY])
 
 
 def simulation_table(

@@ -31,7 +31,7 @@ from pathweave.plan.static import static_paths
     options={},
     baseline=True,
     stripes=lambda paths: deepep_stripes(paths),
-    summary="DeepEP normal kernels: RDMA to the destination node's same-rail GPU, NVLink on",
+    summary="DeepEP normal kernels: RDMA to the destination node's same-rail GPU, then NVLink",
 )
 def deepep(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     # Stripes are in pair order and path order within a pair: the Plan layout.
