@@ -45,6 +45,7 @@ from pathweave.cli._common import (
     wrote,
 )
 from pathweave.cli._compare import compare
+from pathweave.cli.calibrate import calibrate_cmd
 from pathweave.cli.dataplane import bench_dataplane
 from pathweave.cli.emulate import bench_emulate, emulate_app
 from pathweave.cli.hostcost import bench_hostcost
@@ -70,6 +71,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(emulate_app, name="emulate")
 app.command("simulate")(simulate_cmd)
 app.command("perf", context_settings=PERF_SETTINGS, add_help_option=False)(perf_cmd)
+app.command("calibrate", context_settings=PERF_SETTINGS, add_help_option=False)(calibrate_cmd)
 
 FabricArg = Annotated[
     str,
@@ -112,6 +114,10 @@ def topo_show(
     max_nodes: Annotated[
         int, typer.Option("--max-nodes", min=1, help="Most nodes to draw in --png.")
     ] = 4,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Also write the fabric shown to this fabric "
+                                  "file (.yaml, .yml or .json), e.g. one read from NCCL XML.")
+    ] = None,
 ) -> None:
     """Summarise a fabric: nodes, GPUs, NVLink, rails, spines, links and candidate paths."""
     from pathweave.cli.topo import RAIL_ROLES_NOTE, summary_tables
@@ -129,6 +135,8 @@ def topo_show(
         if shown < fab.num_nodes:
             out.print(f"{shown} of {fab.num_nodes} nodes drawn")
         wrote(out, written)
+    if save is not None:
+        wrote(out, pwfabric.save(fab, save))
 
 
 @topo_app.command("validate")

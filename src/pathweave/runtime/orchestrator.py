@@ -82,6 +82,8 @@ log = logging.getLogger(__name__)
 
 #: Environment variable naming the fabric (a preset spec or a fabric file).
 FABRIC_ENV = "PATHWEAVE_FABRIC"
+#: NCCL's topology file, read when no :data:`FABRIC_ENV` is set.
+NCCL_TOPO_ENV = "NCCL_TOPO_FILE"
 PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
 #: Words of data-plane state every metadata row carries (:meth:`Orchestrator.plane_words`):
 #: the rank's host word, how many telemetry words it has to send, its multi-path calls.
@@ -217,7 +219,9 @@ def default_fabric(
     that fabric its members hold (:meth:`~pathweave.fabric.Fabric.subset`),
     or, where their nodes hold different numbers of members, a stand-in
     fabric on which the group always runs torch's own all-to-all (a
-    :class:`SubgroupWarning` says so, once per group). Otherwise DGX
+    :class:`SubgroupWarning` says so, once per group). Else ``NCCL_TOPO_FILE``
+    if set (:func:`~pathweave.fabric.from_nccl_xml`, one node per distinct
+    ``hosts`` word). Otherwise DGX
     H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
     GPU on its own rail), shaped by the ranks per host (:func:`hosts_shape`)
     when ``hosts`` (every member's :func:`~pathweave.runtime.telemetry.host_word`,
@@ -235,6 +239,8 @@ def default_fabric(
         if ranks and fab.num_ranks != group_size and max(ranks) < fab.num_ranks:
             fab = _subgroup_fabric(fab, ranks, where)
             where = f"the part of {where} that ranks {ranks} hold"
+    elif os.environ.get(NCCL_TOPO_ENV):
+        fab, where = _nccl_topo_fabric(os.environ[NCCL_TOPO_ENV], hosts)
     else:
         from pathweave.fabric import preset
 
@@ -258,6 +264,15 @@ def default_fabric(
         )
     log.info("fabric %s (%d ranks) from %s", fab.name, fab.num_ranks, where)
     return fab
+
+
+def _nccl_topo_fabric(path: str, hosts: Sequence[int] | None) -> tuple[Fabric, str]:
+    """The fabric of NCCL's topology file ``path``: one node per host (one if unknown)."""
+    from pathweave.fabric import from_nccl_xml
+
+    nodes = len(set(hosts)) if hosts is not None else 1
+    where = f"{NCCL_TOPO_ENV}={path!r}, {nodes} node(s) from the ranks' hosts"
+    return from_nccl_xml(path, nodes=nodes), where  # default_fabric checks the rank count
 
 
 def hosts_shape(hosts: Sequence[int], local_world_size: int | None = None) -> tuple[int, str]:
@@ -541,8 +556,9 @@ class Orchestrator:
     model
         The time model of the hardware (:class:`pathweave.sim.SimModel`):
         what ``"auto"``, hysteresis and a policy that takes a ``model``
-        option (``mintime``, ``mwu_time``) predict with; default
-        ``SimModel()``, fitted to the NIMBLE testbed. The emulator's ranks
+        option (``mintime``, ``mwu_time``) predict with; default the model
+        file ``PATHWEAVE_MODEL`` names (``pathweave calibrate`` writes one),
+        else ``SimModel()``, fitted to the NIMBLE testbed. The emulator's ranks
         pass :func:`pathweave.emulate.emulator_model`.
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
@@ -632,6 +648,10 @@ class Orchestrator:
         if model is not None and not isinstance(model, SimModel):
             raise TypeError(f"model must be a pathweave.sim.SimModel or None, got "
                             f"{type(model).__name__}")
+        if model is None:  # a calibrated model file (pathweave calibrate), else SimModel()
+            from pathweave.sim.modelfile import model_from_env
+
+            model = model_from_env()
         self.model = model
         self._groups: dict[Any, _GroupState] = {}
         self.stats = OrchestratorStats()
