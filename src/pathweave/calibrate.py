@@ -129,7 +129,7 @@ def fit_costs(X: np.ndarray, t_s: np.ndarray) -> Fit:
     scale[scale == 0] = 1.0  # columns of similar size: nnls is then well conditioned
     coef, _ = nnls((X / scale) / t[:, None], np.ones_like(t))
     coef = coef / scale
-    rate = [1.0 / c if c > 0 else float("inf") for c in coef[3:]]
+    rate = [1.0 / float(c) if c > 0 else float("inf") for c in coef[3:]]
     return Fit(float(coef[0]), float(coef[1]), float(coef[2]), rate[0], rate[1],
                (X @ coef - t) / t)
 
