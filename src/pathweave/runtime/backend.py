@@ -143,19 +143,10 @@ class _Work(dist.Work):
         return self.is_completed()
 
     def get_future(self) -> torch.futures.Future:
-        from pathweave.runtime.executor import _waiters
+        from pathweave.runtime.executor import _waiters, settler
 
         fut: torch.futures.Future = torch.futures.Future()
-
-        def settle() -> None:
-            try:
-                self.wait()
-            except BaseException as exc:  # the future carries it to its waiter
-                fut.set_exception(exc)
-            else:
-                fut.set_result(self._outputs)
-
-        _waiters().submit(settle)
+        _waiters().submit(settler(fut, self.wait, lambda: self._outputs))
         return fut
 
 

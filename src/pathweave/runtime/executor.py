@@ -255,14 +255,7 @@ class Handle:
             fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
             self._future = fut
 
-        def settle(_: Any = None) -> None:
-            try:
-                self.wait()
-            except BaseException as exc:  # the future carries it to its waiter
-                fut.set_exception(exc)
-            else:
-                fut.set_result(self._outputs)
-
+        settle = settler(fut, self.wait, lambda: self._outputs)
         if self._pending is not None:
             self._pending.add_done_callback(settle)
         else:
@@ -286,6 +279,25 @@ def _wait_future(fut: Future[Any], deadline: float, rank: int) -> None:
 
 
 _WAITERS: list[ThreadPoolExecutor] = []
+
+
+def settler(fut: torch.futures.Future, wait: Callable[[], Any],
+            result: Callable[[], Any]) -> Callable[..., None]:
+    """A callable that waits (``wait()``) and completes ``fut`` with ``result()`` or the error.
+
+    The one way a pathweave work completes its future (the executor's
+    handle, the backend's work): run it on a waiter thread or as a callback.
+    """
+
+    def settle(_: Any = None) -> None:
+        try:
+            wait()
+        except BaseException as exc:  # the future carries it to its waiter
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result())
+
+    return settle
 
 
 def _waiters() -> ThreadPoolExecutor:
