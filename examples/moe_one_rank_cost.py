@@ -66,7 +66,7 @@ def _timed(fn: Callable[[], torch.Tensor], repeat: int, cuda: bool) -> tuple[tor
 def main(argv: list[str] | None = None) -> int:
     from pathweave.bench.moe import count_ops, host_reads
     from pathweave.moe import MoEAllToAll
-    from pathweave.moe._routing import LAYOUTS
+    from pathweave.moe.routing import LAYOUTS
 
     a = _args(argv)
     cuda = torch.cuda.is_available()

@@ -209,7 +209,7 @@ def compare(runs: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, float]
 
 
 def main() -> int:
-    from pathweave.moe._routing import LAYOUTS
+    from pathweave.moe.routing import LAYOUTS
     from pathweave.runtime.launch import run_local
 
     ref = train_single_process()

@@ -353,7 +353,7 @@ def test_moe_gradients_on_nccl_equal_dense():
 def check_low_latency_graph(rank: int, world: int, backend: str) -> bool:
     """A low-latency dispatch + combine captured in one CUDA graph replays bitwise (issue 23),
     in every layout."""
-    from pathweave.moe._routing import LAYOUTS
+    from pathweave.moe.routing import LAYOUTS
 
     return all(_low_latency_graph(rank, world, backend, layout) for layout in LAYOUTS)
 

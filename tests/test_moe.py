@@ -500,7 +500,7 @@ def test_example_one_rank_cost_checks_every_output() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[-1] == "outputs: all equal x * sum(w) within bf16 rounding", proc.stdout
-    from pathweave.moe._routing import LAYOUTS
+    from pathweave.moe.routing import LAYOUTS
 
     # plain torch, every layout, the low-latency mode
     rows = sum(line.startswith(("plain torch", "pathweave ")) for line in lines)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pathweave.moe._routing import LAYOUTS
+from pathweave.moe.routing import LAYOUTS
 from pathweave.runtime.launch import run_local
 
 WORLD, E, K, H = 4, 8, 3, 16

@@ -1,7 +1,7 @@
 """MoE layers that disagree across ranks, and combines with the wrong handle (issue 16).
 
 Every case runs on 4 gloo ranks in both layouts (iterating
-``pathweave.moe._routing.LAYOUTS``): one rank builds its layer with another
+``pathweave.moe.routing.LAYOUTS``): one rank builds its layer with another
 parameter, or passes a stale, reused or foreign handle; every rank must raise
 the same error before any byte moves, nothing may hang or abort, and the good
 calls afterwards must equal the dense single-process reference.
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from pathweave.moe._routing import LAYOUTS
 from pathweave.moe.reference import reference_combine
+from pathweave.moe.routing import LAYOUTS
 from pathweave.runtime.launch import run_local
 
 E, K, H, M = 8, 2, 16, 6

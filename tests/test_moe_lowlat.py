@@ -21,7 +21,7 @@ import torch
 
 from pathweave.bench.moe import count_ops, host_reads
 from pathweave.moe import MoEAllToAll, reference
-from pathweave.moe._routing import LAYOUTS
+from pathweave.moe.routing import LAYOUTS
 from pathweave.runtime.launch import run_local
 from test_moe_grad import GRAD_CASES, WORLD, _grad_job, assert_equal_dense
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathweave.moe import _routing as R
+from pathweave.moe import routing as R
 
 
 def _t(a) -> torch.Tensor:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pathweave.moe._routing import LAYOUTS
+from pathweave.moe.routing import LAYOUTS
 from pathweave.runtime.launch import run_local
 
 

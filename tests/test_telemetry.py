@@ -228,6 +228,7 @@ def _adapt_job(rank, ws, slow_rail, calls):
     ref = torch.empty(sum(col), dtype=torch.uint8)
     torch.distributed.all_to_all_single(ref, inp, col, row)
     out, plans, ok = torch.empty_like(ref), [], True
+    ok = orch.learned_capacities() == {}  # nothing learned before the first call
     for _ in range(calls):
         out.zero_()
         orch.all_to_all_single(out, inp, col, row)
@@ -237,6 +238,7 @@ def _adapt_job(rank, ws, slow_rail, calls):
         plans.append((dec.flow_path.tolist(), dec.flow_weight.tolist()))
     rail_bytes = float(orch.stats.bytes_per_link[_rail0_links()].sum())
     return {"ok": ok, "plans": plans, "q": st.adapt.est.ratio_q().tolist(),
+            "learned": orch.learned_capacities(),
             "switches": orch.stats.plan_switches, "rail0_bytes_last": rail_bytes}
 
 
@@ -251,6 +253,8 @@ def test_runtime_estimates_and_plans_are_the_same_on_every_rank(slow_rail):
     for r in res[1:]:                                      # every rank: same numbers, same plans
         assert r["q"] == res[0]["q"] and r["plans"] == res[0]["plans"]
     plans = res[0]["plans"]
+    # What the orchestrator reports learned: the links estimated below nominal (64 levels).
+    assert res[0]["learned"] == {i: v / 64 for i, v in enumerate(res[0]["q"]) if v < 64}
     if slow_rail:
         q = np.array(res[0]["q"])
         assert (q[_rail0_links()] < 64).any() and (np.delete(q, _rail0_links()) == 64).all()

@@ -62,6 +62,7 @@ __all__ = [
     "isend",
     "plane_words",
     "recv",
+    "run_group",
     "send",
     "set_default_orchestrator",
 ]
@@ -121,10 +122,24 @@ def _resolve(
         orchestrator = default_orchestrator(group)
     elif not isinstance(orchestrator, Orchestrator):
         raise TypeError(f"orchestrator must be an Orchestrator, got {type(orchestrator).__name__}")
+    return orchestrator, run_group(group, device)
+
+
+def run_group(group: Any = None, device: Any = "cpu") -> Any:
+    """The process group a pathweave exchange on ``group`` runs on.
+
+    A ``pathweave`` backend group hands its exchanges to its inner gloo or
+    NCCL group (chosen by the tensors' ``device``); any other group runs
+    them itself. Layers that exchange on their own (the MoE layer's
+    low-latency mode without an orchestrator) use this group.
+
+    >>> run_group("some group") == "some group"
+    True
+    """
     pw = _pathweave_group(group)
     if pw is not None:
         _, group = pw.route(device)
-    return orchestrator, group
+    return group
 
 
 def all_to_all_single(

@@ -326,9 +326,9 @@ def _run_case(rank: int, world_size: int, case: Case, job: _Job, fabrics: dict) 
 
     from pathweave import distributed as pwdist
     from pathweave.runtime import Orchestrator
-    from pathweave.runtime._validate import meta_width
     from pathweave.runtime.executor import Transport
     from pathweave.runtime.orchestrator import default_fabric
+    from pathweave.runtime.protocol import meta_width
 
     impl = job.all_to_all or pwdist.all_to_all_single
     base = element_splits(case.workload, case.bytes_per_pair, world_size)

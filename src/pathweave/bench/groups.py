@@ -42,7 +42,6 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench._report import Check, Progress
-from pathweave.fabric._limits import BYTES_PER_PATH, estimate_paths
 from pathweave.plan import DEFAULT_POLICY
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import GroupWorkload, groups
@@ -110,13 +109,13 @@ def scale_case(ranks: int, mode: str, policy: str | None = None) -> dict[str, An
         "fragments": plan.fragments, "events": res.events,
         # What the whole fabric's dense path set would take to compile (the
         # preset's own size check), which group path sets never build.
-        "dense_paths_bytes": BYTES_PER_PATH * estimate_paths(ranks // 8, 8, 8, 4, False),
+        "dense_paths_bytes": pwfabric.estimate_path_bytes(ranks // 8, 8, 8, 4, False),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
 def _warm_then(ranks: int, mode: str, policy: str | None) -> dict[str, Any]:
-    from pathweave.cli.simulate import warm_up
+    from pathweave.bench.sim import warm_up
 
     warm_up()  # numba kernels compiled or loaded before the clock starts
     return scale_case(ranks, mode, policy)

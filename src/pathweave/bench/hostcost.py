@@ -90,8 +90,8 @@ def metadata_bytes(num_ranks: int) -> int:
     >>> metadata_bytes(1024) <= METADATA_BYTES
     True
     """
-    from pathweave.runtime._validate import meta_width
     from pathweave.runtime.orchestrator import PLANE_WORDS
+    from pathweave.runtime.protocol import meta_width
 
     return (meta_width(num_ranks) + PLANE_WORDS) * 8
 

@@ -157,8 +157,16 @@ class _Exact:
     padded = False
 
     def __init__(self, moe: Any):
+        import torch
+
+        from pathweave.moe import routing as R
+
         self.moe = moe
         self.bufs: dict[str, Any] = {}
+        # The layer's placement, local index and expert order (the send plan's
+        # tables), built once as the layer caches its own.
+        self.tables = tuple(torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in
+                            (moe.placement, moe.local_index, R.expert_order(moe.placement)))
 
     def _buf(self, name: str, rows: int, width: int, dtype: Any) -> Any:
         import torch
@@ -176,12 +184,12 @@ class _Exact:
         import torch
         import torch.distributed as dist
 
-        from pathweave.moe import _routing as R
+        from pathweave.moe import routing as R
 
         moe = self.moe
         n, L = moe.num_ranks, moe.num_local_experts
         idx_np = idx.numpy()
-        plan = R.send_plan(idx, *moe._tables(idx.device), n).trim()
+        plan = R.send_plan(idx, *(t.to(idx.device) for t in self.tables), n).trim()
         # Every rank has L local experts here.
         cnt = np.zeros((n, L), dtype=np.int64)
         live = idx_np[idx_np >= 0]
@@ -195,7 +203,7 @@ class _Exact:
         import torch
         import torch.distributed as dist
 
-        from pathweave.moe import _routing as R
+        from pathweave.moe import routing as R
 
         moe = self.moe
         n, H, k = moe.num_ranks, moe.hidden_dim, moe.experts_per_token
@@ -269,7 +277,7 @@ class _Exact:
         import torch
         import torch.distributed.nn.functional as tnf
 
-        from pathweave.moe import _routing as R
+        from pathweave.moe import routing as R
 
         moe = self.moe
         H, k = moe.hidden_dim, moe.experts_per_token

@@ -56,11 +56,22 @@ def repeats_for(ranks: int) -> int:
     return 1
 
 
-def _warm_up() -> None:
-    # Load (or compile) the numba kernels outside the timings.
+def warm_up() -> None:
+    """Compile (or load) every policy's and the simulator's numba kernels, untimed.
+
+    Every kernel the simulator runs is called once on a small fabric, so no
+    timed ``sim_s`` includes numba's compile time (this benchmark, ``pathweave
+    simulate``, ``bench groups``).
+    """
+    from pathweave.bench.planner import warm_up as warm_up_planners
+
+    warm_up_planners()
     fab = pwfabric.preset("h100-2x4")
-    d = traffic.uniform(fab.num_ranks, bytes_per_rank=1 << 20)
-    sim.simulate(fab, pwplan.make(fab, d, policy="mwu"))
+    for workload in ("hotspot:0.9", "stencil:dims=1"):
+        demand = traffic.parse_workload(workload, fab.num_ranks, bytes_per_rank=1 << 20)
+        for name in pwplan.policies():
+            if name != "optimal":
+                sim.simulate(fab, pwplan.make(fab, demand, policy=name))
 
 
 def run(
@@ -78,7 +89,7 @@ def run(
             raise ValueError(f"ranks = {r}; it must be a positive multiple of {GPUS_PER_NODE}")
     model = model or sim.SimModel()
     progress = on_progress or (lambda done, total, text: None)
-    _warm_up()
+    warm_up()
     records: list[dict[str, Any]] = []
     for i, n in enumerate(ranks):
         nodes = n // GPUS_PER_NODE

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave.cli._common import fmt_bytes
+from pathweave.cli._demo_context import best_baseline
 
 if TYPE_CHECKING:
-    from pathweave.cli.demo import DemoContext
+    from pathweave.cli._demo_context import DemoContext
 
 #: Capacity scale and payload per rank of the demo's emulated run (NVLink 12 MB/s, rails 5 MB/s).
 EMULATE_SCALE = 1e-4
@@ -55,7 +56,6 @@ def emulate_step(ctx: DemoContext) -> None:
     if why is not None:
         out.print(f"[yellow]skipped:[/] {why}.")
         return
-    from pathweave.cli.demo import best_baseline
     from pathweave.cli.emulate import result_table
     from pathweave.emulate import run_emulated
 

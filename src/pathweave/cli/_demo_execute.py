@@ -21,7 +21,7 @@ from pathweave import traffic
 from pathweave.cli._common import fmt_bytes, fmt_ms
 
 if TYPE_CHECKING:
-    from pathweave.cli.demo import DemoContext
+    from pathweave.cli._demo_context import DemoContext
 
 #: Payload per rank of the real run: small enough to keep the demo quick (the
 #: stencil's two ends send four times as much: 112 MiB move per call).

@@ -7,57 +7,23 @@ without touching the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
 from pathweave.cli._common import fmt_bytes, fmt_ms, ordered_policies, rule
-from pathweave.cli._compare import Comparison, compare
+from pathweave.cli._compare import compare
+from pathweave.cli._demo_context import DemoContext, DemoStep, best_baseline
 from pathweave.cli._demo_emulate import emulate_step
 from pathweave.cli._demo_execute import execute_step
 from pathweave.cli.simulate import simulation_table
 
-FABRIC = "h100-2x4"
-#: A 1-D halo exchange with heavy ends: the default policy's multi-path plan
-#: beats every baseline here (in simulation 2.2x the best, static), where a
-#: hotspot all-to-all is won by plain rail striping (``multirail``) already.
-WORKLOAD = "stencil:dims=1"
-BYTES_PER_RANK = 256 << 20
 PLOT_NAME = "policies.png"
 HEATMAP_NAME = "link_utilisation.png"
-
-
-@dataclass
-class DemoContext:
-    """What the steps share: inputs, intermediate results and the files written."""
-
-    out_dir: Path
-    console: Console
-    fabric_spec: str = FABRIC
-    workload: str = WORKLOAD
-    gloss: str = ("a 1-D halo exchange: every GPU sends to its two neighbours, the two "
-                  "ends four times as much to their one")
-    bytes_per_rank: int = BYTES_PER_RANK
-    fabric: pwfabric.Fabric | None = None
-    demand: np.ndarray | None = None
-    comparison: Comparison | None = None
-    simulations: dict[str, sim.SimResult] = field(default_factory=dict)
-    files: list[Path] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DemoStep:
-    """One step of the demo: a name, a heading, and what it does."""
-
-    name: str
-    heading: str
-    run: Callable[[DemoContext], None]
 
 
 def _plan_step(ctx: DemoContext) -> None:
@@ -117,16 +83,6 @@ def _simulate_step(ctx: DemoContext) -> None:
         )
         ctx.files.append(out)
         ctx.console.print(f"wrote {out}")
-
-
-def best_baseline(makespans_s: dict[str, float]) -> str | None:
-    """The registered baseline with the least makespan among ``makespans_s`` (``None``: none).
-
-    >>> best_baseline({"static": 2.0, "multirail": 1.5, "mwu": 1.0})
-    'multirail'
-    """
-    base = [n for n in pwplan.baselines() if n in makespans_s]
-    return min(base, key=lambda n: makespans_s[n]) if base else None
 
 
 def best_baseline_line(simulations: dict[str, sim.SimResult]) -> str | None:

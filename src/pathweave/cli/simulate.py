@@ -11,6 +11,7 @@ from rich.table import Table
 
 from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
+from pathweave.bench.sim import warm_up
 from pathweave.cli._common import (
     Steps,
     fmt_time,
@@ -126,21 +127,3 @@ def simulate_cmd(
         wrote(out, viz.plot_link_utilisation(
             results, fab, png, title=f"link utilisation, {fab.name}, {workload}"
         ))
-
-
-def warm_up() -> None:
-    """Compile (or load) every policy's and the simulator's numba kernels, untimed.
-
-    Every kernel the simulator runs is called once on a small fabric, so no
-    ``sim_s`` of the command's own runs includes numba's compile time.
-    """
-    from pathweave.bench.planner import warm_up as warm_up_planners
-    from pathweave.fabric import preset
-
-    warm_up_planners()
-    fab = preset("h100-2x4")
-    for workload in ("hotspot:0.9", "stencil:dims=1"):
-        demand = traffic.parse_workload(workload, fab.num_ranks, bytes_per_rank=1 << 20)
-        for name in pwplan.policies():
-            if name != "optimal":
-                sim.simulate(fab, pwplan.make(fab, demand, policy=name))

@@ -85,12 +85,8 @@ def _stats(fab: Any, orch: Any, calls: int) -> dict[str, Any]:
     if orch is None:
         return {"kinds": {}, "switches": 0, "learned": {}}
     kinds = {k: v // calls for k, v in orch.stats.bytes_per_path_kind.items()}
-    learned = {}
-    ad = getattr(orch._groups.get(None), "adapt", None)
-    if ad is not None:  # the estimates below nominal, for the report
-        q = ad.est.ratio_q()
-        learned = {fab.link_name(i): int(q[i]) / ad.est.levels
-                   for i in np.flatnonzero(q < ad.est.levels)}
+    # The estimates below nominal, for the report.
+    learned = {fab.link_name(i): r for i, r in orch.learned_capacities().items()}
     return {"kinds": kinds, "switches": orch.stats.plan_switches, "learned": learned}
 
 

@@ -72,6 +72,20 @@ def estimate_paths(nodes: int, gpus_per_node: int, rails: int, spines: int,
     return intra + inter
 
 
+def estimate_path_bytes(nodes: int, gpus_per_node: int, rails: int, spines: int,
+                        relays: bool = True) -> int:
+    """About how many bytes compiling this shape's candidate paths takes at its peak.
+
+    :func:`estimate_paths` times :data:`BYTES_PER_PATH`: what :func:`check_size`
+    holds against the memory limit, and what a dense path set would cost where
+    a caller builds smaller ones instead (``bench groups``).
+
+    >>> estimate_path_bytes(2, 4, 4, 0) == 200 * BYTES_PER_PATH
+    True
+    """
+    return estimate_paths(nodes, gpus_per_node, rails, spines, relays) * BYTES_PER_PATH
+
+
 def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines: int,
                links: int, relays: bool = True) -> None:
     """Raise :class:`FabricError` if a fabric of this shape is too large to plan here.
@@ -87,7 +101,7 @@ def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines
     relays
         Whether GPU pairs inside a node have relay paths (no NVSwitch).
     """
-    need = estimate_paths(nodes, gpus_per_node, rails, spines, relays) * BYTES_PER_PATH
+    need = estimate_path_bytes(nodes, gpus_per_node, rails, spines, relays)
     limit = memory_limit_bytes()
     if need > limit:
         how = f"{MEMORY_ENV}" if os.environ.get(MEMORY_ENV) else "half its memory"

@@ -9,7 +9,7 @@ pplx-kernels and DeepEP: ``"expert-major"`` (``[L, capacity, H]``) and
 ``"compact"`` (one row per token and destination rank).
 
 :mod:`pathweave.moe.reference` is an independent single-process twin in plain
-torch (tests and the example compare against it); :mod:`pathweave.moe._routing`
+torch (tests and the example compare against it); :mod:`pathweave.moe.routing`
 holds the index math. See ``docs/moe.md``.
 
 Examples

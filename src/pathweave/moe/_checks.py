@@ -2,7 +2,7 @@
 
 A rank that finds a problem in its own arguments does not raise on the spot:
 its peers would wait forever in the next collective. The check raises an
-:class:`~pathweave.runtime._validate.ArgProblem` (the data plane's one table of
+:class:`~pathweave.runtime.protocol.ArgProblem` (the data plane's one table of
 rank-consistent errors) and the layer writes its words into its metadata row
 instead; after the one metadata
 exchange every rank holds every row and raises the error of the lowest
@@ -23,7 +23,7 @@ from pathweave.moe._work import MoEHandle
 
 # One numbering of dtypes and types, one table of rank-consistent errors and one
 # configuration fingerprint for every metadata row pathweave exchanges.
-from pathweave.runtime._validate import (
+from pathweave.runtime.protocol import (
     PROBLEM_WORDS,
     ArgProblem,
     check_fingerprints,
@@ -74,7 +74,7 @@ def _expected(rows: int, compact: int, fields: dict[str, Any]) -> str:
 def raise_first(meta: np.ndarray, fields: dict[str, Any]) -> None:
     """Raise the problem of the lowest rank whose row reports one (columns ``0..PROBLEM_WORDS``).
 
-    The problems are :data:`pathweave.runtime._validate.PROBLEMS` 101 to 129;
+    The problems are :data:`pathweave.runtime.protocol.PROBLEMS` 101 to 129;
     their templates get the layer's ``fields`` (``k``, ``E``, ``H``,
     ``max_m``, ``cap``) and the shapes their numbers describe.
     """
@@ -99,12 +99,12 @@ _PLACEMENT_TEXT = 48
 def config_fields(layer: Any) -> dict[str, Any]:
     """The layer parameters every rank must agree on, in the order a mismatch is reported.
 
-    Each value's text is what :func:`~pathweave.runtime._validate.fingerprint`
+    Each value's text is what :func:`~pathweave.runtime.protocol.fingerprint`
     compares and what the error shows.
     """
     place = ", ".join(str(int(p)) for p in layer.placement)
     if len(place) > _PLACEMENT_TEXT:
-        from pathweave.moe._routing import fingerprint as digest
+        from pathweave.moe.routing import fingerprint as digest
 
         place = f"digest {digest(layer.placement.reshape(1, -1)):#x}"
     else:
@@ -189,7 +189,7 @@ def check_dispatch(
     """Local checks of types, dtypes, shapes and devices; returns the scale columns (-1: none).
 
     The routing table's values are checked on its device
-    (:func:`pathweave.moe._routing.check_topk`), with the counts.
+    (:func:`pathweave.moe.routing.check_topk`), with the counts.
     """
     if not isinstance(x, torch.Tensor):
         raise ArgProblem(101, type_code(x))

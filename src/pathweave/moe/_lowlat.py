@@ -462,7 +462,7 @@ def _state(layer: Any, device: torch.device, scale_cols: int) -> LowLatencyState
         from pathweave import distributed as pwd
 
         if layer.orchestrator is None:
-            st.group = pwd._resolve(None, layer.group, device)[1]
+            st.group = pwd.run_group(layer.group, device)
         else:
             st.group, st.orchestrator = layer.group, layer.orchestrator
             st.digests = layer._exchange(
@@ -503,7 +503,7 @@ def _check_args(layer: Any, x: Any, idx: Any, x_scale: Any) -> int:
 
 def _debug_check(layer: Any, idx: torch.Tensor, scale_cols: int) -> None:
     """``debug_checks``: the contract, checked with host syncs; raises on every rank."""
-    from pathweave.moe import _routing as R
+    from pathweave.moe import routing as R
 
     words = R.check_topk(idx.to(torch.int64), layer.num_experts).cpu().numpy()
     code, i, j, v = R.topk_problem(words, *idx.shape)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pathweave.moe import _routing as R
+from pathweave.moe import routing as R
 from pathweave.moe._work import MoEHandle
 
 __all__ = [

@@ -8,7 +8,7 @@ payload dtype), shared by every call of that layer. A call is:
    routing table and the pairs it sends to each expert; one small exchange
    gives every rank every row, so all ranks raise the same error for bad
    input (:mod:`pathweave.moe._checks`) and agree on every size and offset
-   (:mod:`pathweave.moe._routing`) before any data moves;
+   (:mod:`pathweave.moe.routing`) before any data moves;
 2. **pack**: the rows to send (token payload as bytes, block scales, the
    source token id, in ``compact`` layout the local expert ids) are
    gathered into one byte buffer in the documented order;
@@ -49,7 +49,7 @@ from pathweave import _check
 from pathweave.moe import _checks as C
 from pathweave.moe import _lowlat as LL
 from pathweave.moe import _pack as P
-from pathweave.moe import _routing as R
+from pathweave.moe import routing as R
 from pathweave.moe._checks import (
     PROBLEM_WORDS,
     ArgProblem,
@@ -323,7 +323,7 @@ class MoEAllToAll:
 
     def _grid(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Token and slot of every entry of a ``[max_num_tokens, k]`` table on ``dev`` (cached;
-        :func:`~pathweave.moe._routing.flat_pairs`)."""
+        :func:`~pathweave.moe.routing.flat_pairs`)."""
         key = (dev, "grid")
         g = self._dev_tables.get(key)
         if g is None:
@@ -337,9 +337,9 @@ class MoEAllToAll:
         self, x: torch.Tensor, topk_idx: torch.Tensor
     ) -> tuple[R.SendPlan, np.ndarray, torch.Tensor]:
         """This rank's send plan (untrimmed), its counts, read back in one transfer, and
-        combine's row for each slot (:func:`~pathweave.moe._routing.return_slots`).
+        combine's row for each slot (:func:`~pathweave.moe.routing.return_slots`).
 
-        ``counts``: the routing check (:func:`~pathweave.moe._routing.check_topk`'s
+        ``counts``: the routing check (:func:`~pathweave.moe.routing.check_topk`'s
         two words), the routing digest (0 without DP groups: only members of
         one compare theirs), pairs per expert, rows per rank: the only numbers
         of a call that cross from the device to the host.

@@ -1,6 +1,6 @@
 """A single-process twin of MoE dispatch and combine, in plain torch.
 
-Independent of :mod:`pathweave.moe.layer` and :mod:`pathweave.moe._routing`:
+Independent of :mod:`pathweave.moe.layer` and :mod:`pathweave.moe.routing`:
 it walks the routing tables of all ranks with Python loops and boolean masks,
 the slow obvious way. Tests run the distributed layer on several processes
 and compare with it the way DeepEP's own tests do: every dispatched row is

@@ -14,9 +14,17 @@ Examples
 from pathweave.plan import static, deepep, multirail, mwu, optimal, hscore, mintime  # noqa: F401
 # isort: on
 from pathweave.plan._plan import Plan, Route
-from pathweave.plan.mintime import DEFAULT_POLICY, replan
+from pathweave.plan.mintime import replan
 from pathweave.plan.pinned import pinned
-from pathweave.plan.registry import Policy, baselines, make, policies, policy_info, register
+from pathweave.plan.registry import (
+    DEFAULT_POLICY,
+    Policy,
+    baselines,
+    make,
+    policies,
+    policy_info,
+    register,
+)
 from pathweave.plan.timemodel import predict_time
 
 __all__ = [

@@ -52,8 +52,9 @@ the plan the full search (``prune=False``) returns, but where a skipped
 candidate would have been faster by less than the slack :func:`search`
 allows.
 
-``DEFAULT_POLICY`` names it; :func:`pathweave.plan.make`, the Orchestrator
-and the CLI use it where no policy is given.
+:data:`pathweave.plan.DEFAULT_POLICY` (defined in the registry) names it;
+:func:`pathweave.plan.make`, the Orchestrator and the CLI use it where no
+policy is given.
 
 Examples
 --------
@@ -79,7 +80,7 @@ from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
 from pathweave.plan._plan import Plan
 from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
 from pathweave.plan.mwu import _check_options, route
-from pathweave.plan.registry import baselines, policy_info, register
+from pathweave.plan.registry import DEFAULT_POLICY, baselines, policy_info, register
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
     default_model,
@@ -89,9 +90,6 @@ from pathweave.plan.timemodel import (
     stripe_time,
     tail_slack_s,
 )
-
-#: The policy used wherever none is given.
-DEFAULT_POLICY = "mintime"
 
 #: Multi-path candidates planned beside the baselines, in the order they are tried.
 MULTIPATH = ("mwu_time", "mwu")

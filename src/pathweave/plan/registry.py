@@ -20,6 +20,11 @@ from pathweave.traffic import validate_demand
 #: default: :data:`pathweave.fabric.paths.DEFAULT_KINDS`).
 COMMON_OPTIONS: dict[str, Any] = {"kinds": DEFAULT_KINDS, "max_hops": None}
 
+#: The policy used wherever none is given (:func:`make`, the Orchestrator, the
+#: CLI). The name lives here, beside the registry that resolves it; the policy
+#: itself registers under it in :mod:`pathweave.plan.mintime`.
+DEFAULT_POLICY = "mintime"
+
 Planner = Callable[..., Plan]
 
 
@@ -293,8 +298,6 @@ def make(
     """
     fab = resolve(fabric)
     if policy is None:
-        from pathweave.plan.mintime import DEFAULT_POLICY
-
         policy = DEFAULT_POLICY
     pol = policy_info(policy)
     valid = {**COMMON_OPTIONS, **pol.options}

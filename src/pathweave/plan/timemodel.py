@@ -4,7 +4,8 @@ A plan's congestion bound (``max_e load_e / capacity_e``) is what every byte
 costs; the simulator (:func:`pathweave.sim.simulate`) and the emulator charge
 forwarding on top. This module is the closed form of those charges that the
 planner optimises, the simulator's flow builder reads and the Orchestrator
-decides with; the parameters are :class:`pathweave.sim.SimModel`'s.
+decides with; the parameters are :class:`pathweave.plan.model.SimModel`'s
+(re-exported as ``pathweave.sim.SimModel``).
 
 Per candidate path ``p`` (tables kept with the path set, :func:`path_costs`):
 
@@ -72,10 +73,10 @@ from pathweave.plan._stripe_kernel import (
     factored_terms,
     intra_tables,
 )
+from pathweave.plan.model import SimModel
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
-    from pathweave.sim.model import SimModel
 
 __all__ = ["PathCosts", "default_model", "effective_links", "ideal_model", "lower_bound_s",
            "path_costs",
@@ -91,8 +92,6 @@ _DEFAULT: list[SimModel] = []
 def default_model() -> SimModel:
     """The default :class:`~pathweave.sim.SimModel` (fitted to the NIMBLE testbed)."""
     if not _DEFAULT:  # built once: planning asks for it on every call
-        from pathweave.sim.model import SimModel
-
         _DEFAULT.append(SimModel())
     return _DEFAULT[0]
 
@@ -105,8 +104,6 @@ def ideal_model() -> SimModel:
     prediction is the congestion bound, its :func:`lower_bound_s` a lower bound of
     every plan's congestion (``mwu``'s certified gap)."""
     if not _IDEAL:
-        from pathweave.sim.model import SimModel
-
         _IDEAL.append(SimModel.ideal())
     return _IDEAL[0]
 

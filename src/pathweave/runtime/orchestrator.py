@@ -679,6 +679,14 @@ class Orchestrator:
         """
         return self._state(group).fabric
 
+    def learned_capacities(self, group: Any = None) -> dict[int, float]:
+        """Link id -> estimated share of nominal capacity for ``group``'s links that live
+        adaptation (``adapt``) found below nominal; empty without adaptation or before the
+        group's first call. Local: no collective.
+        """
+        st = self._groups.get(group)
+        return {} if st is None or st.adapt is None else st.adapt.learned()
+
     def _state(self, group: Any) -> _GroupState:
         st = self._groups.get(group)
         if st is not None:

@@ -550,14 +550,20 @@ class Adaptation:
         self.est.update(*link_ratios(streams, stream_times(into, w), last[1],
                                      self.nominal.capacity_Bps, num_ranks=self.n))
 
+    def learned(self) -> dict[int, float]:
+        """Link id -> its estimated share of nominal capacity, for the links estimated below it
+        (quantised to the estimator's levels; what :meth:`replan` degrades the fabric by)."""
+        q = self.est.ratio_q()
+        f = q.astype(np.float64) / self.est.levels
+        return {int(i): float(f[i]) for i in np.flatnonzero(q < self.est.levels)}
+
     def replan(self) -> bool:
         """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
         q = self.est.ratio_q()
         if not self.policy.should_probe(q, self.planned_q):
             return False
         self.planned_q = q
-        f = q.astype(np.float64) / self.est.levels
-        moved = {int(i): float(f[i]) for i in np.flatnonzero(q < self.est.levels)}
+        moved = self.learned()
         self.fabric = (self.nominal.with_links(moved, name=f"{self.nominal.name}-live")
                        if moved else self.nominal)
         return True

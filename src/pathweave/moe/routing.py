@@ -1,5 +1,9 @@
 """Index math of MoE dispatch and combine: counts, orders, offsets, checks.
 
+Public: the layer (:class:`pathweave.moe.MoEAllToAll`) lays its rows out with
+these functions, and a baseline that must move the same rows in the same order
+(``bench moe``'s exact torch all-to-all) calls them too.
+
 One process, no communication. Functions of the routing table ``topk_idx``
 (``int[m, k]``, -1 = no expert) are torch ops on the table's device (sorts
 and scatters, nothing read back: on a GPU the only host transfer of a call
