@@ -51,7 +51,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "runtime distributed nn",
         "moe",
         "emulate",
-        "bench perf viz",
+        "bench perf calibrate viz",
         "cli _docgen",
         "pathweave",
     )
