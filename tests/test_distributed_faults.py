@@ -47,7 +47,10 @@ def _wait_gone(pids, within_s=5.0):
 
 
 def _record_pid(piddir: str, rank: int) -> None:
-    Path(piddir, f"{rank}.pid").write_text(str(os.getpid()))
+    # Written whole, then renamed: a reader polling the folder never sees an empty file.
+    tmp = Path(piddir, f"{rank}.pid.tmp")
+    tmp.write_text(str(os.getpid()))
+    tmp.replace(Path(piddir, f"{rank}.pid"))
 
 
 def _pids(piddir) -> list[int]:
