@@ -769,3 +769,18 @@ def test_validation_rows_accept_any_int_sequence_and_name_bad_ones():
         _decode_two(ok, (x, torch.zeros(4, 1, 3), [2, 2], [2, 2]))
     with pytest.raises(ValueError, match="rank 1: input is a 0-dimensional tensor"):
         _decode_two(ok, (x, torch.tensor(1.0), [2, 2], [2, 2]))
+
+
+def test_a_call_beyond_the_tag_range_is_refused_before_any_message(monkeypatch):
+    # With the range cut to 4 messages per rank pair: 8 bytes in 2-byte chunks
+    # are 4 messages (allowed), 10 bytes are 5 (refused, naming the pair).
+    from pathweave.runtime import schedule as S
+
+    monkeypatch.setattr(S, "MAX_PAIR_MESSAGES", 4)
+    ok = S.build_schedules(S.Segments.all_to_all(np.array([[0, 8], [0, 0]])), [1], [8],
+                           [[0, 1]], chunk_bytes=2, window=2)
+    assert ok[0].send_bytes.tolist() == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match=r"rank 0 would send rank 1 5 or more messages in "
+                                         r"one call at chunk_bytes=2; at most 4 fit"):
+        S.build_schedules(S.Segments.all_to_all(np.array([[0, 10], [0, 0]])), [1], [10],
+                          [[0, 1]], chunk_bytes=2, window=2)

@@ -45,13 +45,13 @@ import torch
 import torch.distributed as dist
 
 from pathweave.errors import CommError
-from pathweave.runtime.schedule import STAGING, RankSchedule
+from pathweave.runtime.schedule import MAX_PAIR_MESSAGES, STAGING, RankSchedule
 
 __all__ = ["Handle", "Transport", "as_bytes", "dense", "is_dense", "start_row_exchange"]
 
 #: Tags of pathweave messages: [2**30, 2**31), clear of small user tags.
 _TAG_BASE = 1 << 30
-_TAG_CALL_BITS = 21  # messages per rank pair per call before tags repeat
+_TAG_CALL_BITS = MAX_PAIR_MESSAGES.bit_length() - 1  # messages per rank pair per call
 _TAG_CALLS = 1 << (30 - _TAG_CALL_BITS - 1)
 #: Streams one rank may forward in one call (one thread each).
 _MAX_STREAMS = 4096

@@ -76,6 +76,9 @@ __all__ = [
 
 #: Buffer codes in op tables: ``buf >= 0`` is a user buffer index, STAGING is the staging area.
 STAGING = -1
+#: Messages one directed rank pair may carry in one call: the executor's tag
+#: range per call (a message's tag is the call's base plus its order on the pair).
+MAX_PAIR_MESSAGES = 1 << 21
 
 
 @dataclass(frozen=True, eq=False)
@@ -704,6 +707,17 @@ def _check_args(segments: Segments, chunk_bytes: int, window: int) -> None:
         raise ValueError(f"window must be >= 2 chunks, got {window}")
 
 
+def _check_messages(g: dict[str, np.ndarray], chunk_bytes: int) -> None:
+    """Refuse a call whose busiest rank pair would outrun the tag range (every rank alike)."""
+    order = g["order"]
+    if order.size and int(order.max()) >= MAX_PAIR_MESSAGES:
+        i = int(np.argmax(order))
+        raise ValueError(
+            f"rank {int(g['sender'][i])} would send rank {int(g['receiver'][i])} "
+            f"{int(order[i]) + 1} or more messages in one call at chunk_bytes={chunk_bytes}; "
+            f"at most {MAX_PAIR_MESSAGES} fit a call's tag range: use larger chunks")
+
+
 def build_schedules(
     segments: Segments,
     frag_pair: np.ndarray,
@@ -743,6 +757,7 @@ def build_schedules(
     """
     _check_args(segments, chunk_bytes, window)
     g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window)
+    _check_messages(g, chunk_bytes)
     todo = range(segments.num_ranks) if ranks is None else ranks
     return [_rank_schedule(g, segments, int(r), window, chunk_bytes) for r in todo]
 
