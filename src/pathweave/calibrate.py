@@ -227,21 +227,9 @@ def measure(iters: int = 10, warmup: int = 2, max_bytes: int = 16 << 20) -> dict
             "backend": str(dist.get_backend()).lower()}
 
 
-def _local_rank(rank: int, world_size: int, args: tuple[int, int, int]) -> dict[str, Any]:
-    return measure(*args)
-
-
-def _in_job(args: tuple[int, int, int]) -> tuple[int, dict[str, Any]]:
-    import torch.distributed as dist
-
-    joined = dist.is_initialized()
-    if not joined:
-        dist.init_process_group("gloo")
-    try:
-        return dist.get_rank(), measure(*args)
-    finally:
-        if not joined:
-            dist.destroy_process_group()
+def _measure(rank: int, world_size: int, iters: int, warmup: int,
+             max_bytes: int) -> dict[str, Any]:
+    return measure(iters, warmup, max_bytes)
 
 
 def report(res: dict[str, Any]) -> str:
@@ -289,13 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_bytes = int(parse_size(args.maxbytes, "-e"))
         if max_bytes < 1 << 20:
             raise ValueError(f"-e must be >= 1M, got {args.maxbytes}")
-        todo = (args.iters, args.warmup_iters, max_bytes)
-        if args.ranks is not None:
-            from pathweave.runtime.launch import run_local
+        from pathweave.runtime.launch import run_tool
 
-            rank, res = 0, run_local(_local_rank, args.ranks, (todo,), timeout_s=3600)[0]
-        else:
-            rank, res = _in_job(todo)
+        rank, res = run_tool(_measure, (args.iters, args.warmup_iters, max_bytes),
+                             ranks=args.ranks, backend="gloo")
         if rank == 0:
             calib = {k: res[k] for k in ("fabric", "ranks", "backend")}
             fit = res["fit"]

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -313,44 +312,15 @@ def _write(rows: list[dict[str, Any]], where: str | None, as_json: bool) -> bool
     return False
 
 
-def _local_rank(rank: int, world_size: int, options: PerfOptions) -> list[dict[str, Any]]:
-    return run(rank, world_size, options)
-
-
-def _in_job(options: PerfOptions) -> tuple[int, list[dict[str, Any]]]:
-    """Run inside a torchrun job (joining its process group if not joined yet)."""
-    import torch
-    import torch.distributed as dist
-
-    joined = dist.is_initialized()
-    if not joined:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local
-        backend = options.backend or ("nccl" if gpus else "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
-    try:
-        return dist.get_rank(), run(dist.get_rank(), dist.get_world_size(), options)
-    finally:
-        if not joined:
-            dist.destroy_process_group()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (``python -m pathweave.perf``, ``pathweave perf``); the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         options = options_from(args)
-        if args.ranks is not None:
-            from pathweave.runtime.launch import run_local
+        from pathweave.runtime.launch import run_tool
 
-            rank = 0
-            rows = run_local(_local_rank, args.ranks, (options,),
-                             backend=options.backend or "gloo", timeout_s=3600)[0]
-        else:
-            rank, rows = _in_job(options)
+        rank, rows = run_tool(run, (options,), ranks=args.ranks, backend=options.backend)
     except (PathweaveError, ValueError, OSError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         parser.exit(2, f"pathweave perf: error: {text}\n")

@@ -27,7 +27,7 @@ from typing import Any
 
 from pathweave.errors import LaunchTimeoutError, RankError
 
-__all__ = ["run_local"]
+__all__ = ["run_local", "run_tool"]
 
 _HOST = "127.0.0.1"
 #: How often the parent polls its children, and a child its parent, in seconds.
@@ -348,3 +348,43 @@ def run_local(
         results.close()
         results.join_thread()
         del store
+
+
+def run_tool(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    ranks: int | None = None,
+    backend: str | None = None,
+) -> tuple[int, Any]:
+    """A command-line tool's ranks: ``(this rank, rank 0's or this rank's result)``.
+
+    With ``ranks``, :func:`run_local` starts that many local ranks on
+    ``backend`` (gloo when ``None``) and rank 0's value comes back (this
+    process is rank 0). Without it the tool runs inside a ``torchrun`` job: it
+    joins the job's process group unless one is joined already (``backend``
+    ``None``: NCCL when every local rank has a GPU, else gloo; each NCCL rank
+    on ``LOCAL_RANK``'s device), calls ``fn(rank, world_size, *args)`` and
+    leaves the group it joined. Used by ``pathweave perf`` and
+    ``pathweave calibrate``.
+    """
+    if ranks is not None:
+        return 0, run_local(fn, ranks, args, backend=backend or "gloo", timeout_s=3600)[0]
+    import torch
+    import torch.distributed as dist
+
+    joined = dist.is_initialized()
+    if not joined:
+        if backend is None:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local
+            backend = "nccl" if gpus else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    try:
+        rank = dist.get_rank()
+        return rank, fn(rank, dist.get_world_size(), *args)
+    finally:
+        if not joined:
+            dist.destroy_process_group()
