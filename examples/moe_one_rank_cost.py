@@ -126,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = results["pathweave low_latency"][2] / base
         mark = {True: "PASS", False: "MISS"}
         print(f"{mark[ratio <= 3.0]} low-latency round trip <= 3x plain torch: {ratio:.2f}x "
-              "(issue 23's CPU target: 128 tokens, hidden 256, fp32 in `pathweave bench moe`)")
+              "(the CPU target: 128 tokens, hidden 256, fp32, in `pathweave bench moe`)")
         print(f"{mark[not reads]} low-latency: no host read-back per round trip: {len(reads)}")
         n = ops["pathweave low_latency"]
-        print(f"{mark[n <= 20]} low-latency: <= 20 torch ops per round trip: {n} "
+        # The <= 20 target is float32's (`pathweave bench moe`), whose weighted sum is one
+        # embedding_bag; bf16 rows are gathered, cast and summed by bmm instead.
+        print(f"low-latency: torch ops per round trip in bf16: {n} "
               f"(plain torch: {ops['plain torch']})")
         print("outputs: " + ("all equal x * sum(w) within bf16 rounding" if ok else "DIFFER"))
         return 0 if ok else 1

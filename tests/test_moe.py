@@ -505,7 +505,8 @@ def test_example_one_rank_cost_checks_every_output() -> None:
     # plain torch, every layout, the low-latency mode
     rows = sum(line.startswith(("plain torch", "pathweave ")) for line in lines)
     assert rows == 2 + len(LAYOUTS), proc.stdout
-    assert sum(line.startswith(("PASS", "MISS")) for line in lines) == 3, proc.stdout
+    assert sum(line.startswith(("PASS", "MISS")) for line in lines) == 2, proc.stdout
+    assert any(line.startswith("low-latency: torch ops per round trip") for line in lines)
 
 
 def test_bench_moe_baselines_agree_with_pathweave() -> None:
