@@ -59,6 +59,18 @@ def test_hand_case_joint_beats_per_group_by_the_hand_computed_congestion():
     assert shared == ["n0.nic0 -> rail0", "rail0 -> n1.nic0"]
 
 
+def test_no_policy_plans_as_the_default_policy_named():
+    """``policy=None`` is :data:`DEFAULT_POLICY`, as for :func:`pathweave.plan.make`."""
+    from pathweave.plan import DEFAULT_POLICY
+
+    fab, wl = _hand_workload()
+    for mode in MODES:
+        named = plan_groups(fab, wl, DEFAULT_POLICY, mode=mode)
+        plan = plan_groups(fab, wl, mode=mode)
+        assert plan.congestion_s == pytest.approx(named.congestion_s, rel=1e-12)
+        np.testing.assert_array_equal(plan.flow_bytes, named.flow_bytes)
+
+
 def test_start_times_delay_a_group_by_its_start():
     fab, wl = _hand_workload(start_s=[0.0, 0.01])
     plan = plan_groups(fab, wl, "optimal", mode="per_group")

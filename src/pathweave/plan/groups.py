@@ -57,7 +57,14 @@ from pathweave.fabric import Fabric, PathKind, PathSet, VertexKind
 from pathweave.fabric.paths import ALL_KINDS, candidate_paths
 from pathweave.fabric.presets import resolve
 from pathweave.plan._plan import Plan
-from pathweave.plan.registry import COMMON_OPTIONS, as_demand, make, policies, policy_info
+from pathweave.plan.registry import (
+    COMMON_OPTIONS,
+    DEFAULT_POLICY,
+    as_demand,
+    make,
+    policies,
+    policy_info,
+)
 from pathweave.traffic.groups import GroupWorkload, check_placement
 
 __all__ = ["MODES", "GroupPaths", "group_paths", "plan_groups", "shared_links"]
@@ -243,6 +250,7 @@ def plan_groups(
                             f"{fab.name!r} has {fab.num_ranks}")
     if mode not in MODES:
         raise PlanError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    policy = DEFAULT_POLICY if policy is None else policy
     if not policy_info(policy).executable:
         # Its plan runs on a path set of its own (a peer's routing the data plane
         # cannot take), which the groups' shared path set cannot hold.
