@@ -14,8 +14,16 @@ from pathweave.emulate.background import Background, parse_background, residual_
 from pathweave.errors import InputError
 from pathweave.fabric.presets import PRESETS
 
+
+def _two_nodes(name: str) -> pw.fabric.Fabric:
+    """``name`` at two nodes; a rack-sized node (gb200-nvl72: 72 GPUs) cut to 8 GPUs, the
+    same layout, so the pair scan below stays at seconds."""
+    fab = pw.fabric.preset(name, nodes=2)
+    return fab if fab.gpus_per_node <= 8 else pw.fabric.preset(name, nodes=2, gpus_per_node=8)
+
+
 # Every preset, two nodes where it takes a node count (``cluster`` needs one).
-MULTI_NODE = {name: pw.fabric.preset(name, nodes=2) for name in PRESETS}
+MULTI_NODE = {name: _two_nodes(name) for name in PRESETS}
 MULTI_NODE = {k: f for k, f in MULTI_NODE.items() if f.rails and f.num_nodes > 1}
 
 

@@ -289,7 +289,7 @@ def test_subset_refuses_ranks_it_cannot_describe(ranks, match):
         preset("h100-2x4").subset(ranks)
 
 
-@pytest.mark.parametrize("name", ["h100-2x4", "dgx-h100"])
+@pytest.mark.parametrize("name", ["h100-2x4", "dgx-h100", "dgx-a100"])
 def test_one_gpu_nodes_get_one_socket_unless_sockets_is_given(name):
     # A one-rank job's default fabric is a one-GPU dgx-h100 node: one PCIe
     # switch, so one root complex (no inter-socket link to model).

@@ -131,8 +131,9 @@ def check_physical(fab: object, label: str | None = None) -> None:
     """Raise :class:`FabricError` if no hardware can be ``fab``, naming the value and the limit.
 
     The NVLink of each GPU (the sum of its NVLink links' capacities) is
-    counted in links of its model when discovery recorded one
-    (``meta["discovery"]["gpu"]``, per-link rate ``nvlink_Bps_per_link``) and
+    counted in links of its model when discovery or a preset recorded one
+    (``meta["discovery"]["gpu"]``, per-link rate ``nvlink_Bps_per_link``;
+    else ``meta["gpu"]`` at its model's link rate) and
     must be at most that model's link count (:data:`pathweave.fabric.discovery.GPU_GENERATIONS`);
     a fabric of unknown model is held to the fastest GPU listed there. NIC
     links are held to :data:`MAX_NIC_Bps`, NICs per node to
@@ -172,7 +173,7 @@ def _check_nvlink(fab: object, label: str) -> None:
     worst = int(np.argmax(per_gpu))
     have, who = float(per_gpu[worst]), fab.vertex_name(int(gpus[worst]))
     disc = fab.meta.get("discovery") or {}
-    gen = GPU_GENERATIONS.get(str(disc.get("gpu", "")).lower())
+    gen = GPU_GENERATIONS.get(str(disc.get("gpu") or fab.meta.get("gpu") or "").lower())
     if gen is None:
         top = max(GPU_GENERATIONS.values(), key=lambda g: g.max_links * g.link_Bps)
         most = top.max_links * top.link_Bps

@@ -10,7 +10,9 @@ GPU           ``n{node}.gpu{i}``    NVLink to peers (mesh) or to the NVSwitch
 NVSwitch      ``n{node}.nvswitch``  one up and one down link per GPU
 PCIe host     ``n{node}.host``      one PCIe link each way per GPU
 PCIe switch   ``n{node}.pcie{k}``   PCIe to its GPUs and NICs, uplink to a CPU
-root complex  ``n{node}.cpu{s}``    uplinks of its switches, inter-socket links
+root complex  ``n{node}.cpu{s}``    uplinks of its switches, inter-socket links;
+                                    a Grace CPU: NVLink-C2C to its GPUs, PCIe
+                                    to its NICs (:func:`grace_rack`)
 NIC           ``n{node}.nic{j}``    PCIe to its GPU(s) or switch, network to
                                     its rail
 rail switch   ``rail{j}``           network to NIC ``j`` of every node
@@ -20,14 +22,21 @@ spine         ``spine{k}``          network to every rail switch
 Defaults (documented figures, overridable everywhere):
 
 * NVLink 4 (H100): 25 GB/s per link per direction; 18 links per GPU, so an
-  NVSwitch port carries 450 GB/s per direction.
-* NDR400 InfiniBand: 400 Gb/s = 50 GB/s line rate per direction.
+  NVSwitch port carries 450 GB/s per direction. NVLink 3 (A100): 12 links
+  of 25 GB/s, 300 GB/s; NVLink 5 (B200, GB200): 18 links of 50 GB/s,
+  900 GB/s.
+* NDR400 InfiniBand: 400 Gb/s = 50 GB/s line rate per direction; HDR200
+  (ConnectX-6): 25 GB/s.
 * PCIe Gen5 x16 between a GPU and its NIC: 32 GT/s x 16 lanes x 128/130
   encoding / 8 = 63.0 GB/s per direction.
 * A PCIe switch's uplink to its root complex: PCIe Gen5 x16 as well.
 * The inter-socket link of two Xeon Scalable 4th gen (Sapphire Rapids)
   sockets: 4 UPI 2.0 links x 16 GT/s x 2 bytes per transfer per direction
   = 128 GB/s per direction.
+* The inter-socket link of two AMD EPYC 7002 (Rome) sockets: 4 xGMI-2
+  links x 16 lanes x 18 GT/s / 8 = 144 GB/s per direction.
+* NVLink-C2C between a Grace CPU and its GPUs (GB200): 900 GB/s both
+  directions together, 450 GB/s per direction.
 * Latencies: 1 us per NVLink or PCIe hop, 1 us per network hop (NIC to
   switch, switch to NIC), 1 us per spine hop.
 
@@ -50,10 +59,17 @@ from pathweave.fabric._core import Fabric, LinkKind, VertexKind
 
 NVLINK4_LINK_Bps = 25e9
 NVSWITCH_H100_GPU_Bps = 18 * NVLINK4_LINK_Bps  # 450 GB/s
+NVLINK3_LINK_Bps = 25e9
+NVSWITCH_A100_GPU_Bps = 12 * NVLINK3_LINK_Bps  # 300 GB/s
+NVLINK5_LINK_Bps = 50e9
+NVSWITCH_B200_GPU_Bps = 18 * NVLINK5_LINK_Bps  # 900 GB/s
 NDR400_Bps = 400e9 / 8  # 50 GB/s
+HDR200_Bps = 200e9 / 8  # 25 GB/s
 PCIE_GEN5_X16_Bps = 32e9 * 16 * (128 / 130) / 8  # 63.0 GB/s
 PCIE_GEN4_X16_Bps = 16e9 * 16 * (128 / 130) / 8  # 31.5 GB/s
 UPI2_SPR_Bps = 4 * 16e9 * 2  # 4 UPI 2.0 links at 16 GT/s, 2 bytes a transfer: 128 GB/s
+XGMI2_ROME_Bps = 4 * 16 * 18e9 / 8  # 4 xGMI-2 links x16 at 18 GT/s: 144 GB/s
+NVLINK_C2C_Bps = 900e9 / 2  # NVLink-C2C, 900 GB/s both directions together: 450 GB/s
 DEFAULT_LATENCY_S = 1e-6
 
 NodeKind = Literal["nvlink-mesh", "nvswitch", "pcie"]
@@ -333,6 +349,62 @@ def switch_groups(attach: Sequence[Sequence[int]], gpus: int) -> list[tuple[list
     return sorted(groups, key=lambda grp: min(grp[0]))
 
 
+def switch_attachment(gpus: int, nics: int, switches: int) -> list[list[int]]:
+    """NIC attachment of ``switches`` PCIe switches per node, each holding an equal block
+    of the GPUs and of the NICs; every NIC serves all GPUs of its switch.
+
+    DGX A100: four switches, two GPUs and two NICs each.
+
+    >>> switch_attachment(8, 8, 4)
+    [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5], [6, 7], [6, 7]]
+    >>> switch_groups(switch_attachment(8, 8, 4), 8)[1]
+    ([2, 3], [2, 3])
+    """
+    if switches < 1 or gpus % switches or nics % switches:
+        raise FabricError(f"pcie_switches={switches} must divide both gpus_per_node={gpus} "
+                          f"and the NIC count {nics}")
+    g, r = gpus // switches, nics // switches
+    return [list(range(j // r * g, (j // r + 1) * g)) for j in range(nics)]
+
+
+def add_grace_hosts(
+    b: FabricBuilder,
+    node: int,
+    groups: Sequence[tuple[Sequence[int], Sequence[str]]],
+    *,
+    c2c_Bps: float = NVLINK_C2C_Bps,
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    latency_s: float = DEFAULT_LATENCY_S,
+) -> None:
+    """Grace CPUs of ``node``: ``groups[s] = (gpus, nics)`` under CPU ``n{node}.cpu{s}``.
+
+    Each GPU joins its CPU by NVLink-C2C (``c2c_Bps`` per direction), the
+    link that is PCIe on an x86 node, so it is a :attr:`LinkKind.PCIE` link:
+    the GPU's host link, never counted as GPU-to-GPU NVLink. Each NIC hangs
+    off a root port of the CPU by ``pcie_Bps``; there is no PCIe switch, so
+    GPUDirect RDMA crosses C2C and the CPU (NCCL's ``P2C`` path). The CPUs are
+    not joined to each other.
+
+    Examples
+    --------
+    >>> from pathweave.fabric.builders import FabricBuilder, add_gpus, add_grace_hosts
+    >>> from pathweave.fabric import VertexKind
+    >>> b = FabricBuilder("superchip")
+    >>> add_gpus(b, 0, 2)
+    >>> nic = b.vertex("n0.nic0", VertexKind.NIC, 0)
+    >>> add_grace_hosts(b, 0, [([0, 1], ["n0.nic0"])])
+    >>> b.build().num_links   # 2 GPUs and 1 NIC, each both ways
+    6
+    """
+    for s, (gpus, nics) in enumerate(groups):
+        cpu = cpu_name(node, s)
+        b.vertex(cpu, VertexKind.HOST, node)
+        for g in gpus:
+            b.duplex(gpu_name(node, g), cpu, c2c_Bps, LinkKind.PCIE, latency_s)
+        for nic in nics:
+            b.duplex(nic, cpu, pcie_Bps, LinkKind.PCIE, latency_s)
+
+
 def add_rails(
     b: FabricBuilder,
     nics_by_node: Sequence[Sequence[str]],
@@ -407,6 +479,7 @@ def cluster(
     spine_Bps: float | None = None,
     pcie_tree: bool = False,
     sockets: int = 2,
+    pcie_switches: int | None = None,
     uplink_Bps: float = PCIE_GEN5_X16_Bps,
     intersocket_Bps: float = UPI2_SPR_Bps,
     nvlink_latency_s: float = DEFAULT_LATENCY_S,
@@ -442,6 +515,11 @@ def cluster(
         root complexes in order, each uplink ``uplink_Bps``, the sockets
         joined by ``intersocket_Bps`` per direction. On a ``"pcie"`` node
         GPU-GPU traffic then crosses the tree instead of one host vertex.
+    pcie_switches
+        PCIe switches per node, each with an equal block of the GPUs and
+        NICs, every NIC serving all GPUs of its switch
+        (:func:`switch_attachment`); default: one per NIC and its GPUs
+        (:func:`nic_attachment`).
 
     Examples
     --------
@@ -479,7 +557,8 @@ def cluster(
             raise FabricError(f"{label} must be positive, got {v!r}")
     if nvlink_Bps is None:
         nvlink_Bps = NVSWITCH_H100_GPU_Bps if node_kind == "nvswitch" else 120e9
-    attach = nic_attachment(gpus_per_node, rails)
+    attach = (nic_attachment(gpus_per_node, rails) if pcie_switches is None
+              else switch_attachment(gpus_per_node, rails, int(pcie_switches)))
     groups = switch_groups(attach, gpus_per_node) if pcie_tree else []
     if pcie_tree and sockets > len(groups):
         raise FabricError(f"sockets={sockets} exceeds the {len(groups)} PCIe switches of a node")
@@ -520,6 +599,86 @@ def cluster(
     if pcie_tree:
         info.update(pcie_tree=True, sockets=sockets, uplink_Bps=float(uplink_Bps),
                     intersocket_Bps=float(intersocket_Bps))
+    if pcie_switches is not None:
+        info["pcie_switches"] = int(pcie_switches)
+    info.update(meta or {})
+    return b.build(meta=info)
+
+
+def grace_rack(
+    nodes: int = 1,
+    gpus_per_node: int = 72,
+    *,
+    gpus_per_cpu: int = 2,
+    nics_per_cpu: int = 2,
+    nvlink_Bps: float = NVSWITCH_B200_GPU_Bps,
+    c2c_Bps: float = NVLINK_C2C_Bps,
+    nic_Bps: float = NDR400_Bps,
+    pcie_Bps: float = PCIE_GEN5_X16_Bps,
+    spines: int = 0,
+    spine_Bps: float | None = None,
+    latency_s: float = DEFAULT_LATENCY_S,
+    name: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Fabric:
+    """Grace-Blackwell racks (GB200 NVL72): one NVLink domain per rack, racks on rails.
+
+    Node ``n`` is rack ``n``: its ``gpus_per_node`` GPUs share one NVSwitch
+    vertex (the rack's NVLink switch trays merged, as :func:`add_nvswitch`
+    merges a baseboard's planes) with ``nvlink_Bps`` up and down per GPU.
+    Every ``gpus_per_cpu`` consecutive GPUs and ``nics_per_cpu`` consecutive
+    NICs sit under one Grace CPU (:func:`add_grace_hosts`): C2C to the GPUs,
+    PCIe to the NICs. NIC ``j`` of every rack is on rail ``j``; ``spines``
+    join the rails as in :func:`cluster` (default ``spine_Bps``:
+    ``nic_Bps * nodes / spines``, non-blocking).
+
+    Examples
+    --------
+    >>> from pathweave.fabric.builders import grace_rack
+    >>> fab = grace_rack()
+    >>> fab.num_ranks, len(fab.rails), fab.nvlink_kind
+    (72, 72, 'nvswitch')
+    >>> fab.vertex_name(fab.link_dst[fab.link_id("n0.gpu3", "n0.cpu1")])
+    'n0.cpu1'
+    """
+    for label, v, least in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 1),
+                            ("gpus_per_cpu", gpus_per_cpu, 1), ("nics_per_cpu", nics_per_cpu, 1),
+                            ("spines", spines, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+            raise FabricError(f"{label} must be an integer >= {least}, got {v!r}")
+    if gpus_per_node % gpus_per_cpu:
+        raise FabricError(f"gpus_per_cpu={gpus_per_cpu} must divide gpus_per_node={gpus_per_node}")
+    for label, c in (("nvlink_Bps", nvlink_Bps), ("c2c_Bps", c2c_Bps), ("nic_Bps", nic_Bps),
+                     ("pcie_Bps", pcie_Bps)):
+        if not (np.isfinite(c) and c > 0):
+            raise FabricError(f"{label} must be positive and finite, got {c!r}")
+    cpus = gpus_per_node // gpus_per_cpu
+    b = FabricBuilder(name or f"grace-rack-{nodes}x{gpus_per_node}")
+    nics_by_node = []
+    for n in range(nodes):
+        add_gpus(b, n, gpus_per_node)
+        if gpus_per_node > 1:
+            add_nvswitch(b, n, gpus_per_node, nvlink_Bps, latency_s)
+        gpus_of = [list(range(s * gpus_per_cpu, (s + 1) * gpus_per_cpu)) for s in range(cpus)]
+        nics = add_nics(b, n, [gpus_of[j // nics_per_cpu] for j in range(cpus * nics_per_cpu)],
+                        pcie_Bps, latency_s, gpu_links=False)
+        add_grace_hosts(b, n, [(gpus_of[s], nics[s * nics_per_cpu:(s + 1) * nics_per_cpu])
+                               for s in range(cpus)],
+                        c2c_Bps=c2c_Bps, pcie_Bps=pcie_Bps, latency_s=latency_s)
+        nics_by_node.append(nics)
+    rail_names = add_rails(b, nics_by_node, nic_Bps, latency_s)
+    sb = None
+    if spines:
+        sb = spine_Bps if spine_Bps is not None else nic_Bps * nodes / spines
+        add_spines(b, rail_names, spines, sb, latency_s)
+    info: dict[str, Any] = {
+        "builder": "grace_rack", "nodes": int(nodes), "gpus_per_node": int(gpus_per_node),
+        "gpus_per_cpu": int(gpus_per_cpu), "nics_per_cpu": int(nics_per_cpu),
+        "nvlink_Bps": float(nvlink_Bps), "c2c_Bps": float(c2c_Bps), "nic_Bps": float(nic_Bps),
+        "pcie_Bps": float(pcie_Bps), "rails": len(rail_names), "spines": int(spines),
+    }
+    if sb is not None:
+        info["spine_Bps"] = float(sb)
     info.update(meta or {})
     return b.build(meta=info)
 

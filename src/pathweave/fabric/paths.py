@@ -35,7 +35,8 @@ Rules (NIMBLE Sec. IV-B, h-score blog):
 
 A rank's own NICs are its nearest ones below the root complex: joined to
 its GPU directly or through PCIe switches only (``nvidia-smi topo -m``: PIX
-or PXB), the fewest hops among them.
+or PXB), or below a CPU the GPU joins itself (Grace over NVLink-C2C), the
+fewest hops among them.
 
 The compiled :class:`PathSet` stores every candidate path as a row of link
 ids (padded with -1), grouped by pair ``p = src * num_ranks + dst``:
@@ -348,16 +349,23 @@ def _nic_table(fab: Fabric) -> tuple[dict[int, int], list[list[OwnNic]]]:
     """Rail index per NIC and, per rank, its own NICs.
 
     A rank's own NICs are the NICs nearest its GPU below the root complex:
-    reached through PCIe switches only (``nvidia-smi``'s PIX/PXB), the
-    fewest hops among them; a NIC joined to the GPU by a link of its own is
-    one hop away. Returns ``(nic_rail, rank_nics)``, ``rank_nics[r]`` sorted
+    reached through PCIe switches only (``nvidia-smi``'s PIX/PXB), or below a
+    host the GPU joins by a link of its own (a Grace CPU over NVLink-C2C,
+    NCCL's P2C), the fewest hops among them; a NIC joined to the GPU by a
+    link of its own is one hop away. Returns ``(nic_rail, rank_nics)``, ``rank_nics[r]`` sorted
     by rail.
     """
     rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
     nic_rail = _nic_rails(fab)
     rank_nics: list[list[OwnNic]] = [[] for _ in range(fab.num_ranks)]
     for r in range(fab.num_ranks):
-        routes = _routes_from(fab, int(fab.rank_vertex[r]), (_PCIE_SW,), pcie_only=True)
+        gpu = int(fab.rank_vertex[r])
+        routes = _routes_from(fab, gpu, (_PCIE_SW,), pcie_only=True)
+        for e in fab.out_links[gpu].tolist():  # a host joined to the GPU itself (Grace C2C)
+            h = int(fab.link_dst[e])
+            if int(fab.vertex_kind[h]) == _HOST and int(fab.link_kind[e]) == LinkKind.PCIE:
+                for v, p in _routes_from(fab, h, (_PCIE_SW,), pcie_only=True).items():
+                    routes.setdefault(v, [e, *p])
         near = {v: p for v, p in routes.items() if v in nic_rail}
         if not near:
             continue

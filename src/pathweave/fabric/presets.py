@@ -24,6 +24,22 @@ dgx-h100   DGX/HGX H100 nodes: 8 GPUs on NVSwitch with 18 NVLink 4 links
            0 and 4-7 under socket 1 (two Xeon Platinum 8480C, 4 UPI links).
 dgx-h200   DGX H200: the DGX H100 system with H200 GPUs (same NVLink 4
            NVSwitch fabric, ConnectX-7 NICs and PCIe tree).
+dgx-a100   DGX A100 nodes: 8 A100 SXM4 on six NVSwitches, 12 NVLink 3 links
+           x 25 GB/s = 300 GB/s per GPU per direction, 8 ConnectX-6 HDR
+           NICs at 200 Gb/s (25 GB/s), rail-only. PCIe tree: four Gen4
+           switches of two GPUs and two NICs each (``nvidia-smi topo -m``:
+           PXB to both), switches 0-1 under socket 0 and 2-3 under socket 1
+           (two EPYC 7742 joined by 4 xGMI-2 links). ``nodes`` defaults to 2.
+gb200-nvl72
+           GB200 NVL72 racks (:func:`~pathweave.fabric.builders.grace_rack`):
+           one node per rack, 72 Blackwell GPUs in one NVLink 5 domain
+           (18 links x 50 GB/s = 900 GB/s per GPU per direction through
+           the NVLink switch trays), 36 Grace CPUs each joined to its two
+           GPUs by NVLink-C2C (450 GB/s per direction) and to two of the
+           rack's 72 ConnectX-7 NICs (400 Gb/s, 4 per compute tray, one per
+           GPU) by PCIe Gen5 x16. Racks are joined by the rails (NIC ``j``
+           of every rack on rail ``j``) and ``spines`` if given. ``nodes``
+           defaults to 1.
 cluster    :func:`pathweave.fabric.builders.cluster` with its parameters, e.g.
            ``cluster:nodes=128,gpus_per_node=8,node_kind=nvswitch,spines=4``.
 ========== ====================================================================
@@ -50,11 +66,16 @@ from pathweave.errors import FabricError
 from pathweave.fabric._core import Fabric
 from pathweave.fabric._limits import check_fabric, check_physical, check_size
 from pathweave.fabric.builders import (
+    HDR200_Bps,
     NDR400_Bps,
+    NVSWITCH_A100_GPU_Bps,
     NVSWITCH_H100_GPU_Bps,
+    PCIE_GEN4_X16_Bps,
     PCIE_GEN5_X16_Bps,
     UPI2_SPR_Bps,
+    XGMI2_ROME_Bps,
     cluster,
+    grace_rack,
 )
 
 NIMBLE_NVLINK_PAIR_Bps = 120e9
@@ -132,6 +153,67 @@ def _dgx_h200(**kw: Any) -> Fabric:
     return _dgx("dgx-h200", "H200", **kw)
 
 
+def _fit_switches(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """The most PCIe switches, up to the preset's, that divide the GPUs and the NICs.
+
+    A node of fewer GPUs (``dgx-a100:gpus_per_node=2``) keeps the preset's
+    shape as far as it can; sockets then follow the switches.
+    """
+    if "pcie_switches" not in kw:
+        gpus = int(params["gpus_per_node"])
+        nics = int(params.get("rails", gpus))
+        params["pcie_switches"] = max(k for k in range(1, int(params["pcie_switches"]) + 1)
+                                      if gpus % k == 0 and nics % k == 0)
+    if "sockets" not in kw:
+        params["sockets"] = max(1, min(params["sockets"], int(params["pcie_switches"])))
+    return params
+
+
+def _dgx_a100(**kw: Any) -> Fabric:
+    params: dict[str, Any] = {
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "node_kind": "nvswitch",
+        "nvlink_Bps": NVSWITCH_A100_GPU_Bps,
+        "nic_Bps": HDR200_Bps,
+        "pcie_Bps": PCIE_GEN4_X16_Bps,
+        "uplink_Bps": PCIE_GEN4_X16_Bps,
+        "pcie_tree": True,
+        "pcie_switches": 4,
+        "sockets": 2,
+        "intersocket_Bps": XGMI2_ROME_Bps,
+    }
+    params.update(kw)
+    _fit_switches(params, kw)
+    params.setdefault("name", f"dgx-a100-{params['nodes']}n")
+    return cluster(
+        **params,
+        meta={
+            "preset": "dgx-a100",
+            "gpu": "a100",
+            "source": "DGX A100 user guide: 8 x A100 SXM4 (12 x NVLink3, 25 GB/s) on 6 NVSwitches, "
+                      "8 x 200 Gb/s ConnectX-6, 4 Gen4 PCIe switches (2 GPUs + 2 NICs each), "
+                      "2 x EPYC 7742",
+        },
+    )
+
+
+def _gb200_nvl72(**kw: Any) -> Fabric:
+    params: dict[str, Any] = {"nodes": 1}
+    params.update(kw)
+    params.setdefault("name", f"gb200-nvl72-{params['nodes']}r")
+    return grace_rack(
+        **params,
+        meta={
+            "preset": "gb200-nvl72",
+            "gpu": "gb200",
+            "source": "DGX GB200 user guide: 18 compute trays of 2 Grace + 4 Blackwell and "
+                      "4 x 400 Gb/s ConnectX-7, 9 NVLink switch trays; 18 x NVLink5 (1.8 TB/s) "
+                      "per GPU; NVLink-C2C 900 GB/s",
+        },
+    )
+
+
 def _cluster(**kw: Any) -> Fabric:
     if "nodes" not in kw:
         raise FabricError("preset 'cluster' needs nodes=N")
@@ -142,19 +224,25 @@ PRESETS: dict[str, Callable[..., Fabric]] = {
     "h100-2x4": _h100_2x4,
     "dgx-h100": _dgx_h100,
     "dgx-h200": _dgx_h200,
+    "dgx-a100": _dgx_a100,
+    "gb200-nvl72": _gb200_nvl72,
     "cluster": _cluster,
 }
 
 
 #: Integer parameters of the presets and the least value each may take.
 _COUNT_KEYS = {"nodes": 1, "gpus_per_node": 1, "rails": 0, "spines": 0, "nics_per_gpu": 1,
-               "sockets": 1, "pcie_tree": 0}
+               "sockets": 1, "pcie_tree": 0, "pcie_switches": 1, "gpus_per_cpu": 1,
+               "nics_per_cpu": 1}
 _TEXT_KEYS = ("node_kind", "name", "gpu", "nvlink_kind")
 #: Shape defaults of each preset, for the size check made before building.
 _SHAPES = {
     "h100-2x4": {"nodes": 2, "gpus_per_node": 4, "node_kind": "nvlink-mesh", "pcie_tree": 1},
     "dgx-h100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
     "dgx-h200": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
+    "dgx-a100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
+    "gb200-nvl72": {"nodes": 1, "gpus_per_node": 72, "node_kind": "nvswitch", "pcie_tree": 1,
+                    "sockets": 1},
     "cluster": {"gpus_per_node": 8, "node_kind": "nvswitch"},
 }
 #: Options of topology files (NCCL XML, ``nvidia-smi topo -m``), as spec keys.
