@@ -23,11 +23,19 @@ and its imports of pathweave are checked against three rules:
 
 An attribute read on an object (``orch._groups``) is not an import and is not
 seen here; such reads were replaced by public attributes by hand.
+
+The same layers, the private modules and the absence of circles between units
+are also import-linter contracts (``[tool.importlinter]`` in pyproject.toml),
+which ``lint-imports`` checks on the import graph: those tests are at the end.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,3 +273,67 @@ def test_circle_fires(monkeypatch, tmp_path):
     monkeypatch.setitem(MODULES, "pathweave.plan.zz_a", a)
     monkeypatch.setitem(MODULES, "pathweave.plan.zz_b", b)
     assert ["pathweave.plan.zz_a", "pathweave.plan.zz_b"] in circles()
+
+
+# ---------------------------------------------------------------- import-linter
+PYPROJECT = SRC.parent / "pyproject.toml"
+
+
+def contracts() -> list[dict]:
+    """The ``[[tool.importlinter.contracts]]`` of pyproject.toml."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # import-linter brings tomli on Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+
+
+def lint_imports(src: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with the project's contracts over the package in ``src``."""
+    exe = Path(sys.executable).parent / "lint-imports"
+    if not exe.exists():
+        pytest.fail(
+            f"import-linter is not installed next to {sys.executable}: it is in the test "
+            "extras (pip install -e '.[test]', or bash scripts/setup.sh)"
+        )
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run(
+        [str(exe), str(PYPROJECT), "--no-cache", "--no-logo"],
+        cwd=src, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+
+
+def test_import_contracts_kept():
+    result = lint_imports(SRC)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_contracts_cover_every_unit_and_private_module():
+    """The contracts list what is on disk: every unit a layer, every private module protected."""
+    found = contracts()
+    (layers,) = [c for c in found if c["type"] == "layers"]
+    named = {u.strip() for line in layers["layers"] for u in line.split(":")}
+    assert named == set(LEVEL) - {"pathweave"}
+    order = [frozenset(u.strip() for u in line.split(":")) for line in reversed(layers["layers"])]
+    assert order == list(LAYERS[:-1])  # the same order as this file's LAYERS
+    protected = {m for c in found if c["type"] == "protected" for m in c["protected_modules"]}
+    private = {m for m in MODULES if _private(m) and unit(m) not in SHARED | {"_docgen"}}
+    assert protected == private
+
+
+def test_import_contracts_fire(tmp_path):
+    """An upward import (closing a circle: cli imports fabric) and a private module used
+    across units break their contracts."""
+    shutil.copytree(PACKAGE, tmp_path / "pathweave", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "pathweave" / "fabric" / "io.py", "a") as f:
+        f.write("\n\ndef _up():\n    import pathweave.cli.main  # noqa\n")
+    with open(tmp_path / "pathweave" / "bench" / "moe.py", "a") as f:
+        f.write("\n\nfrom pathweave.moe import _pack  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    broken = {c["name"] for c in contracts() if f"{c['name']} BROKEN" in result.stdout}
+    assert broken == {
+        "pathweave layers: imports point down",
+        "no import circle between the units of pathweave",
+        "private modules of pathweave.moe stay in it",
+    }, result.stdout

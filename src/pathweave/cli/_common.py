@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -200,6 +200,20 @@ def out_image(value: Path | None) -> Path | None:
 def out_folder(value: Path | None) -> Path | None:
     """typer callback of ``--out DIR`` options: a writable folder, or one that can be made."""
     return None if value is None else _checked(lambda: output_dir(value))
+
+
+def json_option(help: str = "Write the records as JSON (- for stdout).") -> Any:
+    """The ``--json FILE`` option of a command that writes records (``-``: stdout)."""
+    return typer.Option("--json", metavar="FILE", callback=out_file, help=help)
+
+
+# Options several commands share, declared once (typer reads them from the
+# annotations: ``json_out: JsonOut = None``).
+JsonOut = Annotated[Path | None, json_option()]
+FabricSpec = Annotated[str, typer.Option("--fabric", "-f", metavar="PRESET|FILE",
+                                         help="Preset spec or file.", show_default=False)]
+BytesPerRank = Annotated[str, typer.Option("--bytes", "-b", metavar="SIZE",
+                                           help="Payload per rank (64M, 1GiB, 100MB, ...).")]
 
 
 def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:

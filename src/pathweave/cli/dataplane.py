@@ -19,13 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pathweave.cli._common import (
+    JsonOut,
     console,
     fail,
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
     human_console,
-    out_file,
     parse_bytes,
     write_json,
     wrote,
@@ -166,10 +166,7 @@ def overhead_note() -> str:
 
 
 def bench_dataplane(
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON (- for stdout).")
-    ] = None,
+    json_out: JsonOut = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Sizes up to 4 MiB per pair only.")
     ] = False,

@@ -21,8 +21,8 @@ from pathweave.cli._common import (
     fmt_duration,
     handles_user_errors,
     human_console,
+    json_option,
     load_fabric,
-    out_file,
     out_folder,
     parse_bytes,
     parse_policies,
@@ -217,10 +217,8 @@ def run_cmd(
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed calls per policy.")] = 3,
     chunk_bytes: Annotated[str, typer.Option(
         "--chunk", metavar="SIZE", help="Data-plane chunk (512K, 1M, ...).")] = "512K",
-    json_out: Annotated[Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                                  help="Also write the results as JSON "
-                                                  "(- for stdout).")]
-    = None,
+    json_out: Annotated[
+        Path | None, json_option("Also write the results as JSON (- for stdout).")] = None,
     prefix: PrefixOpt = "pw",
     background: Annotated[str | None, typer.Option(
         "--background", metavar="LINK:FRACTION",

@@ -22,6 +22,9 @@ from pathweave import plan as pwplan
 from pathweave import traffic, viz
 from pathweave.cli._common import (
     EXIT_BAD_INPUT,
+    BytesPerRank,
+    FabricSpec,
+    JsonOut,
     OneLineErrors,
     Steps,
     console,
@@ -34,7 +37,6 @@ from pathweave.cli._common import (
     human_console,
     load_fabric,
     ordered_policies,
-    out_file,
     out_folder,
     out_image,
     parse_bytes,
@@ -160,10 +162,7 @@ def topo_validate(fabric: FabricArg) -> None:
 @app.command("plan")
 @handles_user_errors
 def plan_cmd(
-    fabric: Annotated[
-        str, typer.Option("--fabric", "-f", metavar="PRESET|FILE", help="Preset spec or file.",
-                          show_default=False)
-    ],
+    fabric: FabricSpec,
     workload: Annotated[
         str, typer.Option("--workload", "-w", metavar="SPEC",
                           help="Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
@@ -176,10 +175,7 @@ def plan_cmd(
         str, typer.Option("--policy", "-p", metavar="P[,P...]",
                           help="Policies to compare, comma-separated, or 'all'.")
     ] = "all",
-    bytes_per_rank: Annotated[
-        str, typer.Option("--bytes", "-b", metavar="SIZE",
-                          help="Payload per rank (64M, 1GiB, 100MB, ...).")
-    ] = "256M",
+    bytes_per_rank: BytesPerRank = "256M",
     time_limit: Annotated[
         float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
                             help="HiGHS time limit for the LP optimum.")
@@ -194,10 +190,7 @@ def plan_cmd(
                                  "ranks (layout=block|strided): plan every group alone and "
                                  "all jointly, side by side.", show_default=False)
     ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON (- for stdout).")
-    ] = None,
+    json_out: JsonOut = None,
     png: Annotated[
         Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
                                   help="Bar chart of congestion per policy (- for stdout).")
@@ -255,9 +248,7 @@ def bench_planner(
                                  "(default: 200/20/5/3 at 8/64/256/1024 GPUs).",
                                  show_default=False)
     ] = None,
-    bytes_per_rank: Annotated[
-        str, typer.Option("--bytes", "-b", metavar="SIZE", help="Payload per rank.")
-    ] = "256M",
+    bytes_per_rank: BytesPerRank = "256M",
     time_limit: Annotated[
         float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
                             help="HiGHS time limit per LP.")
@@ -268,10 +259,7 @@ def bench_planner(
                           "HiGHS needed ~16 GB and ran past its 120 s limit here; raise N "
                           "to try anyway.")
     ] = 256,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON (- for stdout).")
-    ] = None,
+    json_out: JsonOut = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
                                   help="Write bench_planner.png (ratio to optimal) here.")
@@ -353,10 +341,7 @@ def bench_sim(
                                  help="Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).",
                                  show_default=False)
     ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON (- for stdout).")
-    ] = None,
+    json_out: JsonOut = None,
 ) -> None:
     """Simulator wall time for a uniform all-to-all (mwu plan) on 64 to 1024 GPUs."""
     from pathweave.bench import sim as bench_sim_mod

@@ -28,7 +28,7 @@ from pathweave.cli._common import (
     fmt_duration,
     handles_user_errors,
     human_console,
-    out_file,
+    json_option,
     out_folder,
     rule,
     write_json,
@@ -211,9 +211,7 @@ def bench_paper(
         bool, typer.Option("--quick", help="Fewer points and repeats: a first look in seconds.")
     ] = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write rows, comparisons and failures as JSON "
-                                  "(- for stdout).")
+        Path | None, json_option("Write rows, comparisons and failures as JSON (- for stdout).")
     ] = None,
 ) -> None:
     """Reproduce the NIMBLE paper's figures (simulated): CSV, PNG and paper-vs-ours tables."""

@@ -13,13 +13,15 @@ from pathweave import plan as pwplan
 from pathweave import sim, traffic, viz
 from pathweave.bench.sim import warm_up
 from pathweave.cli._common import (
+    BytesPerRank,
+    FabricSpec,
+    JsonOut,
     Steps,
     fmt_time,
     handles_user_errors,
     human_console,
     load_fabric,
     ordered_policies,
-    out_file,
     out_image,
     parse_bytes,
     parse_policies,
@@ -58,10 +60,7 @@ def simulation_table(
 
 @handles_user_errors
 def simulate_cmd(
-    fabric: Annotated[
-        str, typer.Option("--fabric", "-f", metavar="PRESET|FILE", help="Preset spec or file.",
-                          show_default=False)
-    ],
+    fabric: FabricSpec,
     workload: Annotated[
         str, typer.Option("--workload", "-w", metavar="SPEC",
                           help="Workload spec: hotspot:0.8, moe:..., uniform, ...",
@@ -71,13 +70,8 @@ def simulate_cmd(
         str, typer.Option("--policy", "-p", metavar="P[,P...]",
                           help="Policies to simulate, comma-separated, or 'all'.")
     ] = DEFAULT_POLICIES,
-    bytes_per_rank: Annotated[
-        str, typer.Option("--bytes", "-b", metavar="SIZE", help="Payload per rank.")
-    ] = "256M",
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", callback=out_file,
-                                  help="Write the records as JSON (- for stdout).")
-    ] = None,
+    bytes_per_rank: BytesPerRank = "256M",
+    json_out: JsonOut = None,
     png: Annotated[
         Path | None, typer.Option("--png", metavar="FILE", callback=out_image,
                                   help="Link-utilisation heatmap (links x time per policy; "

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -278,10 +277,47 @@ def _smi_sockets(topo: _nvsmi.SmiTopology) -> list[int]:
     return [roots.index(root(i)) for i in range(g)]
 
 
-def _warn_skipped(skipped: Sequence[tuple[str, str]]) -> None:
-    for dev, reason in skipped:
+def _pick_kind(gpus: int, nvlink_kind: str | None, has_nvlink: bool, switched: bool) -> str:
+    """The node's NVLink kind: asked for, or inferred from what the file shows."""
+    if gpus == 1:
+        return "none"
+    if nvlink_kind == "pcie" or (nvlink_kind is None and not has_nvlink):
+        return "pcie"
+    if nvlink_kind == "nvswitch" or (nvlink_kind is None and switched):
+        return "nvswitch"
+    return "nvlink-mesh"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What a reader found besides the node model, for ``meta["discovery"]``."""
+
+    info: dict[str, Any]  # source, file
+    gen: GpuGeneration
+    per_link_Bps: float
+    skipped: list[tuple[str, str]]  # (NIC device, why it was left out)
+    notes: list[str]
+
+
+def _finish(model: _NodeModel, nodes: int, name: str, pcie_Bps: float | None,
+            reading: _Reading) -> Fabric:
+    """Note and warn of the NICs left out, then build the fabric."""
+    notes = reading.notes
+    for dev, reason in reading.skipped:
+        notes.append(f"left out NIC {dev}: {reason}")
+    for dev, reason in reading.skipped:
         # stacklevel 3: point at the caller of from_nvidia_smi / from_nccl_xml.
         warnings.warn(f"NIC {dev} left out of the fabric: {reason}", DiscoveryWarning, stacklevel=3)
+    info = {
+        **reading.info,
+        "gpu": reading.gen.name,
+        "nvlink_generation": reading.gen.nvlink,
+        "nvlink_Bps_per_link": reading.per_link_Bps,
+        "skipped_nics": [dev for dev, _ in reading.skipped],
+        "notes": notes,
+    }
+    pcie = float(pcie_Bps) if pcie_Bps else PCIE_GEN5_X16_Bps
+    return _assemble(model, nodes, name, pcie, info)
 
 
 def _require_network(model: _NodeModel, nodes: int, what: str) -> None:
@@ -400,7 +436,26 @@ def from_nvidia_smi(
     gen = _generation(gpu)
     raw, source = _read_text(text)
     topo = _nvsmi.parse(raw, source)
+    _smi_check_columns(topo, source)
     notes = list(topo.notes)
+    g = len(topo.gpu_labels)
+    per_link = float(nvlink_Bps_per_link) if nvlink_Bps_per_link else gen.link_Bps
+    counts = np.array(
+        [[_nvsmi.nv_count(c) for c in row] for row in topo.gpu_gpu], dtype=float
+    ).reshape(g, g)
+    model = _NodeModel(gpus=g, kind="none")
+    _smi_nvlink(model, counts, nvlink_kind, gen, per_link, notes)
+    skipped = _smi_network(model, topo, nodes, nics_per_gpu, notes)
+    rate = float(nic_Bps) if nic_Bps else NDR400_Bps
+    if model.nic_attach and not nic_Bps:
+        notes.append(f"nvidia-smi topo -m does not report NIC speed: assumed NDR400, {_gb(rate)}")
+    model.nic_Bps = [rate] * len(model.nic_attach)
+    info = {"source": "nvidia-smi topo -m", "file": source}
+    return _finish(model, nodes, name or f"nvidia-smi-{gen.name}-{nodes}x{g}", pcie_Bps,
+                   _Reading(info, gen, per_link, skipped, notes))
+
+
+def _smi_check_columns(topo: _nvsmi.SmiTopology, source: str | None) -> None:
     g = len(topo.gpu_labels)
     for i, label in enumerate(topo.gpu_labels):
         if label != f"GPU{i}":
@@ -409,54 +464,49 @@ def from_nvidia_smi(
                 path=source,
                 key="header",
             )
-    per_link = float(nvlink_Bps_per_link) if nvlink_Bps_per_link else gen.link_Bps
-    pcie = float(pcie_Bps) if pcie_Bps else PCIE_GEN5_X16_Bps
-    counts = np.array(
-        [[_nvsmi.nv_count(c) for c in row] for row in topo.gpu_gpu], dtype=float
-    ).reshape(g, g)
+
+
+def _smi_nvlink(model: _NodeModel, counts: np.ndarray, nvlink_kind: str | None,
+                gen: GpuGeneration, per_link: float, notes: list[str]) -> None:
+    """Set the node's NVLink kind and capacities from the ``NV<n>`` counts."""
     any_nv = bool(counts.any())
     row_sum = counts.sum(axis=1)
-
-    model = _NodeModel(gpus=g, kind="none")
-    if g == 1:
+    model.kind = _pick_kind(model.gpus, nvlink_kind, any_nv, bool((row_sum > gen.max_links).any()))
+    if model.kind == "none":
         notes.append("one GPU per node: no intra-node links")
-    elif nvlink_kind == "pcie" or (nvlink_kind is None and not any_nv):
-        model.kind = "pcie"
+    elif model.kind == "pcie":
         notes.append(
             "nvlink_kind='pcie' requested"
             if nvlink_kind
             else "no NV# cells: GPUs talk over PCIe through a host vertex"
         )
-    elif nvlink_kind == "nvswitch" or (nvlink_kind is None and (row_sum > gen.max_links).any()):
-        model.kind = "nvswitch"
-        if any_nv:
-            per_gpu = counts.max(axis=1)
-            if (per_gpu == 0).any():
-                lonely = [f"GPU{i}" for i in np.flatnonzero(per_gpu == 0).tolist()]
-                raise FabricError(
-                    f"{', '.join(lonely)} have no NVLink while other GPUs reach an NVSwitch; "
-                    "pass nvlink_kind='pcie' or 'nvlink-mesh' to model this node"
-                )
-            model.gpu_Bps = (per_gpu * per_link).tolist()
-            if nvlink_kind is None:
-                notes.append(
-                    f"NVLink counts per GPU row add up to {int(row_sum.max())} > the "
-                    f"{gen.max_links} links of one {gen.name}: links go through NVSwitch; "
-                    f"per-GPU capacity = max NV# in the row x {_gb(per_link)}"
-                )
-        else:
-            model.gpu_Bps = [gen.max_links * per_link] * g
-            notes.append(
-                f"no NV# cells; nvlink_kind='nvswitch' requested: assumed {gen.max_links} "
-                f"{gen.nvlink} links of {_gb(per_link)} per GPU"
-            )
-    else:
-        if not any_nv:
+    elif model.kind == "nvswitch" and any_nv:
+        per_gpu = counts.max(axis=1)
+        if (per_gpu == 0).any():
+            lonely = [f"GPU{i}" for i in np.flatnonzero(per_gpu == 0).tolist()]
             raise FabricError(
-                "nvlink_kind='nvlink-mesh' needs NV# cells to size the pairs; "
-                "this output has none (use 'nvswitch' or 'pcie')"
+                f"{', '.join(lonely)} have no NVLink while other GPUs reach an NVSwitch; "
+                "pass nvlink_kind='pcie' or 'nvlink-mesh' to model this node"
             )
-        model.kind = "nvlink-mesh"
+        model.gpu_Bps = (per_gpu * per_link).tolist()
+        if nvlink_kind is None:
+            notes.append(
+                f"NVLink counts per GPU row add up to {int(row_sum.max())} > the "
+                f"{gen.max_links} links of one {gen.name}: links go through NVSwitch; "
+                f"per-GPU capacity = max NV# in the row x {_gb(per_link)}"
+            )
+    elif model.kind == "nvswitch":
+        model.gpu_Bps = [gen.max_links * per_link] * model.gpus
+        notes.append(
+            f"no NV# cells; nvlink_kind='nvswitch' requested: assumed {gen.max_links} "
+            f"{gen.nvlink} links of {_gb(per_link)} per GPU"
+        )
+    elif not any_nv:
+        raise FabricError(
+            "nvlink_kind='nvlink-mesh' needs NV# cells to size the pairs; "
+            "this output has none (use 'nvswitch' or 'pcie')"
+        )
+    else:
         model.pair_Bps, model.host_too = _mesh_or_host(counts, per_link, notes)
         if nvlink_kind is None:
             notes.append(
@@ -465,46 +515,59 @@ def from_nvidia_smi(
                 f"pair capacity = NV# x {_gb(per_link)}"
             )
 
+
+def _smi_assumed_nics(model: _NodeModel, topo: _nvsmi.SmiTopology, nics_per_gpu: int,
+                      notes: list[str]) -> None:
+    """``nics_per_gpu`` NICs per GPU, for output without NIC columns."""
+    if isinstance(nics_per_gpu, bool) or int(nics_per_gpu) != nics_per_gpu or nics_per_gpu < 1:
+        raise FabricError(f"nics_per_gpu must be an integer >= 1, got {nics_per_gpu!r}")
+    if topo.nic_labels:
+        raise FabricError(
+            f"nics_per_gpu applies to output without NIC columns; this one lists "
+            f"{len(topo.nic_labels)} NICs ({', '.join(topo.nic_devices)})"
+        )
+    k = int(nics_per_gpu)
+    g = model.gpus
+    model.nic_attach = [[j // k] for j in range(g * k)]
+    model.nic_devices = [None] * (g * k)
+    notes.append(
+        f"no NIC columns: assumed {k} NIC(s) per GPU (nics_per_gpu={k}), "
+        "NIC j serving GPU j // nics_per_gpu"
+    )
+
+
+def _smi_listed_nics(model: _NodeModel, topo: _nvsmi.SmiTopology,
+                     notes: list[str]) -> list[tuple[str, str]]:
+    """Attach each NIC column to the GPUs it serves; return the NICs left out."""
+    skipped: list[tuple[str, str]] = []
+    order = {c: r for r, c in enumerate(_nvsmi.PCIE_CELLS)}
+    for k, dev in enumerate(topo.nic_devices):
+        cells = [row[k] for row in topo.gpu_nic]
+        pix = [i for i, c in enumerate(cells) if c == "PIX"]
+        served = pix or [i for i, c in enumerate(cells) if c == "PXB"]
+        if not served:
+            nearest = min(cells, key=lambda c: order.get(c, 99)) if cells else "none"
+            skipped.append((dev, f"no GPU behind the same PCIe switch (nearest GPU is {nearest}); "
+                                 "probably a storage or management NIC"))
+            continue
+        model.nic_attach.append(served)
+        model.nic_devices.append(dev)
+        notes.append(
+            f"{topo.nic_labels[k]} ({dev}) serves "
+            + ", ".join(f"GPU{i}" for i in served)
+            + (" (PIX)" if pix else " (PXB)")
+        )
+    return skipped
+
+
+def _smi_network(model: _NodeModel, topo: _nvsmi.SmiTopology, nodes: int,
+                 nics_per_gpu: int | None, notes: list[str]) -> list[tuple[str, str]]:
+    """The node's NICs and PCIe tree; return the NICs left out."""
     skipped: list[tuple[str, str]] = []
     if nics_per_gpu is not None:
-        if isinstance(nics_per_gpu, bool) or int(nics_per_gpu) != nics_per_gpu or nics_per_gpu < 1:
-            raise FabricError(f"nics_per_gpu must be an integer >= 1, got {nics_per_gpu!r}")
-        if topo.nic_labels:
-            raise FabricError(
-                f"nics_per_gpu applies to output without NIC columns; this one lists "
-                f"{len(topo.nic_labels)} NICs ({', '.join(topo.nic_devices)})"
-            )
-        k = int(nics_per_gpu)
-        model.nic_attach = [[j // k] for j in range(g * k)]
-        model.nic_devices = [None] * (g * k)
-        notes.append(
-            f"no NIC columns: assumed {k} NIC(s) per GPU (nics_per_gpu={k}), "
-            "NIC j serving GPU j // nics_per_gpu"
-        )
+        _smi_assumed_nics(model, topo, nics_per_gpu, notes)
     else:
-        for k, dev in enumerate(topo.nic_devices):
-            cells = [row[k] for row in topo.gpu_nic]
-            pix = [i for i, c in enumerate(cells) if c == "PIX"]
-            pxb = [i for i, c in enumerate(cells) if c == "PXB"]
-            served = pix or pxb
-            if not served:
-                order = {c: r for r, c in enumerate(_nvsmi.PCIE_CELLS)}
-                nearest = min(cells, key=lambda c: order.get(c, 99)) if cells else "none"
-                skipped.append(
-                    (
-                        dev,
-                        f"no GPU behind the same PCIe switch (nearest GPU is {nearest}); "
-                        "probably a storage or management NIC",
-                    )
-                )
-                continue
-            model.nic_attach.append(served)
-            model.nic_devices.append(dev)
-            notes.append(
-                f"{topo.nic_labels[k]} ({dev}) serves "
-                + ", ".join(f"GPU{i}" for i in served)
-                + (" (PIX)" if pix else " (PXB)")
-            )
+        skipped = _smi_listed_nics(model, topo, notes)
     if not topo.nic_labels and nics_per_gpu is None:
         _require_network(
             model,
@@ -521,24 +584,7 @@ def from_nvidia_smi(
             f"{len(set(model.gpu_socket))} socket(s) by the NODE/SYS cells; uplinks at the "
             f"GPU-NIC PCIe rate, sockets joined by 4 UPI 2.0 links (128 GB/s) assumed"
         )
-    rate = float(nic_Bps) if nic_Bps else NDR400_Bps
-    if model.nic_attach and not nic_Bps:
-        notes.append(f"nvidia-smi topo -m does not report NIC speed: assumed NDR400, {_gb(rate)}")
-    model.nic_Bps = [rate] * len(model.nic_attach)
-    for dev, reason in skipped:
-        notes.append(f"left out NIC {dev}: {reason}")
-    _warn_skipped(skipped)
-
-    info = {
-        "source": "nvidia-smi topo -m",
-        "file": source,
-        "gpu": gen.name,
-        "nvlink_generation": gen.nvlink,
-        "nvlink_Bps_per_link": per_link,
-        "skipped_nics": [dev for dev, _ in skipped],
-        "notes": notes,
-    }
-    return _assemble(model, nodes, name or f"nvidia-smi-{gen.name}-{nodes}x{g}", pcie, info)
+    return skipped
 
 
 # --------------------------------------------------------------- NCCL XML
@@ -634,29 +680,42 @@ def from_nccl_xml(
     topo = _nccl_xml.parse(data, source)
     notes = list(topo.notes)
     g = len(topo.gpus)
-
-    if gpu is not None:
-        gen = _generation(gpu)
-    else:
-        sms = [x.sm for x in topo.gpus if x.sm is not None]
-        guess = _SM_MAJOR.get(sms[0] // 10) if sms else None
-        if guess is None:
-            gen = _H100
-            notes.append(
-                (
-                    "GPU generation not in the file (no sm attribute)"
-                    if not sms
-                    else f"unknown GPU sm={sms[0]}"
-                )
-                + "; assumed h100 (NVLink4, 25 GB/s per link, 18 links)"
-            )
-        else:
-            gen = GPU_GENERATIONS[guess]
-            if len(set(sms)) > 1:
-                notes.append(f"GPUs report different sm values {sorted(set(sms))}; used {sms[0]}")
+    gen = _generation(gpu) if gpu is not None else _xml_generation(topo, notes)
     per_link = float(nvlink_Bps_per_link) if nvlink_Bps_per_link else gen.link_Bps
-    pcie = float(pcie_Bps) if pcie_Bps else PCIE_GEN5_X16_Bps
+    model = _NodeModel(gpus=g, kind="none")
+    _xml_nvlink(model, *_xml_link_counts(topo, notes), nvlink_kind, gen, per_link, notes)
+    skipped = _xml_nics(model, topo, nic_Bps, notes)
+    _require_network(
+        model,
+        nodes,
+        "the file has no NIC that shares a PCI switch with a GPU"
+        + (f" (left out: {', '.join(d for d, _ in skipped)})" if skipped else ""),
+    )
+    info = {"source": "nccl topology xml", "file": source}
+    return _finish(model, nodes, name or f"nccl-xml-{nodes}x{g}", pcie_Bps,
+                   _Reading(info, gen, per_link, skipped, notes))
 
+
+def _xml_generation(topo: _nccl_xml.XmlTopology, notes: list[str]) -> GpuGeneration:
+    """The GPU generation implied by the GPUs' ``sm`` (h100 where it says none)."""
+    sms = [x.sm for x in topo.gpus if x.sm is not None]
+    guess = _SM_MAJOR.get(sms[0] // 10) if sms else None
+    if guess is None:
+        notes.append(
+            ("GPU generation not in the file (no sm attribute)" if not sms
+             else f"unknown GPU sm={sms[0]}")
+            + "; assumed h100 (NVLink4, 25 GB/s per link, 18 links)"
+        )
+        return _H100
+    if len(set(sms)) > 1:
+        notes.append(f"GPUs report different sm values {sorted(set(sms))}; used {sms[0]}")
+    return GPU_GENERATIONS[guess]
+
+
+def _xml_link_counts(topo: _nccl_xml.XmlTopology,
+                     notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """NVLinks per GPU to NVSwitches (G,) and between GPU pairs (G, G)."""
+    g = len(topo.gpus)
     by_busid = {x.busid: i for i, x in enumerate(topo.gpus) if x.busid}
     switch_links = np.zeros(g)
     direct = np.zeros((g, g))
@@ -675,65 +734,76 @@ def from_nccl_xml(
                     f"(tclass {tclass if tclass is None else hex(tclass)}) "
                     "is neither a GPU nor an NVSwitch; ignored"
                 )
+    return switch_links, direct
+
+
+def _xml_nvlink(model: _NodeModel, switch_links: np.ndarray, direct: np.ndarray,
+                nvlink_kind: str | None, gen: GpuGeneration, per_link: float,
+                notes: list[str]) -> None:
+    """Set the node's NVLink kind and capacities from the link counts."""
     has_switch = bool(switch_links.any())
     has_direct = bool(direct.any())
-
-    model = _NodeModel(gpus=g, kind="none")
-    if g == 1:
+    model.kind = _pick_kind(model.gpus, nvlink_kind, has_switch or has_direct, has_switch)
+    if model.kind == "none":
         notes.append("one GPU per node: no intra-node links")
-    elif nvlink_kind == "pcie" or (nvlink_kind is None and not (has_switch or has_direct)):
-        model.kind = "pcie"
+    elif model.kind == "pcie":
         if nvlink_kind is None:
             notes.append(
                 "the file does not describe NVLink (no <nvlink> elements): modelled as "
                 "PCIe through a host vertex; pass nvlink_kind='nvswitch' or 'nvlink-mesh' "
                 "if the GPUs have NVLink"
             )
-    elif nvlink_kind == "nvswitch" or (nvlink_kind is None and has_switch):
-        model.kind = "nvswitch"
-        if has_switch:
-            if (switch_links == 0).any():
-                lonely = np.flatnonzero(switch_links == 0).tolist()
-                raise FabricError(
-                    f"GPUs {lonely} have no NVLink to an NVSwitch while the others do; "
-                    "pass nvlink_kind='pcie' to model this node"
-                )
-            model.gpu_Bps = (switch_links * per_link).tolist()
-            notes.append(
-                f"NVLinks go to NVSwitches (tclass 0x068000): per-GPU capacity = "
-                f"sum of counts ({', '.join(str(int(c)) for c in switch_links)}) "
-                f"x {_gb(per_link)}"
-            )
-            if has_direct:
-                notes.append("direct GPU-GPU NVLinks next to NVSwitch links ignored")
-        elif has_direct:
-            model.gpu_Bps = (direct.max(axis=1) * per_link).tolist()
-            notes.append("nvlink_kind='nvswitch' requested: per-GPU capacity = max pair count")
-        else:
-            model.gpu_Bps = [gen.max_links * per_link] * g
-            notes.append(
-                f"no NVLink counts in the file; nvlink_kind='nvswitch' requested: assumed "
-                f"{gen.max_links} {gen.nvlink} links x {_gb(per_link)} per GPU"
-            )
+    elif model.kind == "nvswitch":
+        _xml_nvswitch(model, switch_links, direct, gen, per_link, notes)
+    elif has_direct:
+        model.pair_Bps, model.host_too = _mesh_or_host(direct, per_link, notes)
+        notes.append(f"direct GPU-GPU NVLinks: pair capacity = count x {_gb(per_link)}")
+    elif has_switch:
+        caps = switch_links * per_link
+        model.pair_Bps = np.minimum.outer(caps, caps)
+        np.fill_diagonal(model.pair_Bps, 0.0)
+        notes.append(
+            "nvlink_kind='nvlink-mesh' requested on NVSwitch links: each pair gets the "
+            "smaller of the two GPUs' NVSwitch capacity"
+        )
     else:
-        model.kind = "nvlink-mesh"
-        if has_direct:
-            model.pair_Bps, model.host_too = _mesh_or_host(direct, per_link, notes)
-            notes.append(f"direct GPU-GPU NVLinks: pair capacity = count x {_gb(per_link)}")
-        elif has_switch:
-            caps = switch_links * per_link
-            model.pair_Bps = np.minimum.outer(caps, caps)
-            np.fill_diagonal(model.pair_Bps, 0.0)
-            notes.append(
-                "nvlink_kind='nvlink-mesh' requested on NVSwitch links: each pair gets the "
-                "smaller of the two GPUs' NVSwitch capacity"
-            )
-        else:
-            raise FabricError(
-                "nvlink_kind='nvlink-mesh' needs NVLink counts to size the pairs; this file "
-                "has none (use 'nvswitch' or 'pcie')"
-            )
+        raise FabricError(
+            "nvlink_kind='nvlink-mesh' needs NVLink counts to size the pairs; this file "
+            "has none (use 'nvswitch' or 'pcie')"
+        )
 
+
+def _xml_nvswitch(model: _NodeModel, switch_links: np.ndarray, direct: np.ndarray,
+                  gen: GpuGeneration, per_link: float, notes: list[str]) -> None:
+    if switch_links.any():
+        if (switch_links == 0).any():
+            lonely = np.flatnonzero(switch_links == 0).tolist()
+            raise FabricError(
+                f"GPUs {lonely} have no NVLink to an NVSwitch while the others do; "
+                "pass nvlink_kind='pcie' to model this node"
+            )
+        model.gpu_Bps = (switch_links * per_link).tolist()
+        notes.append(
+            f"NVLinks go to NVSwitches (tclass 0x068000): per-GPU capacity = "
+            f"sum of counts ({', '.join(str(int(c)) for c in switch_links)}) "
+            f"x {_gb(per_link)}"
+        )
+        if direct.any():
+            notes.append("direct GPU-GPU NVLinks next to NVSwitch links ignored")
+    elif direct.any():
+        model.gpu_Bps = (direct.max(axis=1) * per_link).tolist()
+        notes.append("nvlink_kind='nvswitch' requested: per-GPU capacity = max pair count")
+    else:
+        model.gpu_Bps = [gen.max_links * per_link] * model.gpus
+        notes.append(
+            f"no NVLink counts in the file; nvlink_kind='nvswitch' requested: assumed "
+            f"{gen.max_links} {gen.nvlink} links x {_gb(per_link)} per GPU"
+        )
+
+
+def _xml_nics(model: _NodeModel, topo: _nccl_xml.XmlTopology, nic_Bps: float | None,
+              notes: list[str]) -> list[tuple[str, str]]:
+    """The node's NICs, their rates and PCIe tree; return the NICs left out."""
     attached, left_out = _nccl_xml.pair_nics(topo)
     if attached and all(x.socket >= 0 for x in topo.gpus):
         model.gpu_socket = [x.socket for x in topo.gpus]
@@ -742,16 +812,15 @@ def from_nccl_xml(
             f"serves, {len(set(model.gpu_socket))} socket(s); uplinks at the GPU-NIC PCIe "
             f"rate, sockets joined by 4 UPI 2.0 links (128 GB/s) assumed"
         )
-    rates: list[float] = []
     for nic, gpus_served in attached:
         model.nic_attach.append(gpus_served)
         model.nic_devices.append(nic.device)
         if nic_Bps:
-            rates.append(float(nic_Bps))
+            model.nic_Bps.append(float(nic_Bps))
         elif nic.speed_mbps is not None:
-            rates.append(nic.speed_mbps * 1e6 / 8)
+            model.nic_Bps.append(nic.speed_mbps * 1e6 / 8)
         else:
-            rates.append(NDR400_Bps)
+            model.nic_Bps.append(NDR400_Bps)
             kind = {_nccl_xml.IB_CLASS: "InfiniBand", _nccl_xml.ETHERNET_CLASS: "Ethernet"}.get(
                 nic.pci_class or -1, "unknown class"
             )
@@ -759,28 +828,7 @@ def from_nccl_xml(
                 f"NIC {nic.device} ({kind}) has no speed attribute: assumed NDR400, "
                 f"{_gb(NDR400_Bps)}"
             )
-    model.nic_Bps = rates
-    skipped = [
+    return [
         (n.device, "shares no PCI switch with a GPU; probably a storage or management NIC")
         for n in left_out
     ]
-    for dev, reason in skipped:
-        notes.append(f"left out NIC {dev}: {reason}")
-    _require_network(
-        model,
-        nodes,
-        "the file has no NIC that shares a PCI switch with a GPU"
-        + (f" (left out: {', '.join(d for d, _ in skipped)})" if skipped else ""),
-    )
-    _warn_skipped(skipped)
-
-    info = {
-        "source": "nccl topology xml",
-        "file": source,
-        "gpu": gen.name,
-        "nvlink_generation": gen.nvlink,
-        "nvlink_Bps_per_link": per_link,
-        "skipped_nics": [dev for dev, _ in skipped],
-        "notes": notes,
-    }
-    return _assemble(model, nodes, name or f"nccl-xml-{nodes}x{g}", pcie, info)

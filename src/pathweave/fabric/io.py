@@ -35,6 +35,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -347,6 +348,38 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
     src_name = os.fspath(source) if source is not None else None
     r = _Reader(src_name)
     top = r.mapping(d, "", "the document")
+    name, meta = _read_header(r, top)
+    names, kinds, nodes, index = _read_vertices(r, top)
+    links = _read_links(r, top, names, index)
+    try:
+        fab = Fabric(
+            name=name,
+            vertex_names=names,
+            vertex_kind=kinds,
+            vertex_node=nodes,
+            link_src=np.array(links.src, dtype=np.int32),
+            link_dst=np.array(links.dst, dtype=np.int32),
+            link_kind=np.array(links.kind, dtype=np.int8),
+            capacity_Bps=np.array(links.capacity_Bps, dtype=np.float64),
+            latency_s=np.array(links.latency_s, dtype=np.float64),
+            meta=meta,
+        )
+    except FabricError as exc:
+        raise FabricFileError(str(exc), path=src_name) from exc
+    if fab.num_ranks > 1:
+        # Imported here: paths depends on nothing in io, but keeping the
+        # import local avoids a cycle if paths ever learns to load files.
+        from pathweave.fabric.paths import candidate_paths
+
+        try:
+            candidate_paths(fab)
+        except FabricError as exc:
+            raise FabricFileError(str(exc), path=src_name) from exc
+    return fab
+
+
+def _read_header(r: _Reader, top: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Check the top-level keys, format and version; return (name, meta)."""
     r.keys(top, "", _TOP_KEYS)
     fmt = r.required(top, "", "format")
     if fmt != FORMAT:
@@ -361,8 +394,29 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
     meta = top.get("meta")
     if meta is None:
         meta = {}
-    meta = dict(r.mapping(meta, "meta", "meta"))
+    return name, dict(r.mapping(meta, "meta", "meta"))
 
+
+def _read_node(r: _Reader, v: Mapping[str, Any], key: str, kind: VertexKind) -> int:
+    """A vertex's node: required (>= 0) inside a node, -1 or absent for shared ones."""
+    if kind in NODE_LOCAL_KINDS:
+        node = r.integer(r.required(v, key, "node"), f"{key}.node")
+        if node < 0:
+            raise r.fail(f"{key}.node", f"a {kind.label} vertex needs a node >= 0, got {node!r}")
+        return node
+    node = r.integer(v.get("node", -1), f"{key}.node")
+    if node != -1:
+        raise r.fail(
+            f"{key}.node",
+            f"a {kind.label} is shared by all nodes: leave node out or set -1, got {node!r}",
+        )
+    return node
+
+
+def _read_vertices(
+    r: _Reader, top: Mapping[str, Any]
+) -> tuple[list[str], list[int], list[int], dict[str, int]]:
+    """Vertex names, kinds, nodes and the index of each name."""
     raw_vertices = r.required(top, "", "vertices")
     if not isinstance(raw_vertices, list) or not raw_vertices:
         raise r.fail("vertices", f"expected a non-empty list of vertices, got {raw_vertices!r}")
@@ -376,20 +430,7 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
         r.keys(v, key, _VERTEX_KEYS)
         vname = r.string(r.required(v, key, "name"), f"{key}.name")
         kind = r.choice(r.required(v, key, "kind"), f"{key}.kind", _VERTEX_KINDS)
-        if kind in NODE_LOCAL_KINDS:
-            node = r.integer(r.required(v, key, "node"), f"{key}.node")
-            if node < 0:
-                raise r.fail(
-                    f"{key}.node", f"a {kind.label} vertex needs a node >= 0, got {node!r}"
-                )
-        else:
-            node = r.integer(v.get("node", -1), f"{key}.node")
-            if node != -1:
-                raise r.fail(
-                    f"{key}.node",
-                    f"a {kind.label} is shared by all nodes: leave node out or set -1, "
-                    f"got {node!r}",
-                )
+        node = _read_node(r, v, key, kind)
         if vname in index:
             raise r.fail(
                 f"{key}.name",
@@ -399,17 +440,49 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
         names.append(vname)
         kinds.append(int(kind))
         nodes.append(node)
+    return names, kinds, nodes, index
 
+
+@dataclass
+class _LinkColumns:
+    """The directed links read so far, one list per :class:`Fabric` column."""
+
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    capacity_Bps: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+
+
+def _read_capacity(r: _Reader, lk: Mapping[str, Any], key: str) -> float:
+    """``capacity_Bps``, or ``capacity_GBps`` x 1e9: exactly one, positive."""
+    if "capacity_Bps" in lk and "capacity_GBps" in lk:
+        raise r.fail(f"{key}.capacity_GBps", "give capacity_Bps or capacity_GBps, not both")
+    if "capacity_Bps" in lk:
+        cap_key = f"{key}.capacity_Bps"
+        cap = r.number(lk["capacity_Bps"], cap_key)
+        shown = lk["capacity_Bps"]
+    elif "capacity_GBps" in lk:
+        cap_key = f"{key}.capacity_GBps"
+        shown = lk["capacity_GBps"]
+        cap = r.number(shown, cap_key) * 1e9
+    else:
+        raise r.fail(f"{key}.capacity_Bps", "missing required key 'capacity_Bps'")
+    if cap <= 0:
+        raise r.fail(cap_key, f"capacity must be positive, got {shown!r}")
+    return cap
+
+
+def _read_links(
+    r: _Reader, top: Mapping[str, Any], names: list[str], index: dict[str, int]
+) -> _LinkColumns:
+    """Every link entry, a duplex one as two directed links."""
     raw_links = r.required(top, "", "links")
     if raw_links is None:
         raw_links = []
     if not isinstance(raw_links, list):
         raise r.fail("links", f"expected a list of links, got {raw_links!r}")
-    l_src: list[int] = []
-    l_dst: list[int] = []
-    l_kind: list[int] = []
-    l_cap: list[float] = []
-    l_lat: list[float] = []
+    out = _LinkColumns()
     seen: dict[tuple[int, int], str] = {}
     for i, raw in enumerate(raw_links):
         key = f"links[{i}]"
@@ -425,20 +498,7 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
         if u == v:
             raise r.fail(f"{key}.dst", f"link from {names[u]!r} to itself")
         kind = r.choice(r.required(lk, key, "kind"), f"{key}.kind", _LINK_KINDS)
-        if "capacity_Bps" in lk and "capacity_GBps" in lk:
-            raise r.fail(f"{key}.capacity_GBps", "give capacity_Bps or capacity_GBps, not both")
-        if "capacity_Bps" in lk:
-            cap_key = f"{key}.capacity_Bps"
-            cap = r.number(lk["capacity_Bps"], cap_key)
-            shown = lk["capacity_Bps"]
-        elif "capacity_GBps" in lk:
-            cap_key = f"{key}.capacity_GBps"
-            shown = lk["capacity_GBps"]
-            cap = r.number(shown, cap_key) * 1e9
-        else:
-            raise r.fail(f"{key}.capacity_Bps", "missing required key 'capacity_Bps'")
-        if cap <= 0:
-            raise r.fail(cap_key, f"capacity must be positive, got {shown!r}")
+        cap = _read_capacity(r, lk, key)
         lat = r.number(lk.get("latency_s", DEFAULT_LATENCY_S), f"{key}.latency_s")
         if lat < 0:
             raise r.fail(f"{key}.latency_s", f"latency must be >= 0, got {lk['latency_s']!r}")
@@ -454,37 +514,12 @@ def from_dict(d: Mapping[str, Any], *, source: str | os.PathLike[str] | None = N
                     f"already defined by {seen[(a, b)]}",
                 )
             seen[(a, b)] = where
-            l_src.append(a)
-            l_dst.append(b)
-            l_kind.append(int(kind))
-            l_cap.append(cap)
-            l_lat.append(lat)
-
-    try:
-        fab = Fabric(
-            name=name,
-            vertex_names=names,
-            vertex_kind=kinds,
-            vertex_node=nodes,
-            link_src=np.array(l_src, dtype=np.int32),
-            link_dst=np.array(l_dst, dtype=np.int32),
-            link_kind=np.array(l_kind, dtype=np.int8),
-            capacity_Bps=np.array(l_cap, dtype=np.float64),
-            latency_s=np.array(l_lat, dtype=np.float64),
-            meta=meta,
-        )
-    except FabricError as exc:
-        raise FabricFileError(str(exc), path=src_name) from exc
-    if fab.num_ranks > 1:
-        # Imported here: paths depends on nothing in io, but keeping the
-        # import local avoids a cycle if paths ever learns to load files.
-        from pathweave.fabric.paths import candidate_paths
-
-        try:
-            candidate_paths(fab)
-        except FabricError as exc:
-            raise FabricFileError(str(exc), path=src_name) from exc
-    return fab
+            out.src.append(a)
+            out.dst.append(b)
+            out.kind.append(int(kind))
+            out.capacity_Bps.append(cap)
+            out.latency_s.append(lat)
+    return out
 
 
 def _parse_text(text: str, path: str, suffix: str) -> Any:

@@ -479,6 +479,231 @@ def _join(parts: list[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.nd
     return lk, at
 
 
+@dataclass(frozen=True)
+class _Halves:
+    """What the rules of :func:`compile_paths` build on: routes and path halves.
+
+    ``intra_*`` from :func:`_intra_routes`, ``src_*``/``dst_*`` from
+    :func:`_rail_segments`, ``drops`` from :func:`_pcie_drops`; ``width``
+    is the widest rule's row.
+    """
+
+    intra_links: np.ndarray
+    intra_len: np.ndarray
+    direct_nv: np.ndarray
+    src_seg: np.ndarray
+    src_len: np.ndarray
+    dst_seg: np.ndarray
+    dst_len: np.ndarray
+    rank_rails: tuple[tuple[int, ...], ...]
+    drops: dict[tuple[int, int], list[int]]
+    width: int
+
+
+#: One rule's paths: (src, dst, kind, via, links[M, width], length[M]).
+_Block = tuple[np.ndarray, np.ndarray, PathKind, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _halves(fab: Fabric, kinds: tuple[str, ...]) -> _Halves:
+    intra_links, intra_len, direct_nv = _intra_routes(fab)
+    nic_rail, rank_nics = _nic_table(fab)
+    src_seg, src_len, dst_seg, dst_len = _rail_segments(fab, intra_links, intra_len, rank_nics)
+    rank_rails = tuple(tuple(sorted({n[0] for n in rank_nics[r]})) for r in range(fab.num_ranks))
+    drops = _pcie_drops(fab, nic_rail, rank_rails) if "pcie" in kinds else {}
+    # widest rule: a rail path (two halves), a spine path (own NIC halves and
+    # two spine hops) or a pcie path (own NIC half and a drop)
+    width = max(src_seg.shape[2] + dst_seg.shape[2],
+                src_seg.shape[2] + max((len(p) for p in drops.values()), default=0))
+    return _Halves(intra_links, intra_len, direct_nv, src_seg, src_len, dst_seg, dst_len,
+                   rank_rails, drops, width)
+
+
+def _intra_pairs(fab: Fabric) -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair of distinct ranks in one node, node by node."""
+    g = fab.gpus_per_node
+    s_loc, d_loc = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
+    off = s_loc != d_loc
+    nodes = np.arange(fab.num_nodes)
+    s_all = (nodes[:, None, None] * g + s_loc[None]).reshape(-1)
+    d_all = (nodes[:, None, None] * g + d_loc[None]).reshape(-1)
+    keep = np.tile(off.reshape(-1), fab.num_nodes)
+    return s_all[keep], d_all[keep]
+
+
+def _direct_blocks(h: _Halves, s_i: np.ndarray, d_i: np.ndarray, g: int) -> list[_Block]:
+    ln = h.intra_len[s_i, d_i % g]
+    ok = ln > 0
+    if not ok.any():
+        return []
+    lk = np.full((int(ok.sum()), h.width), -1, dtype=np.int32)
+    lk[:, : h.intra_links.shape[2]] = h.intra_links[s_i[ok], d_i[ok] % g]
+    return [(s_i[ok], d_i[ok], PathKind.DIRECT, np.full(ok.sum(), -1), lk, ln[ok])]
+
+
+def _relay_blocks(h: _Halves, s_i: np.ndarray, d_i: np.ndarray, g: int) -> list[_Block]:
+    """Relays through one GPU where both hops are single NVLinks."""
+    blocks = []
+    for i_loc in range(g):
+        sel = (s_i % g != i_loc) & (d_i % g != i_loc)
+        ss, dd = s_i[sel], d_i[sel]
+        ii = (ss // g) * g + i_loc
+        ok = h.direct_nv[ss, i_loc] & h.direct_nv[ii, dd % g]
+        if not ok.any():
+            continue
+        ss, dd, ii = ss[ok], dd[ok], ii[ok]
+        lk = np.full((ss.size, h.width), -1, dtype=np.int32)
+        lk[:, 0] = h.intra_links[ss, i_loc, 0]
+        lk[:, 1] = h.intra_links[ii, dd % g, 0]
+        blocks.append((ss, dd, PathKind.RELAY, ii, lk, np.full(ss.size, 2)))
+    return blocks
+
+
+def _rail_blocks(h: _Halves, S: np.ndarray, D: np.ndarray, nrails: int) -> list[_Block]:
+    blocks = []
+    for x in range(nrails):
+        ls, ld = h.src_len[S, x], h.dst_len[D, x]
+        ok = (ls >= 0) & (ld >= 0)
+        if not ok.any():
+            continue
+        ss, dd, ls, ld = S[ok], D[ok], ls[ok], ld[ok]
+        lk = np.full((ss.size, h.width), -1, dtype=np.int32)
+        lk[:, : h.src_seg.shape[2]] = h.src_seg[ss, x]
+        rows = np.arange(ss.size)
+        for c in range(h.dst_seg.shape[2]):
+            vals = h.dst_seg[dd, x, c]
+            m = vals >= 0
+            lk[rows[m], ls[m] + c] = vals[m]
+        blocks.append((ss, dd, PathKind.RAIL, np.full(ss.size, x), lk, ls + ld))
+    return blocks
+
+
+def _spine_blocks(fab: Fabric, h: _Halves, S: np.ndarray, D: np.ndarray) -> list[_Block]:
+    # A spine path starts and ends on the endpoints' own NICs: the rail path's
+    # source half and destination half where those halves need no forward.
+    rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
+    first_rail = np.array([rr[0] if rr else -1 for rr in h.rank_rails])
+    rs, rd = first_rail[S], first_rail[D]
+    ok = (rs >= 0) & (rd >= 0) & (rs != rd)
+    ss, dd, rs, rd = S[ok], D[ok], rs[ok], rd[ok]
+    blocks: list[_Block] = []
+    for k, sp in enumerate(fab.vertices_of_kind(VertexKind.SPINE).tolist()):
+        r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
+        r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
+        two = np.full(ss.size, 1)
+        lk, ln = _join([(h.src_seg[ss, rs], h.src_len[ss, rs]), (r_up[rs], two),
+                        (r_dn[rd], two), (h.dst_seg[dd, rd], h.dst_len[dd, rd])], h.width)
+        blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, ln))
+    return blocks
+
+
+def _pcie_blocks(h: _Halves, S: np.ndarray, D: np.ndarray, nr: int, nrails: int) -> list[_Block]:
+    wd = max(len(p) for p in h.drops.values())
+    drop = np.full((nr, nrails, wd), -1, dtype=np.int32)
+    drop_len = np.full((nr, nrails), -1, dtype=np.int64)
+    for (r, x), p in h.drops.items():
+        drop[r, x, : len(p)] = p
+        drop_len[r, x] = len(p)
+    own = np.zeros((nr, max(nrails, 1)), dtype=bool)
+    for r, rr in enumerate(h.rank_rails):
+        own[r, list(rr)] = True
+    blocks = []
+    for x in range(nrails):
+        # the source owns x (its half has no forward), the destination does
+        # not and its node's NIC on x reaches it over PCIe
+        ok = own[S, x] & (drop_len[D, x] >= 0)
+        if not ok.any():
+            continue
+        ss, dd = S[ok], D[ok]
+        lk, ln = _join([(h.src_seg[ss, x], h.src_len[ss, x]),
+                        (drop[dd, x], drop_len[dd, x])], h.width)
+        blocks.append((ss, dd, PathKind.PCIE, np.full(ss.size, x), lk, ln))
+    return blocks
+
+
+def _rule_blocks(fab: Fabric, kinds: tuple[str, ...], h: _Halves) -> list[_Block]:
+    """Every rule's paths, in rule order, each block in (src, dst) order."""
+    g = fab.gpus_per_node
+    nrails = len(fab.rails)
+    s_i, d_i = _intra_pairs(fab)
+    blocks = _direct_blocks(h, s_i, d_i, g)
+    if "relay" in kinds and g > 2:
+        blocks += _relay_blocks(h, s_i, d_i, g)
+    if fab.num_nodes > 1:
+        ranks = np.arange(fab.num_ranks)
+        S, D = np.meshgrid(ranks, ranks, indexing="ij")
+        inter = (S // g) != (D // g)
+        S, D = S[inter], D[inter]
+        if "rail" in kinds:
+            blocks += _rail_blocks(h, S, D, nrails)
+        if "spine" in kinds and fab.vertices_of_kind(VertexKind.SPINE).size and nrails:
+            blocks += _spine_blocks(fab, h, S, D)
+        if "pcie" in kinds and h.drops:
+            blocks += _pcie_blocks(h, S, D, fab.num_ranks, nrails)
+    if not blocks:
+        zero = np.zeros(0)
+        blocks.append((zero, zero, PathKind.DIRECT, zero, np.zeros((0, h.width), dtype=np.int32),
+                       zero))
+    return blocks
+
+
+def _path_set(fab: Fabric, blocks: list[_Block], kinds: tuple[str, ...], max_hops: int | None,
+              rank_rails: tuple[tuple[int, ...], ...]) -> PathSet:
+    """Join the rule blocks into one :class:`PathSet`, grouped by pair."""
+    nr = fab.num_ranks
+    src = np.concatenate([b[0] for b in blocks]).astype(np.int32)
+    dst = np.concatenate([b[1] for b in blocks]).astype(np.int32)
+    kind = np.concatenate([np.full(b[0].size, int(b[2]), dtype=np.int8) for b in blocks])
+    via = np.concatenate([b[3] for b in blocks]).astype(np.int32)
+    links = np.concatenate([b[4] for b in blocks])
+    length = np.concatenate([b[5] for b in blocks]).astype(np.int32)
+    if max_hops is not None:
+        keep = length <= max_hops
+        src, dst, kind, via, links, length = (a[keep] for a in (src, dst, kind, via, links, length))
+    width_used = max(int(length.max()) if length.size else 1, 1)
+    links = links[:, :width_used]
+    pair = src.astype(np.int64) * nr + dst
+    # Blocks are in rule order, each block in (src, dst) order; a stable sort
+    # by pair keeps rule order within a pair, hence identical ids everywhere.
+    order = np.argsort(pair, kind="stable")
+    src, dst, kind, via, links, length, pair = (
+        a[order] for a in (src, dst, kind, via, links, length, pair)
+    )
+    counts = np.bincount(pair, minlength=nr * nr)
+    pair_ptr = np.zeros(nr * nr + 1, dtype=np.int64)
+    np.cumsum(counts, out=pair_ptr[1:])
+    _check_reachable(fab, counts, max_hops)
+    for a in (pair_ptr, links, length, kind, via, src, dst):
+        a.setflags(write=False)
+    return PathSet(
+        fabric=fab,
+        num_ranks=nr,
+        pair_ptr=pair_ptr,
+        links=np.ascontiguousarray(links),
+        length=length,
+        kind=kind,
+        via=via,
+        src=src,
+        dst=dst,
+        kinds=kinds,
+        max_hops=max_hops,
+        rank_rails=rank_rails,
+    )
+
+
+def _check_reachable(fab: Fabric, counts: np.ndarray, max_hops: int | None) -> None:
+    nr = fab.num_ranks
+    missing = np.flatnonzero(counts == 0)
+    missing = missing[missing // nr != missing % nr]
+    if missing.size:
+        s, d = divmod(int(missing[0]), nr)
+        raise FabricError(
+            f"fabric {fab.name!r}: no path from rank {s} ({fab.vertex_name(fab.rank_vertex[s])}) "
+            f"to rank {d} ({fab.vertex_name(fab.rank_vertex[d])})"
+            + (f" within max_hops={max_hops}" if max_hops is not None else "")
+            + f"; {missing.size} ordered pairs have none"
+        )
+
+
 def check_rules(kinds: Any, max_hops: Any) -> tuple[str, ...]:
     """``kinds`` as a tuple in rule order, after checking both path-rule options.
 
@@ -552,170 +777,8 @@ def compile_paths(
      'n1.gpu1']
     """
     kinds = check_rules(kinds, max_hops)
-    g = fab.gpus_per_node
-    nr = fab.num_ranks
-    nrails = len(fab.rails)
-    intra_links, intra_len, direct_nv = _intra_routes(fab)
-    nic_rail, rank_nics = _nic_table(fab)
-    src_seg, src_len, dst_seg, dst_len = _rail_segments(fab, intra_links, intra_len, rank_nics)
-    rank_rails = tuple(tuple(sorted({n[0] for n in rank_nics[r]})) for r in range(nr))
-    drops = _pcie_drops(fab, nic_rail, rank_rails) if "pcie" in kinds else {}
-    spines = fab.vertices_of_kind(VertexKind.SPINE)
-    rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
-    wi = intra_links.shape[2]
-    # widest rule: a rail path (two halves), a spine path (own NIC halves and
-    # two spine hops) or a pcie path (own NIC half and a drop)
-    width = max(src_seg.shape[2] + dst_seg.shape[2],
-                src_seg.shape[2] + max((len(p) for p in drops.values()), default=0))
-
-    blocks = []  # (pair index array, kind, via, links[M, width], length[M])
-
-    # ---- intra-node: direct
-    s_loc, d_loc = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
-    off = s_loc != d_loc
-    nodes = np.arange(fab.num_nodes)
-    s_all = (nodes[:, None, None] * g + s_loc[None]).reshape(-1)
-    d_all = (nodes[:, None, None] * g + d_loc[None]).reshape(-1)
-    keep = np.tile(off.reshape(-1), fab.num_nodes)
-    s_i, d_i = s_all[keep], d_all[keep]
-    ln = intra_len[s_i, d_i % g]
-    ok = ln > 0
-    if ok.any():
-        lk = np.full((int(ok.sum()), width), -1, dtype=np.int32)
-        lk[:, :wi] = intra_links[s_i[ok], d_i[ok] % g]
-        blocks.append((s_i[ok], d_i[ok], PathKind.DIRECT, np.full(ok.sum(), -1), lk, ln[ok]))
-
-    # ---- intra-node: relay through one GPU where both hops are single NVLinks
-    if "relay" in kinds and g > 2:
-        for i_loc in range(g):
-            sel = (s_i % g != i_loc) & (d_i % g != i_loc)
-            ss, dd = s_i[sel], d_i[sel]
-            ii = (ss // g) * g + i_loc
-            ok = direct_nv[ss, i_loc] & direct_nv[ii, dd % g]
-            if not ok.any():
-                continue
-            ss, dd, ii = ss[ok], dd[ok], ii[ok]
-            lk = np.full((ss.size, width), -1, dtype=np.int32)
-            lk[:, 0] = intra_links[ss, i_loc, 0]
-            lk[:, 1] = intra_links[ii, dd % g, 0]
-            blocks.append((ss, dd, PathKind.RELAY, ii, lk, np.full(ss.size, 2)))
-
-    # ---- inter-node: rails, then spines
-    if fab.num_nodes > 1:
-        ranks = np.arange(nr)
-        S, D = np.meshgrid(ranks, ranks, indexing="ij")
-        inter = (S // g) != (D // g)
-        S, D = S[inter], D[inter]
-        if "rail" in kinds:
-            for x in range(nrails):
-                ls, ld = src_len[S, x], dst_len[D, x]
-                ok = (ls >= 0) & (ld >= 0)
-                if not ok.any():
-                    continue
-                ss, dd, ls, ld = S[ok], D[ok], ls[ok], ld[ok]
-                lk = np.full((ss.size, width), -1, dtype=np.int32)
-                ws = src_seg.shape[2]
-                lk[:, :ws] = src_seg[ss, x]
-                rows = np.arange(ss.size)
-                for c in range(dst_seg.shape[2]):
-                    vals = dst_seg[dd, x, c]
-                    m = vals >= 0
-                    lk[rows[m], ls[m] + c] = vals[m]
-                blocks.append((ss, dd, PathKind.RAIL, np.full(ss.size, x), lk, ls + ld))
-        if "spine" in kinds and spines.size and nrails:
-            # A spine path starts and ends on the endpoints' own NICs: the
-            # rail path's source half and destination half where those halves
-            # need no forward.
-            first_rail = np.array([rr[0] if rr else -1 for rr in rank_rails])
-            rs, rd = first_rail[S], first_rail[D]
-            ok = (rs >= 0) & (rd >= 0) & (rs != rd)
-            ss, dd, rs, rd = S[ok], D[ok], rs[ok], rd[ok]
-            for k, sp in enumerate(spines.tolist()):
-                r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
-                r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
-                two = np.full(ss.size, 1)
-                lk, ln = _join([(src_seg[ss, rs], src_len[ss, rs]), (r_up[rs], two),
-                                (r_dn[rd], two), (dst_seg[dd, rd], dst_len[dd, rd])], width)
-                blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, ln))
-        if "pcie" in kinds and drops:
-            wd = max(len(p) for p in drops.values())
-            drop = np.full((nr, nrails, wd), -1, dtype=np.int32)
-            drop_len = np.full((nr, nrails), -1, dtype=np.int64)
-            for (r, x), p in drops.items():
-                drop[r, x, : len(p)] = p
-                drop_len[r, x] = len(p)
-            own = np.zeros((nr, max(nrails, 1)), dtype=bool)
-            for r, rr in enumerate(rank_rails):
-                own[r, list(rr)] = True
-            for x in range(nrails):
-                # the source owns x (its half has no forward), the destination
-                # does not and its node's NIC on x reaches it over PCIe
-                ok = own[S, x] & (drop_len[D, x] >= 0)
-                if not ok.any():
-                    continue
-                ss, dd = S[ok], D[ok]
-                lk, ln = _join([(src_seg[ss, x], src_len[ss, x]),
-                                (drop[dd, x], drop_len[dd, x])], width)
-                blocks.append((ss, dd, PathKind.PCIE, np.full(ss.size, x), lk, ln))
-
-    if not blocks:
-        blocks.append(
-            (
-                np.zeros(0),
-                np.zeros(0),
-                PathKind.DIRECT,
-                np.zeros(0),
-                np.zeros((0, width), dtype=np.int32),
-                np.zeros(0),
-            )
-        )
-    src = np.concatenate([b[0] for b in blocks]).astype(np.int32)
-    dst = np.concatenate([b[1] for b in blocks]).astype(np.int32)
-    kind = np.concatenate([np.full(b[0].size, int(b[2]), dtype=np.int8) for b in blocks])
-    via = np.concatenate([b[3] for b in blocks]).astype(np.int32)
-    links = np.concatenate([b[4] for b in blocks])
-    length = np.concatenate([b[5] for b in blocks]).astype(np.int32)
-    if max_hops is not None:
-        keep = length <= max_hops
-        src, dst, kind, via, links, length = (a[keep] for a in (src, dst, kind, via, links, length))
-    width_used = max(int(length.max()) if length.size else 1, 1)
-    links = links[:, :width_used]
-    pair = src.astype(np.int64) * nr + dst
-    # Blocks are in rule order, each block in (src, dst) order; a stable sort
-    # by pair keeps rule order within a pair, hence identical ids everywhere.
-    order = np.argsort(pair, kind="stable")
-    src, dst, kind, via, links, length, pair = (
-        a[order] for a in (src, dst, kind, via, links, length, pair)
-    )
-    counts = np.bincount(pair, minlength=nr * nr)
-    pair_ptr = np.zeros(nr * nr + 1, dtype=np.int64)
-    np.cumsum(counts, out=pair_ptr[1:])
-    missing = np.flatnonzero(counts == 0)
-    missing = missing[missing // nr != missing % nr]
-    if missing.size:
-        s, d = divmod(int(missing[0]), nr)
-        raise FabricError(
-            f"fabric {fab.name!r}: no path from rank {s} ({fab.vertex_name(fab.rank_vertex[s])}) "
-            f"to rank {d} ({fab.vertex_name(fab.rank_vertex[d])})"
-            + (f" within max_hops={max_hops}" if max_hops is not None else "")
-            + f"; {missing.size} ordered pairs have none"
-        )
-    for a in (pair_ptr, links, length, kind, via, src, dst):
-        a.setflags(write=False)
-    return PathSet(
-        fabric=fab,
-        num_ranks=nr,
-        pair_ptr=pair_ptr,
-        links=np.ascontiguousarray(links),
-        length=length,
-        kind=kind,
-        via=via,
-        src=src,
-        dst=dst,
-        kinds=kinds,
-        max_hops=max_hops,
-        rank_rails=rank_rails,
-    )
+    h = _halves(fab, kinds)
+    return _path_set(fab, _rule_blocks(fab, kinds, h), kinds, max_hops, h.rank_rails)
 
 
 def candidate_paths(

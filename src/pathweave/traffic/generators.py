@@ -26,6 +26,7 @@ import functools
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -322,32 +323,40 @@ def _uniform_subsets(rng: np.random.Generator, rows: int, pool: int, k: int) -> 
     return np.argpartition(keys, k - 1, axis=1)[:, :k]
 
 
-def _route_chunk(
-    rng: np.random.Generator,
-    num_tokens: int,
-    num_experts: int,
-    top_k: int,
-    inverse_weights: np.ndarray | None,
-    hot_ratio: float | None,
-    hot_expert: int,
-) -> np.ndarray:
+@dataclass(frozen=True)
+class _Routing:
+    """How every token picks its experts (checked arguments of :func:`moe`).
+
+    ``inverse_weights`` is set for Zipf popularity, ``hot_ratio`` for a hot
+    expert; neither means a uniform choice.
+    """
+
+    num_experts: int
+    top_k: int
+    hot_expert: int
+    inverse_weights: np.ndarray | None = None
+    hot_ratio: float | None = None
+
+
+def _route_chunk(rng: np.random.Generator, num_tokens: int, routing: _Routing) -> np.ndarray:
     """Pick ``top_k`` distinct experts for each of ``num_tokens`` tokens.
 
     Returns an int array of shape ``(num_tokens, top_k)``.
     """
-    if hot_ratio is None:
-        if inverse_weights is None:
+    num_experts, top_k, hot_expert = routing.num_experts, routing.top_k, routing.hot_expert
+    if routing.hot_ratio is None:
+        if routing.inverse_weights is None:
             return _uniform_subsets(rng, num_tokens, num_experts, top_k)
         else:
             # The k smallest of Exp(1) / weight are a weighted sample without
             # replacement (Efraimidis-Spirakis); exponentials are cheaper than
             # the equivalent Gumbel-top-k.
-            keys = rng.standard_exponential((num_tokens, num_experts)) * inverse_weights
+            keys = rng.standard_exponential((num_tokens, num_experts)) * routing.inverse_weights
         return np.argpartition(keys, top_k - 1, axis=1)[:, :top_k]
 
     others = np.delete(np.arange(num_experts), hot_expert)
     picks = np.full((num_tokens, top_k), hot_expert, dtype=np.int64)
-    hit = rng.random(num_tokens) < hot_ratio
+    hit = rng.random(num_tokens) < routing.hot_ratio
     width = min(top_k, others.size)
     if width > 0:
         cand = others[_uniform_subsets(rng, num_tokens, others.size, width)]
@@ -356,6 +365,81 @@ def _route_chunk(
             # Tokens that did not draw the hot expert take one more non-hot one.
             picks[~hit, top_k - 1] = cand[~hit, top_k - 1]
     return picks
+
+
+def _moe_placement(placement: Any, num_experts: Any, n: int) -> np.ndarray:
+    """``placement`` checked (or the contiguous default): the rank of each expert."""
+    if placement is not None:
+        place = np.asarray(placement)
+        if place.ndim != 1 or place.size == 0:
+            raise WorkloadError(
+                f"placement must be a non-empty 1-D sequence of ranks, got {placement!r}"
+            )
+        if num_experts is None:
+            num_experts = int(place.size)
+    num_experts = n if num_experts is None else _int_arg("num_experts", num_experts, minimum=1)
+
+    if placement is None:
+        if num_experts % n != 0:
+            raise WorkloadError(
+                f"num_experts = {num_experts} is not a multiple of num_ranks = {n}; "
+                f"pass an explicit placement"
+            )
+        return np.arange(num_experts) // (num_experts // n)
+    if place.size != num_experts:
+        raise WorkloadError(f"placement has {place.size} entries but num_experts = {num_experts}")
+    if not (np.issubdtype(place.dtype, np.integer) or place.dtype == object):
+        raise WorkloadError(f"placement must hold integer ranks, got {placement!r}")
+    checked = []
+    for e, r in enumerate(place.tolist()):
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < n:
+            raise WorkloadError(f"placement[{e}] = {r!r} is not a rank in [0, {n})")
+        checked.append(int(r))
+    return np.asarray(checked, dtype=np.int64)
+
+
+def _moe_routing(num_experts: int, tokens: int, copy_bytes: float, top_k: Any, skew: Any,
+                 hot_ratio: Any, hot_expert: Any) -> _Routing:
+    """Check the routing arguments of :func:`moe` and the sizes they imply."""
+    top_k = _int_arg("top_k", top_k, minimum=1)
+    if top_k > num_experts:
+        raise WorkloadError(f"top_k = {top_k} exceeds num_experts = {num_experts}")
+    if tokens * top_k * copy_bytes > MAX_TOTAL_BYTES:
+        raise WorkloadError(
+            f"moe: tokens={tokens} x top_k={top_k} x {copy_bytes:g} bytes per copy exceeds the "
+            f"int64 byte range ({MAX_TOTAL_BYTES:.3g} bytes in all)"
+        )
+    # A Zipf draw ranks one key per (token, expert); the hot and uniform
+    # draws take one per (token, slot), rejections aside.
+    per_token, what = (num_experts, "num_experts") if skew is not None else (top_k, "top_k")
+    if tokens * per_token > MAX_MOE_ROUTING_KEYS:
+        raise WorkloadError(
+            f"moe: tokens={tokens} x {what}={per_token} routing draws exceed the limit "
+            f"{MAX_MOE_ROUTING_KEYS} (minutes of CPU); the demand scales with tokens, so use "
+            "fewer tokens and a larger hidden size for the same bytes"
+        )
+    hot_expert = _int_arg("hot_expert", hot_expert)
+    if not 0 <= hot_expert < num_experts:
+        raise WorkloadError(f"hot_expert = {hot_expert} is not an expert in [0, {num_experts})")
+    if skew is not None and hot_ratio is not None:
+        raise WorkloadError(
+            f"give skew or hot_ratio, not both (skew={skew!r}, hot_ratio={hot_ratio!r})"
+        )
+    routing = _Routing(num_experts, top_k, hot_expert)
+    if skew is not None:
+        skew = _real_arg("skew", skew, low=0.0)
+        return replace(routing, inverse_weights=_zipf_inverse_weights(num_experts, skew,
+                                                                      hot_expert))
+    if hot_ratio is not None:
+        hot_ratio = _real_arg("hot_ratio", hot_ratio, low=0.0, high=1.0)
+        if hot_ratio < 1.0 and top_k > num_experts - 1:
+            raise WorkloadError(
+                f"hot_ratio = {hot_ratio!r} < 1 needs top_k <= num_experts - 1 so tokens "
+                f"missing the hot expert can fill their slots; got top_k = {top_k}, "
+                f"num_experts = {num_experts}"
+            )
+        return replace(routing, hot_ratio=hot_ratio)
+    return routing
 
 
 def moe(
@@ -450,87 +534,19 @@ def moe(
             f"hidden * bytes_per_elem must be a whole number of bytes, got "
             f"{hidden} * {bytes_per_elem!r} = {copy_bytes!r}"
         )
-
-    if placement is not None:
-        place = np.asarray(placement)
-        if place.ndim != 1 or place.size == 0:
-            raise WorkloadError(
-                f"placement must be a non-empty 1-D sequence of ranks, got {placement!r}"
-            )
-        if num_experts is None:
-            num_experts = int(place.size)
-    num_experts = n if num_experts is None else _int_arg("num_experts", num_experts, minimum=1)
-
-    if placement is None:
-        if num_experts % n != 0:
-            raise WorkloadError(
-                f"num_experts = {num_experts} is not a multiple of num_ranks = {n}; "
-                f"pass an explicit placement"
-            )
-        place = np.arange(num_experts) // (num_experts // n)
-    else:
-        if place.size != num_experts:
-            raise WorkloadError(
-                f"placement has {place.size} entries but num_experts = {num_experts}"
-            )
-        if not (np.issubdtype(place.dtype, np.integer) or place.dtype == object):
-            raise WorkloadError(f"placement must hold integer ranks, got {placement!r}")
-        checked = []
-        for e, r in enumerate(place.tolist()):
-            if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < n:
-                raise WorkloadError(f"placement[{e}] = {r!r} is not a rank in [0, {n})")
-            checked.append(int(r))
-        place = np.asarray(checked, dtype=np.int64)
-
-    top_k = _int_arg("top_k", top_k, minimum=1)
-    if top_k > num_experts:
-        raise WorkloadError(f"top_k = {top_k} exceeds num_experts = {num_experts}")
-    if tokens * top_k * copy_bytes > MAX_TOTAL_BYTES:
-        raise WorkloadError(
-            f"moe: tokens={tokens} x top_k={top_k} x {copy_bytes:g} bytes per copy exceeds the "
-            f"int64 byte range ({MAX_TOTAL_BYTES:.3g} bytes in all)"
-        )
-    # A Zipf draw ranks one key per (token, expert); the hot and uniform
-    # draws take one per (token, slot), rejections aside.
-    per_token, what = (num_experts, "num_experts") if skew is not None else (top_k, "top_k")
-    if tokens * per_token > MAX_MOE_ROUTING_KEYS:
-        raise WorkloadError(
-            f"moe: tokens={tokens} x {what}={per_token} routing draws exceed the limit "
-            f"{MAX_MOE_ROUTING_KEYS} (minutes of CPU); the demand scales with tokens, so use "
-            "fewer tokens and a larger hidden size for the same bytes"
-        )
-    hot_expert = _int_arg("hot_expert", hot_expert)
-    if not 0 <= hot_expert < num_experts:
-        raise WorkloadError(f"hot_expert = {hot_expert} is not an expert in [0, {num_experts})")
-    if skew is not None and hot_ratio is not None:
-        raise WorkloadError(
-            f"give skew or hot_ratio, not both (skew={skew!r}, hot_ratio={hot_ratio!r})"
-        )
-    inverse_weights = None
-    if skew is not None:
-        skew = _real_arg("skew", skew, low=0.0)
-        inverse_weights = _zipf_inverse_weights(num_experts, skew, hot_expert)
-    if hot_ratio is not None:
-        hot_ratio = _real_arg("hot_ratio", hot_ratio, low=0.0, high=1.0)
-        if hot_ratio < 1.0 and top_k > num_experts - 1:
-            raise WorkloadError(
-                f"hot_ratio = {hot_ratio!r} < 1 needs top_k <= num_experts - 1 so tokens "
-                f"missing the hot expert can fill their slots; got top_k = {top_k}, "
-                f"num_experts = {num_experts}"
-            )
+    place = _moe_placement(placement, num_experts, n)
+    routing = _moe_routing(place.size, tokens, copy_bytes, top_k, skew, hot_ratio, hot_expert)
     rng = np.random.default_rng(_seed_arg(seed))
 
     per_rank = np.full(n, tokens // n, dtype=np.int64)
     per_rank[: tokens % n] += 1
     # Bound the (chunk, num_experts) key matrix to ~32 MiB whatever the size.
-    chunk = max(1, (1 << 22) // num_experts)
+    chunk = max(1, (1 << 22) // routing.num_experts)
     copies = np.zeros((n, n), dtype=np.int64)
     for src in range(n):
         for start in range(0, int(per_rank[src]), chunk):
             count = min(chunk, int(per_rank[src]) - start)
-            experts = _route_chunk(
-                rng, count, num_experts, top_k, inverse_weights, hot_ratio, hot_expert
-            )
+            experts = _route_chunk(rng, count, routing)
             copies[src] += np.bincount(place[experts].ravel(), minlength=n)
     np.fill_diagonal(copies, 0)
     return copies.astype(np.float64) * float(copy_bytes)

@@ -45,7 +45,7 @@ from pathweave.bench.paper._common import (
     FigureResult,
     Progress,
     no_progress,
-    write_csv,
+    write_result,
 )
 from pathweave.plan import Plan
 
@@ -270,12 +270,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
     """Measure, write ``fig6.csv`` and ``fig6.png``, and return the result."""
     rows = measure(QUICK_SIZES if quick else SIZES, progress=progress or no_progress)
-    comps, notes = summarize(rows)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = write_csv(out_dir / f"{NAME}.csv", rows)
-    png_path = plot(rows, out_dir / f"{NAME}.png")
-    return FigureResult(NAME, TITLE, rows, csv_path, png_path, comps, notes)
+    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
 
 
 __all__ = [

@@ -54,7 +54,7 @@ from pathweave.bench.paper._common import (
     Progress,
     no_progress,
     peer_lines,
-    write_csv,
+    write_result,
 )
 from pathweave.bench.planner import SIM_TIE_RTOL, time_checks
 from pathweave.plan.optimal import time_optimum
@@ -257,11 +257,9 @@ def plot(rows: list[dict], path: Path, *, bound_ratio: float | None = None) -> P
 def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
     """Measure, write ``fig7.csv`` and ``fig7.png``, and return the result."""
     rows = measure(QUICK_RATIOS if quick else RATIOS, progress=progress or no_progress)
-    comps, notes = summarize(rows)
-    out_dir = Path(out_dir)
-    csv_path = write_csv(out_dir / f"{NAME}.csv", rows)
-    png_path = plot(rows, out_dir / f"{NAME}.png", bound_ratio=comps[1].ours)
-    return FigureResult(NAME, TITLE, rows, csv_path, png_path, comps, notes)
+    summary = summarize(rows)
+    return write_result(NAME, TITLE, rows, summary, out_dir, plot,
+                        bound_ratio=summary[0][1].ours)
 
 
 __all__ = ["NAME", "POLICIES", "RATIOS", "TITLE", "measure", "plot", "run", "summarize"]

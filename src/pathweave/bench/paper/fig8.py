@@ -53,7 +53,7 @@ from pathweave.bench.paper._common import (
     Progress,
     no_progress,
     peer_lines,
-    write_csv,
+    write_result,
 )
 from pathweave.bench.planner import SIM_TIE_RTOL, time_checks
 from pathweave.plan.optimal import time_optimum
@@ -314,11 +314,7 @@ def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None)
     """Measure, write ``fig8.csv`` and ``fig8.png``, and return the result."""
     rows = measure(QUICK_TOKENS if quick else TOKENS, QUICK_HOTSPOTS if quick else HOTSPOTS,
                    progress=progress or no_progress)
-    comps, notes = summarize(rows)
-    out_dir = Path(out_dir)
-    csv_path = write_csv(out_dir / f"{NAME}.csv", rows)
-    png_path = plot(rows, out_dir / f"{NAME}.png")
-    return FigureResult(NAME, TITLE, rows, csv_path, png_path, comps, notes)
+    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
 
 
 __all__ = [

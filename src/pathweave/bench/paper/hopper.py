@@ -37,7 +37,7 @@ from pathweave.bench.paper._common import (
     FigureResult,
     Progress,
     no_progress,
-    write_csv,
+    write_result,
 )
 from pathweave.fabric import Fabric
 from pathweave.fabric.builders import leaf_spine
@@ -237,11 +237,7 @@ def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None)
         num_flows=QUICK_FLOWS if quick else FLOWS,
         progress=progress or no_progress,
     )
-    comps, notes = summarize(rows)
-    out_dir = Path(out_dir)
-    csv_path = write_csv(out_dir / f"{NAME}.csv", rows)
-    png_path = plot(rows, out_dir / f"{NAME}.png")
-    return FigureResult(NAME, TITLE, rows, csv_path, png_path, comps, notes)
+    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
 
 
 __all__ = ["NAME", "TITLE", "fabric", "measure", "plot", "run", "summarize"]

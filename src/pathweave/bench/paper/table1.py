@@ -35,7 +35,7 @@ from pathweave.bench.paper._common import (
     FigureResult,
     Progress,
     no_progress,
-    write_csv,
+    write_result,
 )
 
 NAME = "table1"
@@ -184,11 +184,7 @@ def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None)
     rows = measure(QUICK_SIZES_MIB if quick else SIZES_MIB,
                    repeats=QUICK_REPEATS if quick else REPEATS,
                    progress=progress or no_progress)
-    comps, notes = summarize(rows)
-    out_dir = Path(out_dir)
-    csv_path = write_csv(out_dir / f"{NAME}.csv", rows)
-    png_path = plot(rows, out_dir / f"{NAME}.png")
-    return FigureResult(NAME, TITLE, rows, csv_path, png_path, comps, notes)
+    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
 
 
 __all__ = ["CASES", "NAME", "PAPER_MS", "TITLE", "measure", "plot", "run", "stencil_demand",
