@@ -89,7 +89,8 @@ class PolicyResult:
     ``learned``: its capacity estimates below nominal (link name -> ratio);
     ``same_plan_as``: the first policy before it in the run whose fragments
     put the same bytes on the same paths ("" if none): two measurements of
-    one plan, whose difference is the machine's noise.
+    one plan, whose difference is the machine's noise; ``multipath``: some
+    rank pair's bytes take more than one path.
     """
 
     policy: str
@@ -102,6 +103,7 @@ class PolicyResult:
     plan_switches: int = 0
     learned: dict[str, float] = field(default_factory=dict)
     same_plan_as: str = ""
+    multipath: bool = False
 
     @property
     def vs_predicted(self) -> float:
@@ -165,7 +167,7 @@ class EmulationResult:
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
                 "spread": p.spread, "makespans_s": list(p.makespans_s),
                 "plan_switches": p.plan_switches, "learned": dict(p.learned),
-                "same_plan_as": p.same_plan_as,
+                "same_plan_as": p.same_plan_as, "multipath": p.multipath,
             })
         return rows
 
@@ -500,5 +502,14 @@ def _policy_results(recs_of: list[dict[str, Any]], wl: str, d: np.ndarray,
             p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
             {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
             int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})), same,
+            _multipath(eff),
         ))
     return results
+
+
+def _multipath(plan: Any) -> bool:
+    """Whether some rank pair's bytes take more than one path in ``plan``."""
+    ps = plan.paths
+    fp = np.asarray(plan.flow_path, dtype=np.int64)[np.asarray(plan.flow_bytes) > 0]
+    pair = ps.src[fp].astype(np.int64) * plan.fabric.num_ranks + ps.dst[fp]
+    return len(np.unique(np.stack([pair, fp]), axis=1).T) > len(np.unique(pair))
