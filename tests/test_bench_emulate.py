@@ -91,6 +91,72 @@ def test_checks_pass_and_miss():
     assert "run" in line and not line.startswith(("PASS", "MISS"))
 
 
+def test_prediction_checks_by_hand():
+    """Multi-path records only; the worst deviation either way decides; noisy points named."""
+    recs = records_of("hotspot:0.5", {"static": 1.0, "mwu": 1.0, DEFAULT_POLICY: 1.0})
+    for r in recs:
+        r["multipath"] = r["policy"] != "static"
+        r["spread"] = 0.01
+    pred = {"static": 0.5, "mwu": 1.0 / 1.04, DEFAULT_POLICY: 1.0 / 0.97}
+    for r in recs:
+        r["predicted_s"] = pred[r["policy"]]
+    # static (2.0x) is single-path: left out; mwu 1.04, the default 0.97: within 5 %.
+    (line,) = bench.prediction_checks(recs)
+    assert line.startswith("PASS") and "worst 1.040 (mwu at hotspot:0.5)" in line
+    assert "2 plans in 0.970-1.040" in line and "noise" not in line
+    # 0.94 under its prediction is as far off as 1.064 over it: a miss.
+    recs[-1]["predicted_s"] = 1.0 / 0.94
+    (line,) = bench.prediction_checks(recs)
+    assert line.startswith("MISS") and f"worst 0.940 ({DEFAULT_POLICY} at hotspot:0.5)" in line
+    recs[-1]["predicted_s"] = 1.0
+    recs[1]["verified"] = False
+    (line,) = bench.prediction_checks(recs)
+    assert line.startswith("MISS") and "1 not" in line
+    recs[1]["verified"] = True
+    recs[0]["spread"] = 0.06  # a single-path plan's noise still marks the point
+    (line,) = bench.prediction_checks(recs)
+    assert line.startswith("PASS") and "calls spread over 5% at hotspot:0.5: noise" in line
+    assert bench.noisy(recs) == ["hotspot:0.5"]
+    for r in recs:
+        r["multipath"] = False
+    assert not bench.prediction_checks(recs)[0].startswith(("PASS", "MISS"))
+
+
+def test_run_repeats_noisy_points_with_more_calls(monkeypatch):
+    """A point whose calls spread over NOISY_SPREAD is run again with twice the calls."""
+    from pathweave.emulate import run as emu_run
+
+    launches = []
+
+    def fake(fabric, specs, *, repeat, policies, **kw):
+        launches.append((list(specs), repeat))
+        out = []
+        for wl in specs:
+            # hotspot:0.5 is noisy in the first launch (calls 0.8, 1, 1.2: IQR 20 %).
+            wide = wl == "hotspot:0.5" and len(launches) == 1
+            calls = [1.0 + (0.2 if wide else 0.01) * (k % 3 - 1) for k in range(repeat)]
+            pols = tuple(PolicyResult(p, tuple(calls), 1.0, 1.0, 1.0, True) for p in policies)
+            out.append(EmulationResult(
+                fabric="h100-2x4", scale=1e-4, workload=wl, bytes_per_rank=1, total_bytes=8,
+                repeat=repeat, chunk_bytes=1 << 19, window=4, min_split_bytes=0,
+                policies=pols, wall_s=1.0))
+        return out
+
+    monkeypatch.setattr(emu_run, "run_workloads", fake)
+    recs = bench.run(ratios=(0.0, 0.5), policies=("static", "mwu"), repeat=3,
+                     workloads=("stencil:dims=2",))
+    assert launches == [(["hotspot:0", "hotspot:0.5", "stencil:dims=2"], 3), (["hotspot:0.5"], 6)]
+    got = {(r["workload"], r["policy"]): (r["repeat"], r["reruns"], r["ratio"]) for r in recs}
+    assert got[("hotspot:0.5", "mwu")] == (6, 1, 0.5)
+    assert got[("hotspot:0", "static")] == (3, 0, 0.0)
+    assert got[("stencil:dims=2", "mwu")] == (3, 0, None)
+    assert len(recs) == 6 and bench.noisy(recs) == []
+    # One call per point (--quick) or rerun_noisy=False: no second launch.
+    launches.clear()
+    bench.run(ratios=(0.5,), policies=("static",), repeat=3, workloads=(), rerun_noisy=False)
+    assert len(launches) == 1
+
+
 def test_default_vs_best_pairs_the_calls_of_each_round():
     """A slow spell over the last rounds: the medians say 1.3x, each round 1.0x."""
     best = baselines()[-1]
@@ -166,7 +232,9 @@ def test_cli_table_has_workload_column_and_prints_the_check(monkeypatch, tmp_pat
     assert f"MISS {DEFAULT_POLICY}/best baseline" in res.output
     assert "worst 1.050 at stencil:dims=2" in res.output
     assert all(n.strip() in " ".join(res.output.split()) for n in bench.not_emulated())
-    assert (tmp_path / "emulate_checks.txt").read_text() == line + "\n"
+    (pline,) = bench.prediction_checks(recs)
+    assert pline in " ".join(res.output.split()) or pline.strip() in res.output
+    assert (tmp_path / "emulate_checks.txt").read_text() == line + "\n" + pline + "\n"
     assert (tmp_path / "emulate.csv").exists()
     # --quick: the short ratio list, the extras still in (run's default), one call each.
     res = CliRunner().invoke(app, ["bench", "emulate", "--quick", "--policy", "static,mintime",
@@ -202,6 +270,13 @@ def test_same_plan_means_same_bytes_per_path():
     assert np.array_equal(one.path_bytes(), want)
     assert np.array_equal(cut.path_bytes(), want)
     assert not np.array_equal(other.path_bytes(), want)
+    # Multi-path: one pair's bytes on two paths; an empty fragment is no path.
+    from pathweave.emulate.run import _multipath
+
+    assert _multipath(one) and _multipath(other)
+    assert not _multipath(plan([lo, lo + 1], [300, 0]))
+    d[1, 2] = 50
+    assert not _multipath(plan([lo, int(ps.pair_ptr[1 * 8 + 2])], [300, 50]))
 
 
 FABRIC4 = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"

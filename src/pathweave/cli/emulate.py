@@ -295,7 +295,7 @@ def bench_emulate(
     )
     out.print(sweep_table(records, f"bench emulate: {records[0]['fabric']} x {scale:g}, "
                           f"{fmt_bytes(size)} per rank, median of {records[0]['repeat']}"))
-    for line in bench.checks(records):
+    for line in bench.checks(records) + bench.prediction_checks(records):
         out.print(line.replace("PASS", "[green]PASS[/]", 1).replace("MISS", "[red]MISS[/]", 1),
                   soft_wrap=True)
     for line in bench.not_emulated():

@@ -89,7 +89,8 @@ class PolicyResult:
     ``learned``: its capacity estimates below nominal (link name -> ratio);
     ``same_plan_as``: the first policy before it in the run whose fragments
     put the same bytes on the same paths ("" if none): two measurements of
-    one plan, whose difference is the machine's noise.
+    one plan, whose difference is the machine's noise; ``multipath``: some
+    rank pair's bytes take more than one path.
     """
 
     policy: str
@@ -102,6 +103,7 @@ class PolicyResult:
     plan_switches: int = 0
     learned: dict[str, float] = field(default_factory=dict)
     same_plan_as: str = ""
+    multipath: bool = False
 
     @property
     def vs_predicted(self) -> float:
@@ -165,7 +167,7 @@ class EmulationResult:
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
                 "spread": p.spread, "makespans_s": list(p.makespans_s),
                 "plan_switches": p.plan_switches, "learned": dict(p.learned),
-                "same_plan_as": p.same_plan_as,
+                "same_plan_as": p.same_plan_as, "multipath": p.multipath,
             })
         return rows
 
@@ -337,14 +339,62 @@ def run_workloads(
     (:func:`~pathweave.emulate._rankworker.round_robin`), so a load that
     drifts during the run weighs on every policy alike.
     """
-    from pathweave.emulate.background import Background, parse_background, residual_fabric
-    from pathweave.fabric.io import save
-    from pathweave.plan.registry import check_options
-    from pathweave.traffic import parse_workload
+    from pathweave.emulate.background import parse_background, residual_fabric
 
     t_start = time.monotonic()
     fab = resolve(fabric)
     pols = [str(p) for p in policies]
+    _check_run_args(pols, chunk_bytes, repeat, warmup, nice)
+    tenants = parse_background(background, fab) if background else []
+    mats = _demand_matrices(fab.num_ranks, workloads, demands, bytes_per_rank)
+    say = log or (lambda s: None)
+    own = emulator is None
+    emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
+    if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
+        raise InputError("the emulator given runs another fabric or scale than asked for")
+    sfab = emu.layout.scaled_fabric()
+    if own:
+        emu.__enter__()  # raises (not root, tools missing) before anything is said or made
+        say(f"emulator up: {fab.name} x {scale:g} ({len(emu.layout.namespaces)} namespaces, "
+            f"{len(emu.layout.shaped)} shaped links)")
+    spec = {
+        "demands": [d.tolist() for d in mats], "policies": pols, "repeat": int(repeat),
+        "warmup": int(warmup), "chunk_bytes": int(chunk_bytes), "window": int(window),
+        "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
+        # Twice the slowest bucket's refill before each timed call (_timed_call).
+        "settle_s": 2 * emu.layout.refill_s(),
+    }
+    try:
+        per_rank = _run_ranks(emu, sfab, spec, tenants, int(nice), say)
+    finally:
+        if own:
+            emu.__exit__(None, None, None)
+            say("emulator down")
+    say("predicting with the simulator")
+    rfab = residual_fabric(sfab, tenants, emu.scale)
+    out = []
+    for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
+        results = _policy_results(
+            [pr[k] for pr in per_rank], wl, d, pols, int(repeat), rfab, sfab,
+            dict(chunk_bytes=chunk_bytes, window=window, min_split_bytes=min_split_bytes,
+                 model=model))
+        out.append(EmulationResult(
+            fabric=fab.name, scale=float(emu.scale), workload=wl,
+            bytes_per_rank=int(bytes_per_rank), total_bytes=int(d.sum()), repeat=int(repeat),
+            chunk_bytes=int(chunk_bytes), window=int(window),
+            min_split_bytes=int(min_split_bytes), policies=tuple(results),
+            wall_s=time.monotonic() - t_start,
+            background=",".join(t.spec for t in tenants),
+        ))
+    return out
+
+
+def _check_run_args(pols: Sequence[str], chunk_bytes: int, repeat: int, warmup: int,
+                    nice: int) -> None:
+    """:func:`run_workloads`' checks, before anything is built."""
+    from pathweave.plan.registry import check_options
+    from pathweave.runtime.orchestrator import MIN_CHUNK_BYTES
+
     if not pols:
         raise InputError("policies must name at least one policy")
     for p in pols:
@@ -352,9 +402,6 @@ def run_workloads(
             # What the ranks' Orchestrators check, here before anything is built: a
             # policy the data plane cannot run (multirail, UCX's model) is refused.
             check_options(p.removesuffix(ADAPT_SUFFIX), {})
-    tenants = parse_background(background, fab) if background else []
-    from pathweave.runtime.orchestrator import MIN_CHUNK_BYTES
-
     # The ranks' Orchestrator refuses smaller chunks; say so before anything is built.
     if int(chunk_bytes) < MIN_CHUNK_BYTES:
         raise InputError(f"chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {chunk_bytes}")
@@ -362,7 +409,13 @@ def run_workloads(
         raise InputError(f"repeat must be >= 1 and warmup >= 0, got {repeat}, {warmup}")
     if not -20 <= int(nice) <= 19:
         raise InputError(f"nice must lie in [-20, 19], got {nice}")
-    n = fab.num_ranks
+
+
+def _demand_matrices(n: int, workloads: Sequence[str], demands: Sequence[np.ndarray] | None,
+                     bytes_per_rank: int) -> list[np.ndarray]:
+    """One ``int64[n, n]`` demand per workload (its spec, or ``demands[k]``), diagonal zero."""
+    from pathweave.traffic import parse_workload
+
     mats = []
     for k, wl in enumerate(workloads):
         if demands is None:
@@ -377,99 +430,86 @@ def run_workloads(
         mats.append(d)
     if not mats:
         raise InputError("workloads must name at least one workload")
-    say = log or (lambda s: None)
-    own = emulator is None
-    emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
-    if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
-        raise InputError("the emulator given runs another fabric or scale than asked for")
-    sfab = emu.layout.scaled_fabric()
+    return mats
+
+
+def _run_ranks(emu: Emulator, sfab: Fabric, spec: dict[str, Any], tenants: Sequence[Any],
+               nice: int, say: Callable[[str], None]) -> list[Any]:
+    """Launch every rank on ``spec`` (beside the co-tenants) and read back what each wrote."""
+    from pathweave.emulate.background import Background
+    from pathweave.fabric.io import save
+
     lay = emu.layout
-    if own:
-        emu.__enter__()  # raises (not root, tools missing) before anything is said or made
-        say(f"emulator up: {fab.name} x {scale:g} ({len(lay.namespaces)} namespaces, "
-            f"{len(lay.shaped)} shaped links)")
-    try:
-        with emu.temp_dir() as work:
-            os.chmod(work, 0o755)
-            fab_file = save(sfab, work / "fabric.json")
-            spec = {
-                "fabric_file": str(fab_file), "demands": [d.tolist() for d in mats],
-                "policies": pols, "repeat": int(repeat), "warmup": int(warmup),
-                "chunk_bytes": int(chunk_bytes), "window": int(window),
-                "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
-                "out_dir": str(work),
-                # Twice the slowest bucket's refill before each timed call (_timed_call).
-                "settle_s": 2 * lay.refill_s(),
-            }
-            (work / "spec.json").write_text(json.dumps(spec))
+    n = sfab.num_ranks
+    gpn = sfab.gpus_per_node
+    with emu.temp_dir() as work:
+        os.chmod(work, 0o755)
+        spec = {**spec, "fabric_file": str(save(sfab, work / "fabric.json")),
+                "out_dir": str(work)}
+        (work / "spec.json").write_text(json.dumps(spec))
 
-            def argv_of(r: int) -> list[str]:
-                argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
-                        str(work / "spec.json"), str(r)]
-                return ["nice", "-n", str(int(nice)), *argv] if nice else argv
+        def argv_of(r: int) -> list[str]:
+            argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
+                    str(work / "spec.json"), str(r)]
+            return ["nice", "-n", str(nice), *argv] if nice else argv
 
-            def env_of(r: int) -> dict:
-                env = dict(os.environ)
-                env.update({
-                    "MASTER_ADDR": lay.rank_address[0], "MASTER_PORT": str(_MASTER_PORT),
-                    "RANK": str(r), "WORLD_SIZE": str(n),
-                    "LOCAL_RANK": str(r % fab.gpus_per_node),
-                    "LOCAL_WORLD_SIZE": str(fab.gpus_per_node), "GLOO_SOCKET_IFNAME": "id0",
-                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                })
-                env.pop("PATHWEAVE_FABRIC", None)
-                return env
+        def env_of(r: int) -> dict:
+            env = dict(os.environ)
+            env.update({
+                "MASTER_ADDR": lay.rank_address[0], "MASTER_PORT": str(_MASTER_PORT),
+                "RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r % gpn),
+                "LOCAL_WORLD_SIZE": str(gpn), "GLOO_SOCKET_IFNAME": "id0",
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            })
+            env.pop("PATHWEAVE_FABRIC", None)
+            return env
 
-            say(f"running {n} ranks: {len(mats)} workload(s) x {', '.join(pols)}, "
-                f"{warmup} + {repeat} calls each")
-            if tenants:
-                say("co-tenant: " + ", ".join(
-                    f"{t.spec} (ranks {t.a} <-> {t.b}, {t.rate_Bps * emu.scale / 1e6:.2f} MB/s "
-                    "each way)" for t in tenants))
-            with Background(emu, tenants, timeout_s):
-                _launch(emu, argv_of, env_of, work, timeout_s, range(n))
-            per_rank = [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
-    finally:
-        if own:
-            emu.__exit__(None, None, None)
-            say("emulator down")
-    say("predicting with the simulator")
-    rfab = residual_fabric(sfab, tenants, emu.scale)
-    out = []
-    for k, (wl, d) in enumerate(zip(workloads, mats, strict=True)):
-        results: list[PolicyResult] = []
-        loads: dict[str, np.ndarray] = {}
-        for p in pols:
-            recs = [pr[k][p] for pr in per_rank]
-            spans = [max(rc["times"][i][1] for rc in recs) - min(rc["times"][i][0] for rc in recs)
-                     for i in range(int(repeat))]
-            bad = [r for r, rc in enumerate(recs) if not rc["ok"]]
-            if bad:
-                raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
-                                    "wrong bytes")
-            pred_s, bound_s, eff = predict(
-                rfab, d, p, chunk_bytes=chunk_bytes, window=window,
-                min_split_bytes=min_split_bytes, model=model,
-                plan_fabric=rfab if p.endswith(ADAPT_SUFFIX) else sfab,
-            )
-            # Equal bytes per path are one plan on the wire (torch's kernel
-            # routes are not the data plane's: never compared).
-            load = eff.path_bytes()
-            same = "" if p == "torch" else next(
-                (q for q, v in loads.items() if np.array_equal(v, load)), "")
-            if p != "torch":
-                loads.setdefault(p, load)
-            results.append(PolicyResult(
-                p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
-                {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
-                int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})), same,
-            ))
-        out.append(EmulationResult(
-            fabric=fab.name, scale=float(emu.scale), workload=wl,
-            bytes_per_rank=int(bytes_per_rank), total_bytes=int(d.sum()), repeat=int(repeat),
-            chunk_bytes=int(chunk_bytes), window=int(window),
-            min_split_bytes=int(min_split_bytes), policies=tuple(results),
-            wall_s=time.monotonic() - t_start,
-            background=",".join(t.spec for t in tenants),
+        say(f"running {n} ranks: {len(spec['demands'])} workload(s) x "
+            f"{', '.join(spec['policies'])}, {spec['warmup']} + {spec['repeat']} calls each")
+        if tenants:
+            say("co-tenant: " + ", ".join(
+                f"{t.spec} (ranks {t.a} <-> {t.b}, {t.rate_Bps * emu.scale / 1e6:.2f} MB/s "
+                "each way)" for t in tenants))
+        with Background(emu, tenants, spec["timeout_s"]):
+            _launch(emu, argv_of, env_of, work, spec["timeout_s"], range(n))
+        return [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def _policy_results(recs_of: list[dict[str, Any]], wl: str, d: np.ndarray,
+                    pols: Sequence[str], repeat: int, rfab: Fabric, sfab: Fabric,
+                    options: dict[str, Any]) -> list[PolicyResult]:
+    """Each policy's spans (``recs_of[rank][policy]``) beside its prediction, of one workload."""
+    results: list[PolicyResult] = []
+    loads: dict[str, np.ndarray] = {}
+    for p in pols:
+        recs = [pr[p] for pr in recs_of]
+        spans = [max(rc["times"][i][1] for rc in recs) - min(rc["times"][i][0] for rc in recs)
+                 for i in range(repeat)]
+        bad = [r for r, rc in enumerate(recs) if not rc["ok"]]
+        if bad:
+            raise EmulatorError(f"workload {wl!r}, policy {p!r}: ranks {bad} received "
+                                "wrong bytes")
+        pred_s, bound_s, eff = predict(
+            rfab, d, p, plan_fabric=rfab if p.endswith(ADAPT_SUFFIX) else sfab, **options)
+        # Equal bytes per path are one plan on the wire (torch's kernel
+        # routes are not the data plane's: never compared).
+        load = eff.path_bytes()
+        same = "" if p == "torch" else next(
+            (q for q, v in loads.items() if np.array_equal(v, load)), "")
+        if p != "torch":
+            loads.setdefault(p, load)
+        results.append(PolicyResult(
+            p, tuple(spans), float(np.median(spans)), pred_s, bound_s, True,
+            {kk: int(v) for kk, v in recs[0].get("kinds", {}).items()},
+            int(recs[0].get("switches", 0)), dict(recs[0].get("learned", {})), same,
+            _multipath(eff),
         ))
-    return out
+    return results
+
+
+def _multipath(plan: Any) -> bool:
+    """Whether some rank pair's bytes take more than one path in ``plan``."""
+    ps = plan.paths
+    fp = np.asarray(plan.flow_path, dtype=np.int64)[np.asarray(plan.flow_bytes) > 0]
+    pair = ps.src[fp].astype(np.int64) * plan.fabric.num_ranks + ps.dst[fp]
+    return len(np.unique(np.stack([pair, fp]), axis=1).T) > len(np.unique(pair))

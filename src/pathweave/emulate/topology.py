@@ -360,46 +360,12 @@ def build_layout(
         A fabric the emulator cannot model, or more than :data:`MAX_NAMESPACES`
         GPUs and spines.
     """
-    s = _scale_arg(scale)
-    if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
-        raise InputError(f"prefix must be 'pw' followed by up to 4 of [a-z0-9], got {prefix!r}")
-    framing_factor(mtu)
-    if int(burst_bytes) < DEFAULT_BURST_BYTES:
-        raise InputError(
-            f"burst_bytes must be >= {DEFAULT_BURST_BYTES} (a TSO segment must fit), "
-            f"got {burst_bytes}"
-        )
-    if not latency_s > 0:
-        raise InputError(f"latency_s must be > 0, got {latency_s!r}")
+    s = _check_layout_args(fabric, scale, prefix, mtu, burst_bytes, latency_s)
     fab = fabric
-    routers_wanted = fab.num_ranks + int(fab.vertices_of_kind(VertexKind.SPINE).size)
-    if routers_wanted > MAX_NAMESPACES:
-        raise FabricError(
-            f"fabric {fab.name} needs {routers_wanted} namespaces (one per GPU and spine); the "
-            f"emulator makes at most {MAX_NAMESPACES} (each rank is a process on this machine)"
-        )
-    kind = fab.vertex_kind
-    cap = fab.capacity_Bps * s
-
-    # ---- who is a router, a bridge, or folded into a router
-    gpus = [int(v) for v in fab.rank_vertex]
-    spines = [int(v) for v in fab.vertices_of_kind(VertexKind.SPINE)]
-    routers = tuple(gpus + spines)
-    router_ns = {v: f"{prefix}-r{r}" for r, v in enumerate(gpus)}
-    router_ns.update({v: f"{prefix}-s{k}" for k, v in enumerate(spines)})
-    router_address = {v: _address(_RANK_NET, r) for r, v in enumerate(gpus)}
-    router_address.update({v: _address(_SPINE_NET, k) for k, v in enumerate(spines)})
-
-    reverse: dict[tuple[int, int], int] = {}
-    for lid in range(fab.num_links):
-        reverse[(int(fab.link_src[lid]), int(fab.link_dst[lid]))] = lid
-    for (u, v), lid in reverse.items():
-        if (v, u) not in reverse:
-            raise FabricError(
-                f"link {fab.link_name(lid)} has no reverse link; the emulator needs duplex cables"
-            )
+    routers, router_ns, router_address = _routers(fab, prefix)
+    reverse = _reverse_links(fab)
     # NVLink nodes: the PCIe tree above the switches carries no GPU-GPU route
-    host = kind == VertexKind.HOST
+    host = fab.vertex_kind == VertexKind.HOST
     unmodelled = frozenset(
         np.flatnonzero(host[fab.link_src] | host[fab.link_dst]).tolist()
         if fab.nvlink_kind in ("nvswitch", "nvlink-mesh") else ())
@@ -411,67 +377,143 @@ def build_layout(
     owner, inner_up, inner_down = _fold(fab, neighbours, reverse)
     bridge_vertices = [
         v for v in range(fab.num_vertices)
-        if v not in owner and kind[v] not in _ROUTER_KINDS and neighbours.get(v)
+        if v not in owner and fab.vertex_kind[v] not in _ROUTER_KINDS and neighbours.get(v)
     ]
     switch_ns = f"{prefix}-sw" if bridge_vertices else None
     bridges = tuple((v, f"b{v}") for v in bridge_vertices)
-    bridge_dev = dict(bridges)
+    cab = _Cabling(fab, fab.capacity_Bps * s, router_ns, switch_ns, dict(bridges), owner)
+    veths = cab.cables(reverse, unmodelled, inner_up, inner_down)
+    route_list, pair_stops = _routes(fab, routes, cab, router_address, len(routers))
+    namespaces = tuple(router_ns[v] for v in routers) + ((switch_ns,) if switch_ns else ())
+    return Layout(
+        fabric=fab, scale=s, prefix=prefix, mtu=int(mtu), burst_bytes=int(burst_bytes),
+        latency_s=float(latency_s), routers=routers, router_ns=router_ns,
+        router_address=router_address, namespaces=namespaces, switch_ns=switch_ns,
+        bridges=bridges, veths=veths, routes=route_list,
+        pair_stops=pair_stops, link_dev=cab.link_dev, unmodelled=tuple(sorted(unmodelled)),
+    )
 
-    def entity(v: int) -> int:
-        return owner.get(v, v)
 
-    # ---- cables: each duplex pair once; folded NIC cables merged with PCIe
-    link_dev: dict[int, tuple[str, str]] = {}
-    veths: list[Veth] = []
-    done: set[int] = set()
+def _check_layout_args(fab: Fabric, scale: float, prefix: str, mtu: int,
+                       burst_bytes: int, latency_s: float) -> float:
+    """:func:`build_layout`'s argument checks; returns the scale as a float."""
+    s = _scale_arg(scale)
+    if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
+        raise InputError(f"prefix must be 'pw' followed by up to 4 of [a-z0-9], got {prefix!r}")
+    framing_factor(mtu)
+    if int(burst_bytes) < DEFAULT_BURST_BYTES:
+        raise InputError(
+            f"burst_bytes must be >= {DEFAULT_BURST_BYTES} (a TSO segment must fit), "
+            f"got {burst_bytes}"
+        )
+    if not latency_s > 0:
+        raise InputError(f"latency_s must be > 0, got {latency_s!r}")
+    routers_wanted = fab.num_ranks + int(fab.vertices_of_kind(VertexKind.SPINE).size)
+    if routers_wanted > MAX_NAMESPACES:
+        raise FabricError(
+            f"fabric {fab.name} needs {routers_wanted} namespaces (one per GPU and spine); the "
+            f"emulator makes at most {MAX_NAMESPACES} (each rank is a process on this machine)"
+        )
+    return s
 
-    def end(at: int, links: tuple[int, ...]) -> Port:
+
+def _routers(fab: Fabric, prefix: str) -> tuple[tuple[int, ...], dict[int, str], dict[int, str]]:
+    """Router vertices (GPUs, then spines), their namespaces and identity addresses."""
+    gpus = [int(v) for v in fab.rank_vertex]
+    spines = [int(v) for v in fab.vertices_of_kind(VertexKind.SPINE)]
+    router_ns = {v: f"{prefix}-r{r}" for r, v in enumerate(gpus)}
+    router_ns.update({v: f"{prefix}-s{k}" for k, v in enumerate(spines)})
+    router_address = {v: _address(_RANK_NET, r) for r, v in enumerate(gpus)}
+    router_address.update({v: _address(_SPINE_NET, k) for k, v in enumerate(spines)})
+    return tuple(gpus + spines), router_ns, router_address
+
+
+def _reverse_links(fab: Fabric) -> dict[tuple[int, int], int]:
+    """``{(src vertex, dst vertex): link id}``; every link must have its reverse."""
+    reverse: dict[tuple[int, int], int] = {}
+    for lid in range(fab.num_links):
+        reverse[(int(fab.link_src[lid]), int(fab.link_dst[lid]))] = lid
+    for (u, v), lid in reverse.items():
+        if (v, u) not in reverse:
+            raise FabricError(
+                f"link {fab.link_name(lid)} has no reverse link; the emulator needs duplex cables"
+            )
+    return reverse
+
+
+class _Cabling:
+    """The veth cables of a layout and which port's egress shapes each link."""
+
+    def __init__(self, fab: Fabric, cap: np.ndarray, router_ns: dict[int, str],
+                 switch_ns: str | None, bridge_dev: dict[int, str], owner: dict[int, int]):
+        self.fab, self.cap, self.router_ns = fab, cap, router_ns
+        self.switch_ns, self.bridge_dev, self.owner = switch_ns, bridge_dev, owner
+        self.link_dev: dict[int, tuple[str, str]] = {}
+
+    def entity(self, v: int) -> int:
+        """The router or bridge vertex ``v`` belongs to (itself unless folded)."""
+        return self.owner.get(v, v)
+
+    def end(self, at: int, links: tuple[int, ...]) -> Port:
         """The port at entity ``at`` whose egress carries ``links`` (in path order).
 
         It is named after the last of them that leaves ``at`` itself (not a
         NIC folded into the far end), which is unique per direction.
         """
-        dev = f"l{[lid for lid in links if entity(int(fab.link_src[lid])) == at][-1]}"
-        if at in router_ns:
-            p = Port(router_ns[at], dev, links, float(min(cap[list(links)])))
+        fab, cap = self.fab, self.cap
+        dev = f"l{[lid for lid in links if self.entity(int(fab.link_src[lid])) == at][-1]}"
+        if at in self.router_ns:
+            p = Port(self.router_ns[at], dev, links, float(min(cap[list(links)])))
         else:
-            assert switch_ns is not None
-            p = Port(switch_ns, dev, links, float(min(cap[list(links)])), bridge_dev[at])
+            assert self.switch_ns is not None
+            p = Port(self.switch_ns, dev, links, float(min(cap[list(links)])),
+                     self.bridge_dev[at])
         for lid in links:
-            link_dev[lid] = (p.ns, p.dev)
+            self.link_dev[lid] = (p.ns, p.dev)
         return p
 
-    bridge_graph: dict[int, set[int]] = {}
-    for lid in range(fab.num_links):
-        if lid in done or lid in unmodelled:
-            continue
-        u, v = int(fab.link_src[lid]), int(fab.link_dst[lid])
-        back = reverse[(v, u)]
-        done.update((lid, back))
-        ea, eb = entity(u), entity(v)
-        if ea == eb and (u in owner or v in owner):
-            continue  # a PCIe hop inside a GPU's folded NICs and switch: merged into cables
-        # A folded NIC or switch at an end: that end's egress also carries the
-        # PCIe hops from its GPU before it, and the other end's egress the hops
-        # back to the GPU after it.
-        out_a = (*inner_up.get(u, ()), lid, *inner_down.get(v, ()))
-        out_b = (*inner_up.get(v, ()), back, *inner_down.get(u, ()))
-        if ea == eb:
-            raise FabricError(f"link {fab.link_name(lid)} joins a GPU to itself through a NIC")
-        pa = end(ea, out_a)
-        pb = end(eb, out_b)
-        veths.append(Veth(pa, pb))
-        if ea not in router_ns and eb not in router_ns:
-            bridge_graph.setdefault(ea, set()).add(eb)
-            bridge_graph.setdefault(eb, set()).add(ea)
-    _check_forest(bridge_graph, fab)
+    def cables(self, reverse: dict[tuple[int, int], int], unmodelled: frozenset,
+               inner_up: dict[int, tuple[int, ...]],
+               inner_down: dict[int, tuple[int, ...]]) -> tuple[Veth, ...]:
+        """Each duplex pair once; folded NIC cables merged with their PCIe hops."""
+        fab = self.fab
+        veths: list[Veth] = []
+        done: set[int] = set()
+        bridge_graph: dict[int, set[int]] = {}
+        for lid in range(fab.num_links):
+            if lid in done or lid in unmodelled:
+                continue
+            u, v = int(fab.link_src[lid]), int(fab.link_dst[lid])
+            back = reverse[(v, u)]
+            done.update((lid, back))
+            ea, eb = self.entity(u), self.entity(v)
+            if ea == eb and (u in self.owner or v in self.owner):
+                continue  # a PCIe hop inside a GPU's folded NICs and switch: merged into cables
+            # A folded NIC or switch at an end: that end's egress also carries the
+            # PCIe hops from its GPU before it, and the other end's egress the hops
+            # back to the GPU after it.
+            out_a = (*inner_up.get(u, ()), lid, *inner_down.get(v, ()))
+            out_b = (*inner_up.get(v, ()), back, *inner_down.get(u, ()))
+            if ea == eb:
+                raise FabricError(f"link {fab.link_name(lid)} joins a GPU to itself through a NIC")
+            veths.append(Veth(self.end(ea, out_a), self.end(eb, out_b)))
+            if ea not in self.router_ns and eb not in self.router_ns:
+                bridge_graph.setdefault(ea, set()).add(eb)
+                bridge_graph.setdefault(eb, set()).add(ea)
+        _check_forest(bridge_graph, fab)
+        return tuple(veths)
 
-    # ---- routes: per destination next hops along the chosen pair paths
+
+def _routes(fab: Fabric, routes: Sequence[Sequence[int]] | None, cab: _Cabling,
+            router_address: dict[int, str], num_routers: int) -> tuple[tuple[Route, ...], tuple]:
+    """Per-destination next hops along the chosen pair paths, and each pair's stops."""
     paths = _pair_paths(fab, routes)
     n = fab.num_ranks
+    router_ns = cab.router_ns
     table: dict[tuple[int, int], tuple[str, int]] = {}  # (router, dst rank) -> (dev, next router)
     order = sorted(((len(st), a, b, st, devs) for (a, b), (st, devs) in
-                    ((k, _stops(fab, p, entity, link_dev, router_ns)) for k, p in paths.items())))
+                    ((k, _stops(fab, p, cab.entity, cab.link_dev, router_ns))
+                     for k, p in paths.items())))
     for _, _a, b, st, devs in order:
         for i in range(len(st) - 1):
             table.setdefault((st[i], b), (devs[i], st[i + 1]))
@@ -492,20 +534,12 @@ def build_layout(
             cur, dst_v, seen = int(fab.rank_vertex[a]), int(fab.rank_vertex[b]), []
             while cur != dst_v:
                 seen.append(cur)
-                if len(seen) > len(routers) or (cur, b) not in table:
+                if len(seen) > num_routers or (cur, b) not in table:
                     raise FabricError(f"routes from rank {a} to rank {b} do not reach it")
                 cur = table[(cur, b)][1]
             row.append((*seen, dst_v))
         pair_stops.append(tuple(row))
-
-    namespaces = tuple(router_ns[v] for v in routers) + ((switch_ns,) if switch_ns else ())
-    return Layout(
-        fabric=fab, scale=s, prefix=prefix, mtu=int(mtu), burst_bytes=int(burst_bytes),
-        latency_s=float(latency_s), routers=routers, router_ns=router_ns,
-        router_address=router_address, namespaces=namespaces, switch_ns=switch_ns,
-        bridges=bridges, veths=tuple(veths), routes=tuple(route_list),
-        pair_stops=tuple(pair_stops), link_dev=link_dev, unmodelled=tuple(sorted(unmodelled)),
-    )
+    return tuple(route_list), tuple(pair_stops)
 
 
 def _fold(fab: Fabric, neighbours: dict[int, list[int]], reverse: dict[tuple[int, int], int]
