@@ -18,9 +18,12 @@ so every rank reaches the same estimates and the same plans:
   link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
   after ``ttl`` calls without an observation (the link is then tried again:
   Hopper's probe of an alternative);
-* :class:`SwitchPolicy`: Hopper's rule for when to probe: plan again on the
-  estimates only when a link's time moved ``probe_threshold`` x from what the
-  current plan assumed; the new plan is taken only on a clear predicted win;
+* :class:`SwitchPolicy`: Hopper's rule for when to probe, behind a
+  confidence test: a link's estimate is planned on only when its window's
+  samples show it moved ``probe_threshold`` x from what the current plan
+  assumed beyond their own spread (several agreeing samples, a majority, a
+  MAD bound), never on one observation; the new plan is taken only on a
+  clear predicted win;
 * :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
