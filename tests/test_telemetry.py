@@ -129,18 +129,26 @@ def test_estimator_median_quantised_and_expires():
     assert est.ratio_q().tolist() == [64, 64, 64]
 
 
-def test_steady_estimates_never_probe_and_noise_keeps_the_plan():
+def test_switch_rule_settles_only_confident_moves():
     pol = SwitchPolicy()
     planned = np.full(8, 64)
     rng = np.random.default_rng(1)
-    for _ in range(200):  # +-15 % noise on a steady fabric
-        q = np.clip(np.round(64 * (1 - 0.15 * rng.random(8))), 1, 64).astype(np.int64)
-        assert not pol.should_probe(q, planned)
-    slow = planned.copy()
-    slow[2] = 26
-    assert pol.should_probe(slow, planned)
-    assert not pol.should_probe(slow, slow)            # the plan made on it stays
-    assert pol.should_probe(planned, slow)             # the link recovered: try it again
+    for _ in range(200):  # +-15 % noise on a steady fabric, windows of 1 to 5
+        w = 1 - 0.15 * rng.random((int(rng.integers(1, 6)), 8))
+        assert (pol.settle(w, planned, 64) == planned).all()
+    # Link 2 at 0.4 in two of three samples (median 0.4 = 25.6 levels); link 5 in one.
+    w = np.ones((3, 8))
+    w[1:, 2] = 0.4
+    w[0, 5] = 0.4
+    slow = pol.settle(w, planned, 64)
+    assert slow.tolist() == [64, 64, 26, 64, 64, 64, 64, 64]
+    assert (pol.settle(w, slow, 64) == slow).all()          # the plan made on it stays
+    w[:, 2] = [1.0, 1.0, 0.4]                               # recovered in two of three
+    assert pol.settle(w, slow, 64).tolist() == [64] * 8     # try it again
+    w[:, 2] = [1.0, 0.4, np.nan]                            # one each way: no majority
+    assert (pol.settle(w, slow, 64) == slow).all()
+    w[:, 2] = np.nan                                        # expired: back at nominal
+    assert pol.settle(w, slow, 64).tolist() == [64] * 8
 
 
 def test_a_late_slowdown_is_learned_from_a_plans_first_calls():
@@ -181,9 +189,10 @@ def test_a_late_slowdown_is_learned_from_a_plans_first_calls():
         replans.append([a.replan() for a in ranks])
     # Every rank decides alike: no probe after 1 nominal + 1 slow sample, a probe after 2 slow.
     assert replans == [[False] * N, [False] * N, [True] * N]
-    q = ranks[0].est.ratio_q()
+    q = ranks[0].planned_q  # what the plans are made on
     assert (q[_rail0_links()] <= 0.45 * 64).any() and (np.delete(q, _rail0_links()) == 64).all()
-    assert all((a.est.ratio_q() == q).all() for a in ranks)
+    assert all((a.est.ratio_q() == ranks[0].est.ratio_q()).all() for a in ranks)
+    assert all((a.planned_q == q).all() for a in ranks)
 
 
 # ------------------------------------------------- the runtime, 8 gloo ranks
@@ -237,7 +246,7 @@ def _adapt_job(rank, ws, slow_rail, calls):
         dec = st.current
         plans.append((dec.flow_path.tolist(), dec.flow_weight.tolist()))
     rail_bytes = float(orch.stats.bytes_per_link[_rail0_links()].sum())
-    return {"ok": ok, "plans": plans, "q": st.adapt.est.ratio_q().tolist(),
+    return {"ok": ok, "plans": plans, "q": st.adapt.planned_q.tolist(),
             "learned": orch.learned_capacities(),
             "switches": orch.stats.plan_switches, "rail0_bytes_last": rail_bytes}
 
@@ -253,14 +262,15 @@ def test_runtime_estimates_and_plans_are_the_same_on_every_rank(slow_rail):
     for r in res[1:]:                                      # every rank: same numbers, same plans
         assert r["q"] == res[0]["q"] and r["plans"] == res[0]["plans"]
     plans = res[0]["plans"]
-    # What the orchestrator reports learned: the links estimated below nominal (64 levels).
+    # What the orchestrator reports learned: the links planned on below nominal (64 levels).
     assert res[0]["learned"] == {i: v / 64 for i, v in enumerate(res[0]["q"]) if v < 64}
     if slow_rail:
         q = np.array(res[0]["q"])
         assert (q[_rail0_links()] < 64).any() and (np.delete(q, _rail0_links()) == 64).all()
-        # One call to learn, then one switch, and the plan stays (no oscillation).
-        assert plans[0] == plans[0] and plans[1] != plans[0]
-        assert all(p == plans[1] for p in plans[2:]) and res[0]["switches"] == 1
+        # Two calls to learn (one sample is not enough), then one switch, and the plan
+        # stays (no oscillation).
+        assert plans[1] == plans[0] and plans[2] != plans[0]
+        assert all(p == plans[2] for p in plans[3:]) and res[0]["switches"] == 1
     elif slow_rail is False:
         # A steady fabric: the plan of the first call stays (hysteresis).
         assert all(p == plans[0] for p in plans) and res[0]["switches"] == 0
@@ -484,7 +494,7 @@ def _moe_adapt_job(rank, ws, steps):
             bad = str(exc)
         out[name] = {"ok": ok, "rail0": rail0, "switches": orch.stats.plan_switches, "bad": bad,
                      "calls": orch.stats.multipath_calls, "adapts": st.adapt is not None,
-                     "q": None if st.adapt is None else st.adapt.est.ratio_q().tolist()}
+                     "q": None if st.adapt is None else st.adapt.planned_q.tolist()}
     return out
 
 
@@ -513,6 +523,134 @@ def test_moe_dispatch_and_combine_learn_from_their_own_transfers():
             assert (r["q"], r["switches"]) == (first["q"], first["switches"])
         q = np.array(first["q"])
         assert (q[_rail0_links()] < 64).any() and (np.delete(q, _rail0_links()) == 64).all()
-        # The first dispatch runs blind and reports rail0 slow (in the combine's
-        # row): from that combine on, every step sends less over rail0.
-        assert max(first["rail0"]) < base[0], (first["rail0"], base)
+        # The first dispatch and combine run blind and report rail0 slow (in the
+        # combine's row and the next dispatch's): two samples settle it, and from
+        # the second step on every step sends less over rail0.
+        assert first["rail0"][0] == base[0], (first["rail0"], base)
+        assert max(first["rail0"][1:]) < base[0], (first["rail0"], base)
+
+
+# --------------------------------------- the switch rule under noisy samples
+#: The link a co-tenant slows in the noisy-sample tests: rail0 into node 0, the hot
+#: receiver's node (the busiest rail link of every plan of hotspot:0.6).
+NOISY_LINK = FAB.link_id("rail0", "n0.nic0")
+
+
+def _noisy_job(policy, true_of_call, calls, sigma, seed, outlier=None):
+    """Drive one :class:`Adaptation` through ``calls`` calls of ``hotspot:0.6``; its replans.
+
+    Each sampled call's words are fluid stream times (a stream ends when the
+    slowest link it crosses has carried the plan's bytes on it, at capacity
+    ``true_of_call(call) * nominal``) times seeded log-normal noise of spread
+    ``sigma``; ``outlier = (call, links, factor)`` makes every stream across
+    ``links`` ``factor`` x late in that call only. Every rank absorbs the same
+    words (the metadata exchange), so one rank's object stands for all.
+    A replan is made as the orchestrator makes it: the policy's plan on the
+    settled capacities. Returns ``[(call, learned, old plan's link bytes, new
+    plan's)]`` per replan.
+    """
+    from pathweave.runtime.telemetry import Adaptation, encode_times, streams_into
+
+    d = np.asarray(parse_workload("hotspot:0.6", N, bytes_per_rank=4 << 20), dtype=np.int64)
+    np.fill_diagonal(d, 0)
+
+    def plan_on(fab):
+        plan = make(fab, d, policy, paths=candidate_paths(fab))
+        keep = plan.flow_bytes > 0
+        rows = PS.links[plan.flow_path[keep]]
+        w = np.broadcast_to(plan.flow_bytes[keep][:, None].astype(float), rows.shape)
+        return plan.flow_path[keep], np.bincount(rows[rows >= 0], weights=w[rows >= 0],
+                                                 minlength=FAB.num_links)
+
+    rng = np.random.default_rng(seed)
+    a = Adaptation(FAB, PS, 0)
+    fp, lb = plan_on(FAB)
+    out = []
+    for call in range(calls):
+        a.note(fp, lb)
+        words = np.zeros((N, 0), dtype=np.int64)
+        if a.sampled:
+            streams = stream_links(PS, fp, N)
+            into = streams_into(streams, N)
+            link_s = lb / (FAB.capacity_Bps * 1e-4 * true_of_call(call))
+            words = np.zeros((N, max(k.size for k in into)), dtype=np.int64)
+            for dst, keys in enumerate(into):
+                t = np.array([link_s[streams[int(k)]].max() for k in keys])
+                t *= np.exp(sigma * rng.standard_normal(t.size))
+                if outlier is not None and outlier[0] == call:
+                    t *= [outlier[2] if np.isin(streams[int(k)], outlier[1]).any() else 1.0
+                          for k in keys]
+                words[dst, : t.size] = encode_times(t)
+        a.absorb(words)
+        if a.replan():
+            new_fp, new_lb = plan_on(a.fabric)
+            out.append((call, a.learned(), lb, new_lb))
+            fp, lb = new_fp, new_lb
+    return out
+
+
+#: Log-normal spread of every stream's time in the noisy-sample tests: a stream
+#: 1.5x late (what the tomography calls slowed) is 2.7 of it.
+SIGMA = 0.15
+SEEDS = range(16)
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
+def test_a_real_slowdown_switches_within_three_calls_in_every_seed(policy):
+    """A 40 % slowdown of one link from the first call on, seeded noise.
+
+    Within three calls (the switch decided on the words of calls 0 to 2, a
+    plan's first samples) the plan is made on the link below nominal, once:
+    no flip back while the link stays slow. The new plan is faster on the
+    true capacities than the blind one (fluid time: the busiest link's bytes
+    over its true capacity). The previous rule (a link's window median,
+    planned on once it moved 1.5-fold) switched at call 0, but flipped again
+    on noise in 4 of these 16 seeds with the default policy.
+    """
+    from pathweave.plan import DEFAULT_POLICY
+
+    true = np.ones(FAB.num_links)
+    true[NOISY_LINK] = 0.6
+    for seed in SEEDS:
+        sw = _noisy_job(policy, lambda c: true, 24, SIGMA, seed)
+        assert sw and sw[0][0] <= 2, f"seed {seed}: switches {[(c, x) for c, x, *_ in sw]}"
+        _, learned, old_lb, new_lb = sw[0]
+        assert NOISY_LINK in learned and learned[NOISY_LINK] <= 0.7, (seed, learned)
+        assert len(sw) == 1, f"seed {seed}: flipped: {[(c, x) for c, x, *_ in sw]}"
+        cap = FAB.capacity_Bps * true
+        new_s, old_s = (new_lb / cap).max(), (old_lb / cap).max()
+        # never worse; better with the default policy (static, deepep, hscore keep
+        # the bottleneck: one path per pair, or a fixed rail striping)
+        assert new_s < old_s if policy == DEFAULT_POLICY else new_s <= old_s, (seed, new_s, old_s)
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
+def test_noise_of_the_same_spread_never_switches(policy):
+    """No slowdown, the same noise: 40 calls (the first 3 and every 8th sampled), no replan.
+
+    The previous rule replanned in 5 to 9 of these 16 seeds, by policy:
+    a link a noisy stream made look 1.5x slow in the first call was learned at
+    once, and floors (an unslowed stream's bound on its links) below the median
+    were dropped, so two noisy calls of five outvoted three clean ones.
+    """
+    for seed in SEEDS:
+        sw = _noisy_job(policy, lambda c: np.ones(FAB.num_links), 40, SIGMA, seed)
+        assert sw == [], f"seed {seed}: switches {[(c, x) for c, x, *_ in sw]}"
+
+
+@pytest.mark.parametrize("at", [0, 8], ids=["first-call", "later-sample"])
+def test_a_single_outlier_sample_never_switches(at):
+    """One sampled call with the link's streams 2.5x late, noise otherwise: no replan.
+
+    A plan's first call is where outliers are likeliest (connections are set
+    up). The previous rule replanned on it in 16 of these 16 seeds (a
+    link's only sample was its median, 2.5-fold off), and in 13 of 16 at
+    call 8 (a floor below the median had been dropped, so the outlier met
+    one nominal sample and noise).
+    """
+    from pathweave.plan import DEFAULT_POLICY
+
+    for seed in SEEDS:
+        sw = _noisy_job(DEFAULT_POLICY, lambda c: np.ones(FAB.num_links), 24, SIGMA, seed,
+                        outlier=(at, [NOISY_LINK], 2.5))
+        assert sw == [], f"seed {seed}: switches {[(c, x) for c, x, *_ in sw]}"

@@ -31,7 +31,8 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    rank turns all ranks' times
    into the same per-link capacity estimates
    (:mod:`pathweave.runtime.telemetry`) and plans on them once they move
-   1.5-fold (Hopper's probe rule); hysteresis still decides the switch.
+   1.5-fold beyond their noise (Hopper's probe rule behind a confidence
+   test); hysteresis still decides the switch.
 
 Steps 2 to 5 are one pipeline (``Orchestrator._pipeline``) for every op.
 An op is an adapter: it exchanges and validates its own metadata, then

@@ -18,9 +18,12 @@ so every rank reaches the same estimates and the same plans:
   link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
   after ``ttl`` calls without an observation (the link is then tried again:
   Hopper's probe of an alternative);
-* :class:`SwitchPolicy`: Hopper's rule for when to probe: plan again on the
-  estimates only when a link's time moved ``probe_threshold`` x from what the
-  current plan assumed; the new plan is taken only on a clear predicted win;
+* :class:`SwitchPolicy`: Hopper's rule for when to probe, behind a
+  confidence test: a link's estimate is planned on only when its window's
+  samples show it moved ``probe_threshold`` x from what the current plan
+  assumed beyond their own spread (several agreeing samples, a majority, a
+  MAD bound), never on one observation; the new plan is taken only on a
+  clear predicted win;
 * :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
@@ -236,6 +239,9 @@ class LinkEstimator:
     ttl
         Calls without an observation after which a link is assumed back at
         nominal (and so tried again by the next plan).
+    vote
+        A lower bound at least this share of nominal is an observation
+        (:meth:`update`).
 
     Examples
     --------
@@ -246,11 +252,13 @@ class LinkEstimator:
     [64, 26]
     """
 
-    def __init__(self, num_links: int, *, window: int = 5, levels: int = 64, ttl: int = 64):
+    def __init__(self, num_links: int, *, window: int = 5, levels: int = 64, ttl: int = 64,
+                 vote: float = 2.0 / 3.0):
         if window < 1 or levels < 2 or ttl < 1:
             raise ValueError(f"window, levels, ttl must be >= 1, 2, 1; got {window}, {levels}, "
                              f"{ttl}")
         self.levels = int(levels)
+        self.vote = float(vote)
         self.ttl = int(ttl)
         self._hist = np.full((int(window), num_links), np.nan)  # a ring per link
         self._next = np.zeros(num_links, dtype=np.int64)
@@ -259,6 +267,16 @@ class LinkEstimator:
         # orchestrator asks every call (a NaN median per link costs a rank about
         # a millisecond, 8 ranks on 2 cores several per call).
         self._q: np.ndarray | None = None
+        #: Bumped by every :meth:`update`: what the switch test computed on is still current.
+        self.version = 0
+
+    @property
+    def samples(self) -> np.ndarray:
+        """The windows, ``float[window, num_links]``: each link's last observations
+        (NaN: none), in ring order. Read-only."""
+        v = self._hist.view()
+        v.setflags(write=False)
+        return v
 
     def _median(self) -> np.ndarray:
         """Median of each link's window (NaN for an empty one)."""
@@ -272,7 +290,13 @@ class LinkEstimator:
         """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
 
         A lower bound above a link's estimate (the link proved faster) is
-        taken as an observation; one below it says nothing. A lower bound
+        taken as an observation. One of at least ``vote`` of nominal
+        (:func:`link_ratios`' ``slow``: what an unslowed stream bounds its
+        own bottleneck link by) but below the estimate is taken as an
+        observation at the estimate: the call agreed with it, a vote that
+        :class:`SwitchPolicy` counts (dropped, a link that noise made look
+        slow in two calls of five looked slow in two of two). Others say
+        nothing (a link with slack in the call). A lower bound
         of a link without an estimate (no stream of it was slowed) is taken
         as an observation at nominal: one slow call after it moves the
         median only halfway (a single late call, measured in the emulator
@@ -283,8 +307,8 @@ class LinkEstimator:
         if floors is not None:
             lo = np.asarray(floors, dtype=np.float64)
             med = self._median()
-            up = np.isnan(r) & np.isfinite(lo) & np.isfinite(med) & (lo > med)
-            r[up] = lo[up]
+            up = np.isnan(r) & np.isfinite(lo) & np.isfinite(med) & ((lo > med) | (lo >= self.vote))
+            r[up] = np.maximum(lo[up], med[up])
             r[np.isnan(r) & np.isfinite(lo) & np.isnan(med)] = 1.0
         seen = np.flatnonzero(np.isfinite(r))
         self._hist[self._next[seen] % self._hist.shape[0], seen] = np.clip(r[seen], 0.0, 1.0)
@@ -295,6 +319,7 @@ class LinkEstimator:
         stale = unseen & (self._age > self.ttl)
         self._hist[:, stale] = np.nan
         self._q = None
+        self.version += 1
 
     def ratio_q(self) -> np.ndarray:
         """Quantised estimate per link: ``int64`` in ``[1, levels]`` (``levels`` = nominal).
@@ -317,29 +342,83 @@ class LinkEstimator:
 
 @dataclass
 class SwitchPolicy:
-    """Hopper's probe rule for plans: re-plan only on a ``probe_threshold``-fold move.
+    """When learned capacities are sure enough to plan on: a confidence test per link.
 
-    A link whose estimate says its time is ``probe_threshold`` x what the
-    current plan assumed (slower, or faster again) makes the orchestrator
-    plan again on the estimates; the new plan replaces the current one only
-    on a clear predicted win (the orchestrator's ``hysteresis``). Hopper's
-    delayed switch, which keeps a flow's packets in order, has nothing to do
-    in a collective: a plan changes between calls, never within one.
+    Hopper probes when a path's time exceeds ``probe_threshold`` x its
+    baseline. One observation is not enough for that here: a call's receive
+    times are noisy (a descheduled rank, a first call that sets up
+    connections), and a plan made on one noisy call is a switch paid for by
+    every call after it. So a link's estimate replaces the value the current
+    plan was made with (``planned_q``) only when its window of observations
+    (:attr:`LinkEstimator.samples`) shows a ``probe_threshold``-fold move
+    beyond their own spread:
+
+    * a sign test: at least ``agree`` observations moved that far the same
+      way, and they are a strict majority of the window (one outlier moves
+      nothing; nor do one nominal and one slow call);
+    * a one-sided bound: the window's median (of logarithms: ratios are
+      multiplicative), moved back towards the planned value by ``z`` robust
+      standard errors (``1.4826 * MAD / sqrt(n)``), is still
+      ``probe_threshold``-fold away (samples that agree but scatter widely
+      around the threshold move nothing).
+
+    A link whose window expired (unobserved for the estimator's ``ttl``
+    calls) returns to nominal, so the next plan tries it again (Hopper's
+    probe of an alternative). The plan made on the settled values replaces
+    the current one only on a clear predicted win (the orchestrator's
+    ``hysteresis``), and only a new confident move in the other direction
+    can take a settled value back. Hopper's delayed switch, which keeps a
+    flow's packets in order, has nothing to do in a collective: a plan
+    changes between calls, never within one.
+
+    Examples
+    --------
+    A link at nominal (64 of 64 levels) in the plan. One slow observation,
+    or one nominal and one slow, settle nothing; a second slow one does:
+
+    >>> pol, planned = SwitchPolicy(), np.array([64])
+    >>> [pol.settle(np.array(w)[:, None], planned, 64).tolist()
+    ...  for w in ([0.4], [1.0, 0.4], [1.0, 0.4, 0.42])]
+    [[64], [64], [27]]
+
+    Two slow observations far apart (0.6 and 0.2): the bound from their
+    spread reaches back past the threshold, and the plan stays:
+
+    >>> pol.settle(np.array([[0.6], [0.2]]), planned, 64).tolist()
+    [64]
     """
 
     probe_threshold: float = 1.5
+    agree: int = 2
+    z: float = 1.645
 
-    def should_probe(self, ratio_q: np.ndarray, planned_q: np.ndarray) -> bool:
-        """Whether some link's estimate moved ``probe_threshold``-fold since the plan was made.
+    def settle(self, samples: np.ndarray, planned_q: np.ndarray, levels: int) -> np.ndarray:
+        """``planned_q`` with each link that ``samples`` confidently moved set to their median.
 
-        ``planned_q``: the estimates the current plan was made with (all
-        ``levels`` for a plan on nominal capacities). Smaller moves are noise
-        and keep the plan.
+        ``samples``: ``float[window, links]`` capacity ratios (NaN: none);
+        ``planned_q``: the quantised ratios (``levels`` = nominal) the current
+        plan was made with. Returns new quantised ratios (``planned_q``
+        itself where nothing moved); deterministic in its arguments.
         """
-        q = np.asarray(ratio_q, dtype=np.float64)
-        p = np.asarray(planned_q, dtype=np.float64)
-        f = np.maximum(q / p, p / q)
-        return bool((f >= self.probe_threshold).any())
+        h = np.asarray(samples, dtype=np.float64)
+        planned = np.asarray(planned_q, dtype=np.int64)
+        out = planned.copy()
+        n = np.isfinite(h).sum(axis=0)
+        out[(n == 0) & (planned != levels)] = levels  # expired: try it again
+        cols = np.flatnonzero(n >= self.agree)
+        if cols.size == 0:
+            return out
+        x = np.log(np.clip(h[:, cols], 1.0 / levels, 1.0))
+        m = np.nanmedian(x, axis=0)
+        half = self.z * 1.4826 * np.nanmedian(np.abs(x - m), axis=0) / np.sqrt(n[cols])
+        lp, lf = np.log(planned[cols] / levels), np.log(self.probe_threshold) - 1e-9
+        slow, fast = (x <= lp - lf).sum(axis=0), (x >= lp + lf).sum(axis=0)
+        # the sign test (enough votes, and a strict majority), then the bound
+        moved = (((slow >= self.agree) & (2 * slow > n[cols]) & (m + half <= lp - lf))
+                 | ((fast >= self.agree) & (2 * fast > n[cols]) & (m - half >= lp + lf)))
+        q = np.clip(np.round(np.exp(m) * levels), 1, levels).astype(np.int64)
+        out[cols[moved]] = q[moved]
+        return out
 
 
 def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
@@ -467,6 +546,7 @@ class Adaptation:
         self.est = LinkEstimator(fabric.num_links, **estimator)
         self.policy = SwitchPolicy()
         self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
+        self._checked = self.est.version  # the estimator update replan() last saw
         self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         # plan key -> [stream links, streams into each rank, this rank's stream -> word,
@@ -551,16 +631,25 @@ class Adaptation:
                                      self.nominal.capacity_Bps, num_ranks=self.n))
 
     def learned(self) -> dict[int, float]:
-        """Link id -> its estimated share of nominal capacity, for the links estimated below it
-        (quantised to the estimator's levels; what :meth:`replan` degrades the fabric by)."""
-        q = self.est.ratio_q()
+        """Link id -> its share of nominal capacity that plans are made on, for the links
+        below nominal (quantised to the estimator's levels; settled by :meth:`replan`)."""
+        q = self.planned_q
         f = q.astype(np.float64) / self.est.levels
         return {int(i): float(f[i]) for i in np.flatnonzero(q < self.est.levels)}
 
     def replan(self) -> bool:
-        """Whether the estimates moved enough to plan again; if so, :attr:`fabric` follows them."""
-        q = self.est.ratio_q()
-        if not self.policy.should_probe(q, self.planned_q):
+        """Whether some link's estimate moved confidently (:class:`SwitchPolicy`); if so,
+        :attr:`fabric` follows the settled estimates.
+
+        Checked once per estimator update: the settled values are a function
+        of the windows and the previous settled values, and settling them
+        again moves nothing.
+        """
+        if self._checked == self.est.version:
+            return False
+        self._checked = self.est.version
+        q = self.policy.settle(self.est.samples, self.planned_q, self.est.levels)
+        if (q == self.planned_q).all():
             return False
         self.planned_q = q
         moved = self.learned()
