@@ -53,6 +53,12 @@ pass is skipped there; it was 10-100 % of the planning time and moved the
 gap by -0.2 % to +0.4 %. Over the benchmark ``mwu`` is at most 0.75 % above
 the optimum (``docs/benchmarks.md``).
 
+Link classes (no effect on plans). Links on exactly the same candidate paths
+carry the same bytes under every plan; the kernel keeps one load per such
+class, priced with its largest ``1/capacity`` (:func:`class_tables`), so each
+path cost is the same number over fewer links (5.4 -> 2.2 per path on
+``h100-2x4``).
+
 The planner is deterministic: a fixed pair order, a fixed path order, ties to
 the lowest path id, integer bytes.
 """
