@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 
 import pathweave as pw
 from pathweave.errors import FabricError, PlanError, WorkloadError
-from pathweave.plan._mwu_kernel import route_kernel, route_reference
+from pathweave.plan._mwu_kernel import (
+    link_classes,
+    link_classes_reference,
+    route_kernel,
+    route_reference,
+)
 from pathweave.plan.optimal import round_within_pairs
 
 H100 = pw.fabric.preset("h100-2x4")
@@ -211,6 +216,42 @@ def test_mwu_kernel_matches_the_reference(scale, lam, refine, stop_s):
                  stop_s)
     assert np.array_equal(flow, flow_ref)
     np.testing.assert_allclose(load, load_ref)
+
+
+@pytest.mark.parametrize("which", ["h100", "dgx", "spine"])
+@pytest.mark.parametrize("tables", ["real", "effective"])
+def test_link_classes_group_links_on_the_same_paths(which, tables):
+    """Links in one class lie on exactly the same paths (a brute-force twin), and the
+    kernel over the classes routes exactly as the reference over every link."""
+    from pathweave.plan import timemodel as tm
+
+    fab = {"h100": H100, "dgx": DGX, "spine": SPINE}[which]
+    ps = pw.fabric.candidate_paths(fab)
+    if tables == "real":
+        links, length, inv = ps.links, ps.length, 1.0 / fab.capacity_Bps
+    else:
+        pc = tm.path_costs(ps)
+        links, length, inv = pc.links, pc.length, 1.0 / pc.capacity_Bps
+    cls, clinks, clength, n = link_classes(links, length, np.int64(inv.size))
+    ref = link_classes_reference(links, length, inv.size)
+    assert np.array_equal(cls, ref[0]) and n == ref[3]
+    assert np.array_equal(clinks, ref[1]) and np.array_equal(clength, ref[2])
+    assert n < int((np.bincount(links[links >= 0], minlength=inv.size) > 0).sum())
+    cinv = pw.plan.mwu.class_inv(cls, inv)
+    rng = np.random.default_rng(11)
+    N = fab.num_ranks
+    D = np.floor(rng.random((N, N)) * 300 * MB) * (rng.random((N, N)) < 0.5)
+    np.fill_diagonal(D, 0)
+    pairs = np.flatnonzero(D.reshape(-1))
+    dem = D.reshape(-1)[pairs].astype(np.int64)
+    lo, hi = ps.pair_ptr[pairs], ps.pair_ptr[pairs + 1]
+    pen = (ps.length - 1) * 1e-6
+    _, flow_ref = route_reference(lo, hi, dem, links, length, pen, inv, 0.5, 1 << 20, 2 << 20, 1)
+    load = np.zeros(n)
+    flow = np.zeros(int((hi - lo).sum()), dtype=np.int64)
+    route_kernel(lo, hi, dem, clinks, clength, pen, cinv, 0.5, np.int64(1 << 20),
+                 np.int64(2 << 20), np.int64(1), load, flow, 0.0)
+    assert np.array_equal(flow, flow_ref)
 
 
 def _congestion(ps, inv, pid, nbytes):

@@ -79,10 +79,11 @@ from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
 from pathweave.plan._plan import Plan
 from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
-from pathweave.plan.mwu import _check_options, route
+from pathweave.plan.mwu import _check_options, class_tables, route
 from pathweave.plan.registry import DEFAULT_POLICY, baselines, policy_info, register
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
+    _model_key,
     default_model,
     lower_bound_s,
     path_costs,
@@ -145,6 +146,13 @@ def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
     return paths.derived(("mwu_time.tables", m), build)
 
 
+def _time_classes(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`~pathweave.plan.mwu.class_tables` of the effective links under ``model``."""
+    pc = path_costs(paths, model)
+    inv = _time_tables(paths, model)[1]
+    return class_tables(paths, ("time", _model_key(model)), pc.links, pc.length, inv)
+
+
 def _check_mwu_time(*, model: Any = None, **algorithm1: Any) -> None:
     _check_options(**algorithm1)
 
@@ -175,7 +183,8 @@ def mwu_time(
     # link's time: the certified target of refinement's early stop.
     bound = lower_bound_s(paths, demand, model) - pc.setup_s
     return route(
-        fabric, demand, paths, "mwu_time", pc.links, pc.length, pen, inv,
+        fabric, demand, paths, "mwu_time", ("time", _model_key(model)),
+        pc.links, pc.length, pen, inv,
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
         refine=refine, bound_s=max(bound, 0.0),
     )
@@ -394,14 +403,14 @@ def warm_start(
     got = np.bincount(k, weights=share, minlength=pairs.size)
     flow += np.bincount(off[:-1] + pins[pairs] - lo, weights=dem - got, minlength=nslot)
     flow = np.rint(flow).astype(np.int64)
-    pc = path_costs(ps, model)
-    pen, inv = _time_tables(ps, model)
+    pen, _ = _time_tables(ps, model)
+    clinks, clength, inv = _time_classes(ps, model)
     slot_path = np.repeat(lo - off[:-1], hi - lo) + np.arange(nslot)
-    rows = pc.links[slot_path]
+    rows = clinks[slot_path]
     m = rows >= 0
     load = np.bincount(rows[m], weights=np.broadcast_to(flow[:, None], rows.shape)[m],
                        minlength=inv.size).astype(np.float64)
-    refine_kernel(lo, hi, dem, off, pc.links, pc.length, pen, inv, float(fraction),
+    refine_kernel(lo, hi, dem, off, clinks, clength, pen, inv, float(fraction),
                   np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine), load,
                   flow)
     pid, nb = compact_flows(lo, hi, flow)
