@@ -28,7 +28,6 @@ from pathweave.plan.static import static_paths
 
 @register(
     "deepep",
-    options={},
     baseline=True,
     stripes=lambda paths: deepep_stripes(paths),
     summary="DeepEP normal kernels: RDMA to the destination node's same-rail GPU, then NVLink",

@@ -162,7 +162,6 @@ HEAD_PAIRS_PER_RANK = 4
 
 @register(
     "hscore",
-    options={"spray_delta": None, "order": "size"},
     baseline=True,
     check=_check_options,
     summary=(

@@ -107,22 +107,6 @@ REACH_RTOL = 0.01
 #: The multi-path candidates plan in chunks of at least the largest pair / PLAN_PIECES.
 PLAN_PIECES = 64
 
-MWU_TIME_DEFAULTS: dict[str, Any] = {
-    "fraction": MWU_DEFAULTS["fraction"],
-    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
-    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
-    "refine": MWU_DEFAULTS["refine"],
-    "model": None,
-}
-
-MINTIME_DEFAULTS: dict[str, Any] = {
-    "chunk_bytes": MWU_DEFAULTS["chunk_bytes"],
-    "min_split_bytes": MWU_DEFAULTS["min_split_bytes"],
-    "model": None,
-    "margin": 0.01,
-    "tie": 0.001,
-    "prune": True,
-}
 
 
 def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +143,6 @@ def _check_mwu_time(*, model: Any = None, **algorithm1: Any) -> None:
 
 @register(
     "mwu_time",
-    options=MWU_TIME_DEFAULTS,
     summary="Algorithm 1 over the time model's effective links, forwarding time as penalty",
     check=_check_mwu_time,
 )
@@ -168,10 +151,10 @@ def mwu_time(
     demand: np.ndarray,
     paths: PathSet,
     *,
-    fraction: float = MWU_TIME_DEFAULTS["fraction"],
-    chunk_bytes: int = MWU_TIME_DEFAULTS["chunk_bytes"],
-    min_split_bytes: int = MWU_TIME_DEFAULTS["min_split_bytes"],
-    refine: int = MWU_TIME_DEFAULTS["refine"],
+    fraction: float = MWU_DEFAULTS["fraction"],
+    chunk_bytes: int = MWU_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MWU_DEFAULTS["min_split_bytes"],
+    refine: int = MWU_DEFAULTS["refine"],
     model: Any = None,
 ) -> Plan:
     """Time-aware MWU: see the module docstring."""
@@ -338,7 +321,6 @@ def _check_mintime(*, chunk_bytes: int, min_split_bytes: int, margin: float, tie
 
 @register(
     DEFAULT_POLICY,
-    options=MINTIME_DEFAULTS,
     summary="default: the least predicted time of every baseline, mwu_time and mwu",
     check=_check_mintime,
 )
@@ -347,12 +329,12 @@ def mintime(
     demand: np.ndarray,
     paths: PathSet,
     *,
-    chunk_bytes: int = MINTIME_DEFAULTS["chunk_bytes"],
-    min_split_bytes: int = MINTIME_DEFAULTS["min_split_bytes"],
+    chunk_bytes: int = MWU_DEFAULTS["chunk_bytes"],
+    min_split_bytes: int = MWU_DEFAULTS["min_split_bytes"],
     model: Any = None,
-    margin: float = MINTIME_DEFAULTS["margin"],
-    tie: float = MINTIME_DEFAULTS["tie"],
-    prune: bool = MINTIME_DEFAULTS["prune"],
+    margin: float = 0.01,
+    tie: float = 0.001,
+    prune: bool = True,
 ) -> Plan:
     """Plan the candidates and return the fastest in prediction (module docstring)."""
     _check_rule(margin, tie)
@@ -363,6 +345,11 @@ def mintime(
     info = {**p.info, "chosen": name, "predicted_s": times[name],
             "candidates_s": dict(times), "bound_s": lb}
     return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
+
+
+#: The default policy's options and their defaults (declared once, in :func:`mintime`'s
+#: signature).
+MINTIME_DEFAULTS: dict[str, Any] = policy_info(DEFAULT_POLICY).options
 
 
 # ------------------------------------------------------------ incremental replan

@@ -49,7 +49,6 @@ UCX_MAX_RNDV_RAILS = 2
 
 @register(
     "multirail",
-    options={},
     baseline=True,
     executable=False,
     stripes=lambda paths: multirail_stripes(paths),

@@ -193,7 +193,6 @@ _VALID_OPTIONS_MAX = 64
 
 @register(
     "mwu",
-    options=DEFAULTS,
     summary="NIMBLE Algorithm 1: multiplicative-weights min-congestion over all candidate paths",
     check=_check_options,
 )

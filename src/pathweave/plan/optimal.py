@@ -94,7 +94,6 @@ def _check_options(*, time_limit_s: float, method: str) -> None:
 
 @register(
     "optimal",
-    options={"time_limit_s": 120.0, "method": "highs"},
     summary="LP optimum (HiGHS) of min-congestion over the same candidate paths",
     check=_check_options,
 )

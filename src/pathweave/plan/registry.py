@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,7 +79,6 @@ _REGISTRY: dict[str, Policy] = {}
 def register(
     name: str,
     *,
-    options: dict[str, Any],
     summary: str,
     baseline: bool = False,
     check: Callable[..., None] | None = None,
@@ -88,6 +88,8 @@ def register(
 ) -> Callable[[Planner], Planner]:
     """Register ``func(fabric, demand, paths, **options) -> Plan`` under ``name``.
 
+    The policy's options are ``func``'s keyword-only parameters, each with
+    its default: declared once, in the signature (:func:`signature_options`).
     ``check(**options)``, if given, validates every option's value without
     planning, so a bad value fails where it is set (:func:`check_options`).
     """
@@ -95,11 +97,35 @@ def register(
     def deco(func: Planner) -> Planner:
         if name in _REGISTRY:
             raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, dict(options), summary, baseline, check, stripes,
-                                 executable, below)
+        _REGISTRY[name] = Policy(name, func, signature_options(func), summary, baseline, check,
+                                 stripes, executable, below)
         return func
 
     return deco
+
+
+def signature_options(func: Callable[..., Any]) -> dict[str, Any]:
+    """``func``'s options: its keyword-only parameters and their defaults, in order.
+
+    Examples
+    --------
+    >>> def planner(fabric, demand, paths, *, fraction: float = 0.5, refine: int = 1):
+    ...     pass
+    >>> signature_options(planner)
+    {'fraction': 0.5, 'refine': 1}
+    >>> signature_options(lambda fabric, demand, paths, *, knob: None)
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.PlanError: policy option 'knob' of <lambda> has no default
+    """
+    opts: dict[str, Any] = {}
+    for p in inspect.signature(func).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            if p.default is inspect.Parameter.empty:
+                raise PlanError(f"policy option {p.name!r} of {func.__qualname__} has no "
+                                "default")
+            opts[p.name] = p.default
+    return opts
 
 
 def policies(*, executable_only: bool = False) -> list[str]:

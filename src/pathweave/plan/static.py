@@ -65,7 +65,6 @@ def static_stripes(paths: PathSet) -> tuple[np.ndarray, np.ndarray]:
 
 @register(
     "static",
-    options={},
     baseline=True,
     stripes=static_stripes,
     summary="NCCL-like: direct NVLink inside a node, PXN (destination's rail) across nodes",
