@@ -98,11 +98,11 @@ DEFAULT_KINDS = ("direct", "relay", "rail", "spine")
 #: Rules whose paths the data plane cannot run, with why: models of routes
 #: that the network or a peer library picks, never pathweave's data plane.
 MODEL_KINDS: dict[str, str] = {
+    "pcie": "no GPU forwards them, so the transport would pick the route; that rule models "
+            "UCX ('multirail') only",
     "ecmp": "all spine paths of a pair are the one send [s, d], and the switches' hash, "
             "not the plan, picks the spine; that rule models UCX ('multirail') and the "
             "flow-level simulator only",
-    "pcie": "no GPU forwards them, so the transport would pick the route; that rule models "
-            "UCX ('multirail') only",
 }
 
 T = TypeVar("T")

@@ -191,7 +191,7 @@ def check_options(policy: str, options: dict[str, Any], *, execute: bool = True)
             f"run ({pol.summary.split(':')[0]}); simulate it or compare against it, and run "
             "one of " + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
         )
-    model = [k for k in kinds if k in MODEL_KINDS]
+    model = [k for k in MODEL_KINDS if k in kinds]
     if model:
         raise PlanError(f"kinds={tuple(kinds)!r}: the data plane cannot run {model[0]!r} paths "
                         f"({MODEL_KINDS[model[0]]})")
