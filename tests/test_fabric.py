@@ -179,15 +179,68 @@ def test_nvswitch_has_no_relay_paths():
     assert len(ucx.pair_paths(0, 9)) == 8 + 1
 
 
-def test_spine_paths_one_per_spine():
+def test_ecmp_rule_gives_every_spine():
     fab = cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2)
-    ps = pw.fabric.candidate_paths(fab)
+    ps = pw.fabric.candidate_paths(fab, (*pw.fabric.paths.DEFAULT_KINDS, "ecmp"))
     spines = [p for p in ps.pair_paths(0, 5) if ps.kind[p] == PathKind.SPINE]
     assert [ps.path_vertices(p) for p in spines] == [
         ["n0.gpu0", "n0.nic0", "rail0", f"spine{k}", "rail1", "n1.nic1", "n1.gpu1"] for k in (0, 1)
     ]
     # same rail: no spine detour
     assert not any(ps.kind[p] == PathKind.SPINE for p in ps.pair_paths(0, 4))
+    # the default rule: n0.gpu1 is on rail1, so (0, 5) has PXN and no spine path
+    default = pw.fabric.candidate_paths(fab)
+    assert not (default.kind == PathKind.SPINE).any()
+    assert roles(default, 0, 5) == roles(ps, 0, 5)[:len(default.pair_paths(0, 5))]
+
+
+def _short_of_rail0(spines: int) -> pw.fabric.Fabric:
+    """Node 0: gpu0 on rail0, gpu1 on rail1; node 1: both GPUs on rail1; NVLink
+    inside each node; every spine joins both rails."""
+    b = FabricBuilder("short-of-rail0")
+    for r in ("rail0", "rail1"):
+        b.vertex(r, VertexKind.RAIL)
+    for n, rails in ((0, (0, 1)), (1, (1, 1))):
+        for i, x in enumerate(rails):
+            b.vertex(f"n{n}.gpu{i}", VertexKind.GPU, n)
+            b.vertex(f"n{n}.nic{i}", VertexKind.NIC, n)
+            b.duplex(f"n{n}.gpu{i}", f"n{n}.nic{i}", 64e9, LinkKind.PCIE)
+            b.duplex(f"n{n}.nic{i}", f"rail{x}", 50e9, LinkKind.NETWORK)
+        b.duplex(f"n{n}.gpu0", f"n{n}.gpu1", 100e9, LinkKind.NVLINK)
+    for k in range(spines):
+        b.vertex(f"spine{k}", VertexKind.SPINE)
+        for r in ("rail0", "rail1"):
+            b.duplex(f"spine{k}", r, 50e9, LinkKind.NETWORK)
+    return b.build()
+
+
+def test_spine_rule_by_hand():
+    # Ranks 0 (rail0), 1 (rail1) in node 0; 2, 3 (rail1) in node 1.
+    fab = _short_of_rail0(spines=3)
+    ps = pw.fabric.candidate_paths(fab)
+    got = {(s, d): [ps.describe(p) for p in ps.pair_paths(s, d)]
+           for s in range(4) for d in range(4) if s // 2 != d // 2}
+    # 0 -> 2, 3: PXN through n0.gpu1 (rail1), so no spine path.
+    assert got[0, 2] == ["rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic0 -> "
+                         "n1.gpu0"]
+    assert got[0, 3] == ["rail(dr, rail1): n0.gpu0 -> n0.gpu1 -> n0.nic1 -> rail1 -> n1.nic1 -> "
+                         "n1.gpu1"]
+    # 2, 3 -> 0: node 1 has no GPU on rail0: the forward at the far end (rd)
+    # and one spine, (s + d) % 3: spine2 for 2 -> 0, spine0 for 3 -> 0.
+    for s, k in ((2, 2), (3, 0)):
+        assert got[s, 0] == [
+            f"rail(rd, rail1): n1.gpu{s - 2} -> n1.nic{s - 2} -> rail1 -> n0.nic1 -> n0.gpu1 -> "
+            "n0.gpu0",
+            f"spine(spine{k}): n1.gpu{s - 2} -> n1.nic{s - 2} -> rail1 -> spine{k} -> rail0 -> "
+            "n0.nic0 -> n0.gpu0"]
+    # Same rail: matched only.
+    for s, d in ((1, 2), (1, 3), (2, 1), (3, 1)):
+        assert [t.split(":")[0] for t in got[s, d]] == ["rail(matched, rail1)"]
+    # The ecmp rule: every spine for every pair on different rails, PXN or not.
+    every = pw.fabric.candidate_paths(fab, (*ps.kinds, "ecmp"))
+    for s, d in ((0, 2), (0, 3), (2, 0), (3, 0)):
+        sp = [int(every.via[p]) for p in every.pair_paths(s, d) if every.kind[p] == PathKind.SPINE]
+        assert sp == [0, 1, 2]
 
 
 def test_spines_without_a_cross_rail_pair_add_no_path():

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import pathweave as pw
 from pathweave.errors import PlanError
+from pathweave.fabric.paths import DEFAULT_KINDS
 from pathweave.plan import _hscore_kernel as hk
 from pathweave.plan._flows import split_evenly
 
@@ -36,6 +37,8 @@ def _fabric(name: str) -> pw.fabric.Fabric:
     if name == "spine-tree":  # spines and a PCIe tree: GPU -> switch -> NIC hops
         return pw.fabric.cluster(nodes=2, gpus_per_node=4, node_kind="nvlink-mesh", spines=2,
                                  pcie_tree=True)
+    if name == "leaf-spine":  # one GPU per host: cross-leaf pairs have one spine path only
+        return pw.fabric.leaf_spine(leaves=2, hosts_per_leaf=2, spines=3)
     return pw.fabric.preset(name)
 
 
@@ -273,21 +276,27 @@ def test_corollary_on_fabric_and_spine_choice(h100, spine) -> None:
     plan = pw.plan.make(h100, d, "hscore", spray_delta=1.0).validate()
     assert [(r.role, r.via) for r in plan.routes(0, 5)] == [("rd", 0)]
     assert plan.info["remote_pairs"] == 0
-    # With spines, spine 0's product H(g1) * H(S) * H(g2) = 1 * 1 * 1 beats 1/3.
-    plan = pw.plan.make(spine, d, "hscore").validate()
+    # Offered every spine (the ecmp modelling rule), spine 0's product
+    # H(g1) * H(S) * H(g2) = 1 * 1 * 1 beats 1/3.
+    plan = pw.plan.make(spine, d, "hscore", kinds=(*DEFAULT_KINDS, "ecmp")).validate()
     (route,) = plan.routes(0, 5)
     assert (route.kind, route.via) == ("spine", 0)
     assert plan.info["decisions"]["spine"] == 1
+    # The default rules give (0, 5) no spine path (n0.gpu1 is on rail 1: PXN),
+    # so the executable plan takes rd as on h100-2x4.
+    plan = pw.plan.make(spine, d, "hscore").validate()
+    assert [(r.role, r.via) for r in plan.routes(0, 5)] == [("rd", 0)]
 
 
 def test_spine_loses_ties(spine) -> None:
     # Idle: dr scores 1 * 1, a spine 1 * 1 * 1; only a strictly better spine wins.
-    plan = pw.plan.make(spine, _pairs(8, {(0, 5): MB}), "hscore")
+    plan = pw.plan.make(spine, _pairs(8, {(0, 5): MB}), "hscore", kinds=(*DEFAULT_KINDS, "ecmp"))
     assert [r.role for r in plan.routes(0, 5)] == ["dr"]
 
 
 # ------------------------------------------------------------------ slow twins
-@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster", "spine-tree"])
+@pytest.mark.parametrize("fab_name", ["h100-2x4", "dgx-h100", "spine-cluster", "spine-tree",
+                                      "leaf-spine"])
 def test_path_segments_match_reference(fab_name: str) -> None:
     fab = _fabric(fab_name)
     paths = pw.fabric.compile_paths(fab)

@@ -666,6 +666,69 @@ def test_the_data_plane_refuses_a_model_only_peer(policy):
         predict(H100, _cross_rail_shift(H100).astype(np.int64), policy)
 
 
+#: Fabrics with spines: PXN everywhere (dgx-h100), a PCIe tree and GPUs without
+#: a NIC (cluster), single-GPU hosts where a spine is a pair's only way.
+SPINE_FABRICS = {
+    "dgx-spines": lambda: pw.fabric.resolve("dgx-h100:nodes=2,spines=2"),
+    "cluster-spines": lambda: pw.fabric.resolve("cluster:nodes=4,gpus_per_node=4,rails=2,"
+                                                "spines=2,pcie_tree=1"),
+    "leaf-spine": lambda: pw.fabric.leaf_spine(leaves=3, hosts_per_leaf=2, spines=2),
+}
+
+
+def _gpu_route(paths, pid):
+    """Ranks along a path from its vertex names (GPU vertices only)."""
+    fab = paths.fabric
+    names = paths.path_vertices(pid)
+    return tuple(int(fab.vertex_rank[fab.vertex_names.index(v)]) for v in names
+                 if fab.vertex_kind[fab.vertex_names.index(v)] == pw.fabric.VertexKind.GPU)
+
+
+@pytest.mark.parametrize("which", sorted(SPINE_FABRICS))
+@pytest.mark.parametrize("policy", EXECUTED)
+def test_every_executed_plan_puts_a_pair_on_distinct_routes_the_transport_takes(which, policy):
+    # The data plane controls only a fragment's route (its GPUs): two
+    # fragments of one pair on one route would be split by the transport, and
+    # a fragment sent plainly ([s, d]) takes the emulator's per-destination
+    # route, the static (NCCL: PXN, else the hashed spine) path.
+    from pathweave.plan.static import static_pins
+    from pathweave.runtime.schedule import path_routes
+
+    fab = SPINE_FABRICS[which]()
+    n = fab.num_ranks
+    D = pw.traffic.hotspot(n, bytes_per_rank=256 << 20, ratio=0.8)
+    plan = pw.plan.make(fab, D, policy).validate()
+    path_routes(plan.paths)  # runs
+    pins = static_pins(plan.paths)
+    seen: dict[tuple[int, ...], int] = {}
+    for pid in plan.flow_path.tolist():
+        route = _gpu_route(plan.paths, pid)
+        assert seen.setdefault(route, pid) == pid, (route, plan.paths.describe(pid))
+        if len(route) == 2:
+            s, d = route
+            assert pid == pins[s * n + d], plan.paths.describe(pid)
+
+
+def test_path_routes_refuses_paths_of_one_pair_on_one_route():
+    import dataclasses
+
+    from pathweave.runtime.schedule import path_routes
+
+    fab = pw.fabric.leaf_spine(leaves=2, hosts_per_leaf=1, spines=2)
+    ps = pw.fabric.candidate_paths(fab)
+    assert path_routes(ps)[ps.pair_paths(0, 1)[0]].tolist() == [0, 1]
+    every = pw.fabric.candidate_paths(fab, (*ps.kinds, "ecmp"))
+    with pytest.raises(PlanError, match="4 'spine' paths of rule 'ecmp'"):
+        path_routes(every)
+    # The same rows labelled with the default rules: caught by the routes.
+    forged = dataclasses.replace(every, kinds=ps.kinds)
+    with pytest.raises(PlanError, match=r"pair \(0, 1\): paths \[0, 1\] \(spine\(spine0\); "
+                                        r"spine\(spine1\)\) share the route \[0, 1\]"):
+        path_routes(forged)
+    with pytest.raises(PlanError, match="cannot run 'ecmp' paths"):
+        pw.Orchestrator(fabric=fab, policy="mwu", kinds=every.kinds)
+
+
 def test_the_data_plane_refuses_pcie_paths():
     from pathweave.fabric.paths import ALL_KINDS
     from pathweave.runtime.schedule import path_routes

@@ -532,7 +532,9 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
     from pathweave.plan.timemodel import factored, stripe_time
 
     fab = FACTOR_FABS[-1]
-    ps = pw.fabric.candidate_paths(fab)
+    # Every spine (the ecmp rule, UCX's lanes): the default rules give these
+    # pairs PXN paths instead.
+    ps = pw.fabric.candidate_paths(fab, (*pw.fabric.paths.DEFAULT_KINDS, "ecmp"))
     has = ps.pair_ptr[1:] > ps.pair_ptr[:-1]
     pid = (ps.pair_ptr[1:] - 1)[has]
     ptr = np.concatenate([[0], np.cumsum(has)]).astype(np.int64)

@@ -119,9 +119,13 @@ def test_gb200_racks_reach_their_nics_over_c2c():
     assert ps.rank_rails[3] == (2, 3)
     assert _route(ps, 3, 75, 2) == ["n0.gpu3", "n0.cpu1", "n0.nic2", "rail2", "n1.nic2",
                                     "n1.cpu1", "n1.gpu3"]
-    assert ps.num_paths == 2 * 72 * 71 + 144 * 72 * 72 + sum(
+    # Every rail reaches every node (PXN), so no pair gets a spine path; the
+    # ecmp rule adds both spines for each pair on different first rails.
+    assert ps.num_paths == 2 * 72 * 71 + 144 * 72 * 72
+    every = candidate_paths(fab, (*ps.kinds, "ecmp"))
+    assert every.num_paths == ps.num_paths + sum(
         2 for s in range(144) for d in range(144)
-        if s // 72 != d // 72 and not set(ps.rank_rails[s]) & set(ps.rank_rails[d]))
+        if s // 72 != d // 72 and ps.rank_rails[s][0] != ps.rank_rails[d][0])
 
 
 @pytest.mark.parametrize("spec, model, most", [

@@ -20,6 +20,7 @@ import pytest
 from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.fabric import candidate_paths
 from pathweave.fabric.builders import leaf_spine
+from pathweave.fabric.paths import DEFAULT_KINDS
 from pathweave.sim import BackgroundEvent, LinkEvent, run_dynamic
 from pathweave.sim._queue import (
     link_in_bytes,
@@ -33,6 +34,9 @@ from pathweave.sim._queue import (
 )
 from pathweave.sim.policies import DynamicPolicy, PathChoice, policies
 from pathweave.traffic.trace import FlowTrace, poisson_trace, websearch_sizes
+
+#: The dynamic simulator's rules (run_dynamic's default): every spine path.
+ECMP_KINDS = (*DEFAULT_KINDS, "ecmp")
 
 C = 12.5e9  # leaf_spine's default NIC line rate, B/s
 LAT = 1e-6  # every link's latency
@@ -55,7 +59,7 @@ def asym(spines: int = 4, hosts_per_leaf: int = 2, slow: int = 3, factor: float 
 @pytest.fixture(scope="module")
 def ls_paths():
     fab = asym(hosts_per_leaf=3)
-    return fab, candidate_paths(fab)
+    return fab, candidate_paths(fab, ECMP_KINDS)
 
 
 def test_link_kernels_match_their_slow_twins(ls_paths):
@@ -229,7 +233,7 @@ def test_two_flows_share_the_nic_max_min_fairly():
 @pytest.mark.parametrize("policy", policies())
 def test_link_failure_mid_run_moves_flows_off_the_dead_link(policy):
     fab = leaf_spine(2, 1, 2)
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ECMP_KINDS)
     size = 25_000_000
     # fail (at 0.5 ms, halfway) the spine the flow starts on
     k = int(ps.via[run_dynamic(fab, one_flow(size), policy).first_path[0]])
@@ -473,7 +477,7 @@ def test_trace_validation_names_the_bad_flow():
 # ------------------------------------------------------------------ fabric
 def test_leaf_spine_paths_are_one_per_spine_across_leaves():
     fab = leaf_spine(3, 2, 4)
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ECMP_KINDS)
     assert fab.num_ranks == 6
     cross = ps.pair_paths(0, 2)
     assert len(cross) == 4 and set(ps.via[list(cross)].tolist()) == {0, 1, 2, 3}

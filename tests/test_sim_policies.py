@@ -15,6 +15,7 @@ import pytest
 from pathweave.errors import PlanError
 from pathweave.fabric import candidate_paths, preset
 from pathweave.fabric.builders import leaf_spine
+from pathweave.fabric.paths import DEFAULT_KINDS
 from pathweave.sim import LinkEvent, run_dynamic
 from pathweave.sim.policies import (
     Observation,
@@ -27,12 +28,15 @@ from pathweave.sim.policies import (
 )
 from pathweave.traffic.trace import FlowTrace
 
+#: The dynamic simulator's rules (run_dynamic's default): every spine path.
+ECMP_KINDS = (*DEFAULT_KINDS, "ecmp")
+
 C = 12.5e9
 
 
 def context(fab, flows, seed=0):
     tr = FlowTrace.from_flows(flows, num_ranks=fab.num_ranks)
-    return PolicyContext.build(fab, candidate_paths(fab), tr, seed=seed)
+    return PolicyContext.build(fab, candidate_paths(fab, ECMP_KINDS), tr, seed=seed)
 
 
 def observe(ctx, *, queue_s=None, subs=(), epoch=1, alive=None, pending=None):
@@ -271,7 +275,7 @@ def _slow_spine_flow(fab, ps, slow_spine: int) -> int:
 def test_hopper_moves_a_flow_off_a_slow_spine_end_to_end():
     fab = leaf_spine(2, 1, 4, spine_Bps=C)
     fab = fab.with_links({("leaf0", "spine3"): 0.1, ("spine3", "leaf1"): 0.1})
-    ps = candidate_paths(fab)
+    ps = candidate_paths(fab, ECMP_KINDS)
     f = _slow_spine_flow(fab, ps, 3)
     flows = [(0.0, 1, 0, 1000)] * f + [(0.0, 0, 1, 12_500_000)]
     tr = FlowTrace.from_flows(flows, num_ranks=2)

@@ -60,7 +60,8 @@ def estimate_paths(nodes: int, gpus_per_node: int, rails: int, spines: int,
 
     Inside a node every ordered pair has a direct path and, without an
     NVSwitch (``relays``), up to ``gpus_per_node - 2`` relays; across nodes
-    one path per rail and per spine.
+    one path per rail and, with spines, at most one spine path (the default
+    ``spine`` rule; the ``ecmp`` modelling rule has one per spine).
 
     >>> estimate_paths(2, 4, 4, 0)   # h100-2x4 has exactly 200
     200
@@ -68,7 +69,7 @@ def estimate_paths(nodes: int, gpus_per_node: int, rails: int, spines: int,
     g = int(gpus_per_node)
     ranks = int(nodes) * g
     intra = int(nodes) * g * (g - 1) * (max(1, g - 1) if relays else 1)
-    inter = ranks * (ranks - g) * (max(1, int(rails)) + int(spines))
+    inter = ranks * (ranks - g) * (max(1, int(rails)) + min(int(spines), 1))
     return intra + inter
 
 

@@ -701,9 +701,10 @@ def leaf_spine(
     under leaf ``h // hosts_per_leaf``; every spine joins every leaf. Leaves
     are rail-switch vertices named ``leaf{j}``, so the path rules give a
     same-leaf pair its one rail path through the shared leaf and a cross-leaf
-    pair one ``spine`` path per spine: the equal-cost group that ECMP hashes
-    over. Degrade a spine with :meth:`Fabric.with_links` for an asymmetric
-    fabric.
+    pair one ``spine`` path, the spine ECMP hashes its connection to; the
+    ``ecmp`` rule gives it one per spine, the equal-cost group that ECMP
+    hashes over (what the dynamic simulator uses). Degrade a spine with
+    :meth:`Fabric.with_links` for an asymmetric fabric.
 
     Parameters
     ----------
@@ -724,11 +725,13 @@ def leaf_spine(
     >>> fab = leaf_spine(leaves=2, hosts_per_leaf=2, spines=2)
     >>> fab.num_ranks, fab.rails
     (4, ('leaf0', 'leaf1'))
-    >>> ps = candidate_paths(fab)
+    >>> ps = candidate_paths(fab, ("direct", "rail", "ecmp"))
     >>> len(ps.pair_paths(0, 1)), len(ps.pair_paths(0, 2))   # same leaf, cross leaf
     (1, 2)
     >>> ps.describe(ps.pair_paths(0, 2)[1])
     'spine(spine1): n0.gpu0 -> n0.nic0 -> leaf0 -> spine1 -> leaf1 -> n2.nic0 -> n2.gpu0'
+    >>> [candidate_paths(fab).describe(p)[:13] for p in candidate_paths(fab).pair_paths(0, 3)]
+    ['spine(spine1)']
     >>> slow = fab.with_links({(u, v): 0.1 for u, v in
     ...     [("leaf0", "spine1"), ("spine1", "leaf0"), ("leaf1", "spine1"), ("spine1", "leaf1")]})
     >>> float(slow.capacity_Bps[slow.link_id("leaf0", "spine1")]) / 1e9

@@ -20,7 +20,23 @@ Rules (NIMBLE Sec. IV-B, h-score blog):
 ``spine``
     On rail-optimised fabrics, for ranks on different rails: the source's
     NIC, its rail switch, spine ``k``, the destination's rail switch, its NIC.
-    One path per spine.
+    Only where the pair has no PXN path (no GPU of the source's node on the
+    destination's rail: single-GPU hosts of a leaf-spine, a node short of
+    rails), and then one path, on spine ``k = (s + d) % K`` of ``K``. The
+    data plane sends a spine path as a plain send ``[s, d]``
+    (``runtime.schedule.path_routes``), and a plain send takes the
+    transport's route: PXN where it exists (NCCL's default; the emulator's
+    static routes), else the source's own NIC and one spine, picked by the
+    switches' ECMP hash of the connection (RFC 2992: one flow, one next
+    hop). A spine path beside a PXN path, or two spine paths of one pair,
+    would plan bytes on links they never cross.
+``ecmp``
+    Every spine path of every pair on different rails, one per spine: the
+    equal-cost group the switches hash flows over (or spray packets over).
+    A modelling rule (:data:`MODEL_KINDS`), for what the network chooses
+    itself: UCX's lanes (``pathweave.plan.multirail``) and the flow-level
+    simulator's ECMP, spraying and flowlet policies (``pathweave.sim``).
+    Given with ``spine``, it replaces it.
 ``pcie``
     Via rail ``x`` of a NIC the source owns, to the destination node's NIC
     on ``x``, then through that node's PCIe tree (PCIe switches, root
@@ -42,7 +58,7 @@ The compiled :class:`PathSet` stores every candidate path as a row of link
 ids (padded with -1), grouped by pair ``p = src * num_ranks + dst``:
 paths of pair ``p`` are rows ``pair_ptr[p]:pair_ptr[p + 1]``. Order inside a
 pair is fixed (direct, relays by relay rank, rails by rail index, spines by
-spine index) so every process derives the same ids.
+spine index, pcie by rail index) so every process derives the same ids.
 """
 
 from __future__ import annotations
@@ -73,14 +89,21 @@ class PathKind(IntEnum):
         return self.name.lower()
 
 
-ALL_KINDS = ("direct", "relay", "rail", "spine", "pcie")
+ALL_KINDS = ("direct", "relay", "rail", "spine", "ecmp", "pcie")
 
 #: The rules planners use unless told otherwise: every rule whose paths the
-#: data plane can run. A ``pcie`` path has no forwarding GPU, so the data
-#: plane would send its bytes straight to the destination and the transport
-#: (NCCL's PXN, the emulator's kernel routes) would pick another route than
-#: the planned one; only ``multirail``, the model of UCX, adds that rule.
+#: data plane can run, each path of a pair on a route of its own.
 DEFAULT_KINDS = ("direct", "relay", "rail", "spine")
+
+#: Rules whose paths the data plane cannot run, with why: models of routes
+#: that the network or a peer library picks, never pathweave's data plane.
+MODEL_KINDS: dict[str, str] = {
+    "pcie": "no GPU forwards them, so the transport would pick the route; that rule models "
+            "UCX ('multirail') only",
+    "ecmp": "all spine paths of a pair are the one send [s, d], and the switches' hash, "
+            "not the plan, picks the spine; that rule models UCX ('multirail') and the "
+            "flow-level simulator only",
+}
 
 T = TypeVar("T")
 
@@ -577,22 +600,38 @@ def _rail_blocks(h: _Halves, S: np.ndarray, D: np.ndarray, nrails: int) -> list[
     return blocks
 
 
-def _spine_blocks(fab: Fabric, h: _Halves, S: np.ndarray, D: np.ndarray) -> list[_Block]:
-    # A spine path starts and ends on the endpoints' own NICs: the rail path's
-    # source half and destination half where those halves need no forward.
+def _spine_blocks(fab: Fabric, h: _Halves, S: np.ndarray, D: np.ndarray,
+                  every: bool) -> list[_Block]:
+    """Spine paths of the pairs on different rails (``every``: the ``ecmp`` rule).
+
+    A spine path starts and ends on the endpoints' own NICs: the rail path's
+    source half and destination half where those halves need no forward.
+    Without ``every`` (the ``spine`` rule) a pair with a PXN path (a rail
+    path on the destination's rail, ``static``'s choice) gets none, and any
+    other pair the one on spine ``(s + d) % K``, so that its route ``[s, d]``
+    is the route the bytes take.
+    """
     rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
+    spines = fab.vertices_of_kind(VertexKind.SPINE).tolist()
     first_rail = np.array([rr[0] if rr else -1 for rr in h.rank_rails])
     rs, rd = first_rail[S], first_rail[D]
     ok = (rs >= 0) & (rd >= 0) & (rs != rd)
+    if not every:
+        ok &= h.src_len[S, np.maximum(rd, 0)] < 0
     ss, dd, rs, rd = S[ok], D[ok], rs[ok], rd[ok]
+    # up[k, x], down[k, x]: rail switch x -> spine k, and back
+    up = np.array([[fab.link_id(int(v), sp) for v in rail_vs] for sp in spines])
+    down = np.array([[fab.link_id(sp, int(v)) for v in rail_vs] for sp in spines])
+    if every:
+        picks = [(np.full(ss.size, k), ss, dd, rs, rd) for k in range(len(spines))]
+    else:
+        picks = [((ss + dd) % len(spines), ss, dd, rs, rd)]
     blocks: list[_Block] = []
-    for k, sp in enumerate(fab.vertices_of_kind(VertexKind.SPINE).tolist()):
-        r_up = np.array([fab.link_id(int(v), sp) for v in rail_vs])
-        r_dn = np.array([fab.link_id(sp, int(v)) for v in rail_vs])
-        two = np.full(ss.size, 1)
-        lk, ln = _join([(h.src_seg[ss, rs], h.src_len[ss, rs]), (r_up[rs], two),
-                        (r_dn[rd], two), (h.dst_seg[dd, rd], h.dst_len[dd, rd])], h.width)
-        blocks.append((ss, dd, PathKind.SPINE, np.full(ss.size, k), lk, ln))
+    for k, s_, d_, x_, y_ in picks:
+        one = np.ones(s_.size, dtype=np.int64)
+        lk, ln = _join([(h.src_seg[s_, x_], h.src_len[s_, x_]), (up[k, x_], one),
+                        (down[k, y_], one), (h.dst_seg[d_, y_], h.dst_len[d_, y_])], h.width)
+        blocks.append((s_, d_, PathKind.SPINE, k, lk, ln))
     return blocks
 
 
@@ -635,8 +674,9 @@ def _rule_blocks(fab: Fabric, kinds: tuple[str, ...], h: _Halves) -> list[_Block
         S, D = S[inter], D[inter]
         if "rail" in kinds:
             blocks += _rail_blocks(h, S, D, nrails)
-        if "spine" in kinds and fab.vertices_of_kind(VertexKind.SPINE).size and nrails:
-            blocks += _spine_blocks(fab, h, S, D)
+        if ({"spine", "ecmp"} & set(kinds) and fab.vertices_of_kind(VertexKind.SPINE).size
+                and nrails):
+            blocks += _spine_blocks(fab, h, S, D, every="ecmp" in kinds)
         if "pcie" in kinds and h.drops:
             blocks += _pcie_blocks(h, S, D, fab.num_ranks, nrails)
     if not blocks:

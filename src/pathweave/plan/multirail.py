@@ -14,7 +14,8 @@
   else across the node's PCIe tree (switch, root complex, the inter-socket
   link where the NIC sits on the other socket): the ``pcie`` path rule. On
   a fabric with spines, a lane to another rail goes through the spines to
-  the destination's own NIC (the ``spine`` paths, striped evenly: ECMP).
+  the destination's own NIC (the ``ecmp`` rule's spine paths, one per spine,
+  striped evenly: the switches hash each lane's connection onto one spine).
   No GPU ever relays UCX bytes. The split ignores load.
 
 A fabric without a PCIe tree cannot express the NIC-to-GPU hop through the
@@ -27,7 +28,7 @@ registry): pathweave's data plane cannot land an RDMA write on one NIC and
 DMA it across the receiving node's PCIe tree (a send straight to another
 node's GPU leaves on the NIC the transport picks). So the ``pcie`` rule is
 not among the default candidate paths, this policy plans on the given paths
-with ``pcie`` added (the plan carries them: :attr:`Plan.paths`, which
+with ``pcie`` (and, with spines, ``ecmp``) added (the plan carries them: :attr:`Plan.paths`, which
 simulating it uses), the default policy never takes its plan, and the
 Orchestrator and the emulator refuse it.
 """
@@ -57,9 +58,11 @@ UCX_MAX_RNDV_RAILS = 2
 )
 def multirail(fabric: Fabric, demand: np.ndarray, paths: PathSet) -> Plan:
     # UCX's route does not depend on pathweave's rule options: the given rules
-    # plus pcie (cached on the fabric), and the plan carries that path set.
-    if "pcie" not in paths.kinds:
-        paths = candidate_paths(fabric, (*paths.kinds, "pcie"), paths.max_hops)
+    # plus pcie and, with spines, every spine (ecmp: a lane's connection is
+    # hashed onto one), cached on the fabric; the plan carries that path set.
+    want = ("pcie", "ecmp") if "spine" in paths.kinds else ("pcie",)
+    if not set(want) <= set(paths.kinds):
+        paths = candidate_paths(fabric, (*paths.kinds, *want), paths.max_hops)
     # Stripes are in pair order and path order within a pair: the Plan layout.
     return stripe_plan(fabric, demand, paths, multirail_stripes(paths), "multirail")
 

@@ -12,13 +12,13 @@ import numpy as np
 
 from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
-from pathweave.fabric.paths import DEFAULT_KINDS, check_rules
+from pathweave.fabric.paths import DEFAULT_KINDS, MODEL_KINDS, check_rules
 from pathweave.plan._flows import whole_bytes
 from pathweave.plan._plan import Plan
 from pathweave.traffic import validate_demand
 
-#: Options every policy accepts: which path rules to use (never ``pcie`` by
-#: default: :data:`pathweave.fabric.paths.DEFAULT_KINDS`).
+#: Options every policy accepts: which path rules to use (never ``pcie`` or
+#: ``ecmp`` by default: :data:`pathweave.fabric.paths.DEFAULT_KINDS`).
 COMMON_OPTIONS: dict[str, Any] = {"kinds": DEFAULT_KINDS, "max_hops": None}
 
 #: The policy used wherever none is given (:func:`make`, the Orchestrator, the
@@ -171,9 +171,10 @@ def check_options(policy: str, options: dict[str, Any], *, execute: bool = True)
     With ``execute`` (the data plane's check, made by the Orchestrator and
     the emulator before any byte moves), also raise unless the data plane
     can run the policy's plans: the policy is executable
-    (:attr:`Policy.executable`) and ``kinds`` has no ``pcie`` rule (a
-    ``pcie`` path has no forwarding GPU, so its bytes would go straight to
-    the destination on a route the transport picks, not the planned one).
+    (:attr:`Policy.executable`) and ``kinds`` has no modelling rule
+    (:data:`pathweave.fabric.paths.MODEL_KINDS`: a ``pcie`` path has no
+    forwarding GPU and ``ecmp``'s spine paths of a pair are one send
+    ``[s, d]``, so the transport, not the plan, would pick their route).
 
     Raises
     ------
@@ -216,12 +217,10 @@ def check_options(policy: str, options: dict[str, Any], *, execute: bool = True)
             f"run ({pol.summary.split(':')[0]}); simulate it or compare against it, and run "
             "one of " + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
         )
-    if "pcie" in kinds:
-        raise PlanError(
-            f"kinds={tuple(kinds)!r}: the data plane cannot run 'pcie' paths (no GPU forwards "
-            "them, so the transport would pick the route); that rule models UCX "
-            "('multirail') only"
-        )
+    model = [k for k in MODEL_KINDS if k in kinds]
+    if model:
+        raise PlanError(f"kinds={tuple(kinds)!r}: the data plane cannot run {model[0]!r} paths "
+                        f"({MODEL_KINDS[model[0]]})")
 
 
 def as_demand(demand: Any, num_ranks: int) -> np.ndarray:

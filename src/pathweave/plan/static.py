@@ -6,7 +6,10 @@
   of its node that sits on the destination's rail, which sends over that
   rail, so the destination receives from its own NIC without crossing rails
   (the h-score blog's *dr* path; rail-matched when source and destination
-  share the rail). If the destination has no NIC, the lowest-numbered rail
+  share the rail). Where the source's node has no GPU on the destination's
+  rail, the source's own NIC and the one spine path the switches' ECMP hash
+  gives the pair (the ``spine`` rule, :mod:`pathweave.fabric.paths`). If the
+  destination has no NIC, or there is no spine, the lowest-numbered rail
   path is used.
 
 Nothing depends on load: a skewed exchange piles onto the destination's rail.
@@ -27,7 +30,10 @@ def static_paths(paths: PathSet, pairs: np.ndarray) -> np.ndarray:
     dst_rail = paths.first_rail
     direct = paths.kind == PathKind.DIRECT
     pxn = (paths.kind == PathKind.RAIL) & (paths.via == dst_rail[paths.dst])
-    pid = first_matching(paths, pairs, direct | pxn)
+    # No PXN: the source's NIC and the spine its connection hashes to (the
+    # spine rule gives such a pair one; under ecmp the PXN path comes first).
+    spine = paths.kind == PathKind.SPINE
+    pid = first_matching(paths, pairs, direct | pxn | spine)
     # A destination without a NIC has no PXN path: take the pair's first
     # candidate (compile_paths guarantees every pair has one).
     missing = pid < 0

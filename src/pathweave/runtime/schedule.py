@@ -335,9 +335,11 @@ def path_routes(paths: PathSet) -> np.ndarray:
     ``s`` to ``d`` via forwarding GPUs ``x`` and ``y`` is ``[s, x, y, d]``
     and a spine path is ``[s, d]``. Kept with the path set.
 
-    A ``pcie`` path (UCX's route, :mod:`pathweave.plan.multirail`) has no
-    such route: as ``[s, d]`` its bytes would leave on whatever NIC the
-    transport picks, not the planned one. A path set with such paths raises.
+    A route is all the data plane controls: a send ``[s, d]`` takes the
+    transport's route. So a path set whose paths the data plane cannot
+    run raises: paths of a modelling rule (``pcie``, UCX's route with no
+    GPU forward; ``ecmp``, every spine: :data:`pathweave.fabric.paths.MODEL_KINDS`),
+    or a spine path sharing its route with another path of its pair.
 
     Examples
     --------
@@ -349,14 +351,17 @@ def path_routes(paths: PathSet) -> np.ndarray:
     >>> path_routes(pw.fabric.candidate_paths(ps.fabric, (*ps.kinds, "pcie")))
     Traceback (most recent call last):
     ...
-    pathweave.errors.PlanError: 24 'pcie' paths (kinds ('direct', ..., 'pcie')): ...
+    pathweave.errors.PlanError: 24 'pcie' paths of rule 'pcie' (kinds ('direct', ..., 'pcie')): ...
     """
-    pcie = int(np.count_nonzero(paths.kind == PathKind.PCIE))
-    if pcie:
-        raise PlanError(
-            f"{pcie} 'pcie' paths (kinds {paths.kinds}): the data plane cannot run them "
-            "(no GPU forwards their bytes, so the transport would pick the route); "
-            "that rule models UCX only")
+    from pathweave.fabric.paths import MODEL_KINDS
+
+    model = {"pcie": paths.kind == PathKind.PCIE,
+             "ecmp": (paths.kind == PathKind.SPINE) & ("ecmp" in paths.kinds)}
+    for rule, bad in model.items():
+        if bad.any():
+            raise PlanError(f"{int(bad.sum())} {PathKind(paths.kind[bad][0]).label!r} paths of "
+                            f"rule {rule!r} (kinds {paths.kinds}): the data plane cannot run "
+                            f"them ({MODEL_KINDS[rule]})")
 
     def build() -> np.ndarray:
         fab = paths.fabric
@@ -371,10 +376,32 @@ def path_routes(paths: PathSet) -> np.ndarray:
         out = np.take_along_axis(ranks, key, axis=1)
         width = int((out >= 0).sum(axis=1).max()) if out.size else 2
         out = np.ascontiguousarray(out[:, :width]).astype(np.int32)
+        _refuse_shared_spine_routes(paths, out)
         out.setflags(write=False)
         return out
 
     return paths.derived("runtime.path_routes", build)
+
+
+def _refuse_shared_spine_routes(paths: PathSet, routes: np.ndarray) -> None:
+    # A spine path's route is [s, d]: beside another [s, d] path of its pair
+    # (a second spine, a PXN or matched rail path), the split between them is
+    # the transport's, not the plan's.
+    spine = paths.kind == PathKind.SPINE
+    if not spine.any():
+        return
+    n = paths.num_ranks
+    pair = paths.src.astype(np.int64) * n + paths.dst
+    plain = routes[:, 2] < 0 if routes.shape[1] > 2 else np.ones(paths.num_paths, dtype=bool)
+    shared = spine & (np.bincount(pair[plain], minlength=n * n)[pair] > 1)
+    if shared.any():
+        s, d = int(paths.src[shared][0]), int(paths.dst[shared][0])
+        same = [p for p in paths.pair_paths(s, d) if plain[p]]
+        raise PlanError(
+            f"pair ({s}, {d}): paths {same} ("
+            + "; ".join(paths.describe(p).split(":")[0] for p in same)
+            + f") share the route [{s}, {d}], so the transport, not the plan, would split "
+            f"their bytes; {int(shared.sum())} spine paths are like that (kinds {paths.kinds})")
 
 
 # ---------------------------------------------------------------- fragments

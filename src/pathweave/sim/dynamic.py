@@ -83,6 +83,7 @@ import numpy as np
 from pathweave import _check
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, LinkKind, PathSet, candidate_paths, resolve
+from pathweave.fabric.paths import DEFAULT_KINDS
 from pathweave.sim import _dynamic_account as account
 from pathweave.sim import _dynamic_cc as cc
 from pathweave.sim import policies as dynamic_policies
@@ -269,7 +270,8 @@ def run_dynamic(
     events
         :class:`LinkEvent` and :class:`BackgroundEvent` items, any order.
     paths
-        Candidate paths; default ``candidate_paths(fabric)``.
+        Candidate paths; default ``candidate_paths(fabric, (*DEFAULT_KINDS,
+        "ecmp"))``: the default rules with every spine path of a pair.
     epoch_s
         Epoch length: senders and policies act once per epoch.
     queue_target_bytes
@@ -314,7 +316,9 @@ def run_dynamic(
     t_limit = (math.inf if max_time_s is None
                else _check.real("max_time_s", max_time_s, low=0.0, low_open=True))
     _check.integer("seed", seed)
-    ps = candidate_paths(fab) if paths is None else paths
+    # The network picks among equal-cost spines here (ECMP, spraying,
+    # flowlets): every spine path, the ecmp rule.
+    ps = candidate_paths(fab, (*DEFAULT_KINDS, "ecmp")) if paths is None else paths
     if ps.fabric is not fab:
         raise PlanError("paths were compiled for another fabric")
     evq = EventQueue(fab, events)
