@@ -178,9 +178,15 @@ def test_optimal_is_a_lower_bound_and_every_plan_is_valid(data, which):
     fab = {"h100": H100, "dgx": DGX, "spine": SPINE}[which]
     D = data.draw(demand_matrices(fab.num_ranks))
     opt = pw.plan.make(fab, D, "optimal").validate()
+    optima = {opt.paths.kinds: opt.info["optimum_s"]}
     for policy in HEURISTICS:
         plan = pw.plan.make(fab, D, policy).validate()
-        assert plan.congestion_s >= opt.info["optimum_s"] * (1 - 1e-9), policy
+        # A peer model routes over rules of its own (UCX: `pcie`): the LP over
+        # those paths is its bound, not the LP over the default ones.
+        kinds = plan.paths.kinds
+        if kinds not in optima:
+            optima[kinds] = pw.plan.make(fab, D, "optimal", kinds=kinds).info["optimum_s"]
+        assert plan.congestion_s >= optima[kinds] * (1 - 1e-9), policy
     # rounding to whole bytes moves the optimum by bytes, not by percent
     assert opt.congestion_s == pytest.approx(opt.info["optimum_s"], rel=1e-6, abs=1e-12)
 
