@@ -78,10 +78,13 @@ def test_dgx_a100_counts_and_capacities():
 def test_dgx_a100_traffic_crosses_the_pcie_switch_and_xgmi():
     fab = preset("dgx-a100")
     ps = candidate_paths(fab)
-    # Both NICs under a GPU's switch are its own (PXB): GPU 2 owns rails 2 and 3.
-    assert ps.rank_rails[0] == (0, 1) and ps.rank_rails[2] == (2, 3)
-    assert _route(ps, 2, 11, 3) == ["n0.gpu2", "n0.pcie1", "n0.nic3", "rail3", "n1.nic3",
+    # The two GPUs under a switch share its two NICs (PXB), one each as NCCL
+    # assigns them (device index mod 2): GPU 2 uses rail 2, GPU 3 rail 3.
+    assert ps.rank_rails[:4] == ((0,), (1,), (2,), (3,))
+    assert _route(ps, 3, 11, 3) == ["n0.gpu3", "n0.pcie1", "n0.nic3", "rail3", "n1.nic3",
                                     "n1.pcie1", "n1.gpu3"]
+    # GPU 2 reaches rail 3 through GPU 3 (NVLink), not through NIC 3 itself.
+    assert _route(ps, 2, 11, 3)[:3] == ["n0.gpu2", "n0.nvswitch", "n0.gpu3"]
     # UCX into n1.gpu4 from rail 0: the receiving NIC is on socket 0, the GPU on
     # socket 1, so the bytes cross the switch uplinks and the xGMI link.
     ucx = candidate_paths(fab, (*DEFAULT_KINDS, "pcie"))
@@ -115,17 +118,19 @@ def test_gb200_racks_reach_their_nics_over_c2c():
     fab = preset("gb200-nvl72:nodes=2,spines=2")
     assert _links(fab, LinkKind.NETWORK) == 2 * (2 * 72 + 72 * 2)
     ps = candidate_paths(fab)
-    # GPU 3 and the two NICs of its Grace (cpu1): NCCL's P2C path.
-    assert ps.rank_rails[3] == (2, 3)
-    assert _route(ps, 3, 75, 2) == ["n0.gpu3", "n0.cpu1", "n0.nic2", "rail2", "n1.nic2",
+    # GPUs 2 and 3 share the two NICs of their Grace (cpu1), NCCL's P2C path,
+    # one each (device index mod 2): GPU 3 uses NIC 3.
+    assert ps.rank_rails[2:4] == ((2,), (3,))
+    assert _route(ps, 3, 75, 3) == ["n0.gpu3", "n0.cpu1", "n0.nic3", "rail3", "n1.nic3",
                                     "n1.cpu1", "n1.gpu3"]
     # Every rail reaches every node (PXN), so no pair gets a spine path; the
-    # ecmp rule adds both spines for each pair on different first rails.
+    # ecmp rule (a model: each GPU owns both NICs of its Grace, as UCX picks
+    # NICs by distance) adds both spines for each pair on different first rails.
     assert ps.num_paths == 2 * 72 * 71 + 144 * 72 * 72
     every = candidate_paths(fab, (*ps.kinds, "ecmp"))
     assert every.num_paths == ps.num_paths + sum(
         2 for s in range(144) for d in range(144)
-        if s // 72 != d // 72 and ps.rank_rails[s][0] != ps.rank_rails[d][0])
+        if s // 72 != d // 72 and every.rank_rails[s][0] != every.rank_rails[d][0])
 
 
 @pytest.mark.parametrize("spec, model, most", [
@@ -151,3 +156,22 @@ def test_small_a100_nodes_keep_the_switch_shape():
     fab = preset("dgx-a100:nodes=1,gpus_per_node=2")
     assert _count(fab, VertexKind.PCIE_SWITCH) == 2 and _count(fab, VertexKind.HOST) == 2
     assert np.isclose(_cap(fab, "n0.cpu0", "n0.cpu1"), XGMI_Bps)
+
+
+@pytest.mark.parametrize("gpus, nics, switches, want", [
+    # NCCL's ncclTopoGetLocalNet (AUTO): G GPUs sharing N nearest NICs use ceil(N/G)
+    # each, from NIC dev % G, its bits mirrored when N is a power of two.
+    (4, 4, 1, ((0,), (2,), (1,), (3,))),            # dev 1 -> 0b01 mirrored -> NIC 2
+    (8, 8, 2, ((0,), (2,), (1,), (3,), (4,), (6,), (5,), (7,))),
+    (2, 4, 1, ((0, 1), (2, 3))),                    # 2 NICs each: dev 1 -> 0b01 -> 0b10
+])
+def test_gpus_sharing_nics_take_nccls_share(gpus, nics, switches, want):
+    from pathweave.fabric import cluster
+
+    fab = cluster(nodes=2, gpus_per_node=gpus, node_kind="nvswitch", rails=nics,
+                  pcie_tree=True, pcie_switches=switches, sockets=1)
+    assert candidate_paths(fab).rank_rails[:gpus] == want
+    # UCX's model (a model rule in the set) sees every nearest NIC, by distance.
+    ucx = candidate_paths(fab, (*DEFAULT_KINDS, "pcie"))
+    per_switch = nics // switches
+    assert ucx.rank_rails[0] == tuple(range(per_switch))

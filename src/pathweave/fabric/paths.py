@@ -368,15 +368,17 @@ def _nic_rails(fab: Fabric) -> dict[int, int]:
     return nic_rail
 
 
-def _nic_table(fab: Fabric) -> tuple[dict[int, int], list[list[OwnNic]]]:
+def _nic_table(fab: Fabric, share: bool = True) -> tuple[dict[int, int], list[list[OwnNic]]]:
     """Rail index per NIC and, per rank, its own NICs.
 
-    A rank's own NICs are the NICs nearest its GPU below the root complex:
-    reached through PCIe switches only (``nvidia-smi``'s PIX/PXB), or below a
-    host the GPU joins by a link of its own (a Grace CPU over NVLink-C2C,
-    NCCL's P2C), the fewest hops among them; a NIC joined to the GPU by a
-    link of its own is one hop away. Returns ``(nic_rail, rank_nics)``, ``rank_nics[r]`` sorted
-    by rail.
+    A rank's nearest NICs are those below the root complex reached through
+    PCIe switches only (``nvidia-smi``'s PIX/PXB), or below a host the GPU
+    joins by a link of its own (a Grace CPU over NVLink-C2C, NCCL's P2C), the
+    fewest hops among them; a NIC joined to the GPU by a link of its own is
+    one hop away. Where GPUs share their nearest NICs, each uses its share
+    of them, as NCCL does (:func:`_share_nics`), unless ``share`` is False
+    (a model of a peer that picks NICs by distance alone, as UCX does).
+    Returns ``(nic_rail, rank_nics)``, ``rank_nics[r]`` sorted by rail.
     """
     rail_vs = fab.vertices_of_kind(VertexKind.RAIL)
     nic_rail = _nic_rails(fab)
@@ -399,7 +401,43 @@ def _nic_table(fab: Fabric) -> tuple[dict[int, int], list[list[OwnNic]]]:
                 x = nic_rail[v]
                 rank_nics[r].append((x, tuple(up), fab.link_id(v, int(rail_vs[x])), down))
         rank_nics[r].sort()
-    return nic_rail, rank_nics
+    return nic_rail, (_share_nics(fab, rank_nics) if share else rank_nics)
+
+
+def _mirror_bits(i: int, n: int) -> int:
+    """``i``'s lowest ``log2(n)`` bits reversed (``n`` a power of two)."""
+    bits = n.bit_length() - 1
+    return int(f"{i:0{bits}b}"[::-1], 2) if bits else 0
+
+
+def _share_nics(fab: Fabric, rank_nics: list[list[OwnNic]]) -> list[list[OwnNic]]:
+    """Each GPU's share of the nearest NICs it has in common with other GPUs.
+
+    NCCL (``ncclTopoGetLocalNet``, src/graph/paths.cc, ``NCCL_NETDEVS_POLICY``
+    AUTO): the ``G`` GPUs whose nearest NICs are the same ``N`` use
+    ``ceil(N / G)`` of them each, starting at NIC ``dev % G`` (its bits
+    mirrored when ``N`` is a power of two; ``dev``: the CUDA device, here
+    the node-local rank), so two GPUs under one switch with two NICs (DGX
+    A100) use one NIC each. A GPU alone with its NICs keeps all of them.
+
+    >>> _mirror_bits(1, 4), _mirror_bits(2, 4), _mirror_bits(3, 8)
+    (2, 1, 6)
+    """
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for r, nics in enumerate(rank_nics):
+        if len(nics) > 1:
+            key = (r // fab.gpus_per_node, tuple(n[2] for n in nics))
+            groups.setdefault(key, []).append(r)
+    out = list(rank_nics)
+    for ranks in groups.values():
+        g, n = len(ranks), len(rank_nics[ranks[0]])
+        per = -(-n // g)
+        for r in ranks:
+            start = (r % fab.gpus_per_node) % g
+            if n & (n - 1) == 0:
+                start = _mirror_bits(start, n)
+            out[r] = sorted(rank_nics[r][(start + c) % n] for c in range(per))
+    return out
 
 
 def _rail_segments(
@@ -529,7 +567,9 @@ _Block = tuple[np.ndarray, np.ndarray, PathKind, np.ndarray, np.ndarray, np.ndar
 
 def _halves(fab: Fabric, kinds: tuple[str, ...]) -> _Halves:
     intra_links, intra_len, direct_nv = _intra_routes(fab)
-    nic_rail, rank_nics = _nic_table(fab)
+    # The data plane's sends leave on the NICs NCCL gives each GPU; a model rule's
+    # path set is a peer's (UCX: every nearest NIC, by distance).
+    nic_rail, rank_nics = _nic_table(fab, share=not set(kinds) & set(MODEL_KINDS))
     src_seg, src_len, dst_seg, dst_len = _rail_segments(fab, intra_links, intra_len, rank_nics)
     rank_rails = tuple(tuple(sorted({n[0] for n in rank_nics[r]})) for r in range(fab.num_ranks))
     drops = _pcie_drops(fab, nic_rail, rank_rails) if "pcie" in kinds else {}
