@@ -35,6 +35,7 @@ import datetime
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -362,10 +363,14 @@ class Transport:
     """
 
     def __init__(self, group: Any = None):
-        self.group = group
         self.rank, self.size = group_rank_size(group)
         pg = group if group is not None else dist.group.WORLD
-        self._pg = pg
+        # Held weakly: a process group kept alive past destroy_process_group
+        # keeps its gloo threads running into interpreter exit, where a work
+        # they free (holding Python tensors) cannot take the GIL and the
+        # process aborts ("terminate called without an active exception").
+        self._pg_ref = weakref.ref(pg)
+        self._is_default = group is None
         self.backend = str(dist.get_backend(pg)).lower()
         self.nccl = "nccl" in self.backend
         self.global_ranks = (
@@ -381,6 +386,29 @@ class Transport:
         #: way of posting without a GPU).
         self.grouped_rounds = self.nccl
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def process_group(self) -> Any:
+        """The group the point-to-point operations are posted on (held weakly).
+
+        Settable to another object with the group's ``send``/``recv``
+        (``bench hostcost`` times the host work with a no-op one); the
+        caller keeps it alive.
+        """
+        pg = self._pg_ref()
+        if pg is None:
+            raise CommError(f"rank {self.rank}: the process group of this transport was "
+                            "destroyed (destroy_process_group)")
+        return pg
+
+    @process_group.setter
+    def process_group(self, pg: Any) -> None:
+        self._pg_ref = weakref.ref(pg)
+
+    @property
+    def group(self) -> Any:
+        """The group as given: ``None`` for the default group, else the (live) group."""
+        return None if self._is_default else self.process_group
 
     def _stream_pool(self) -> ThreadPoolExecutor:
         # Threads persist across calls; one per concurrently forwarded stream
@@ -533,7 +561,7 @@ class Transport:
         The last stream runs on the calling thread, which would otherwise
         only wait: one thread hand-off fewer per call.
         """
-        pg, rank, recvs, sends = self._pg, self.rank, prog.recvs, prog.sends
+        pg, rank, recvs, sends = self.process_group, self.rank, prog.recvs, prog.sends
 
         def recv(i: int) -> Any:
             peer, order, v = recvs[i]
@@ -622,7 +650,7 @@ class Transport:
                     for p, k, v in sends]
             works = dist.batch_isend_irecv(ops) if ops else []
             return [w for w in works if w is not None]
-        pg = self._pg
+        pg = self.process_group
         works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in recvs]
         works += [pg.send([views[v]], p, tag_base + k) for p, k, v in sends]
         return works
