@@ -179,12 +179,12 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
                                      repeats)
         # The same calls with the group's send/recv replaced by a no-op: the
         # host work without the (fake) transport's own cost per operation.
-        noop, tr = _NoOpGroup(), orch._state(None).transport
-        fake, tr.process_group = tr.process_group, noop
+        tr = orch._state(None).transport
+        tr.process_group = _NoOpGroup()
         try:
             noop_wall, noop_s = _timed(ours, repeats)
         finally:
-            tr.process_group = fake
+            tr.process_group = None
         last = orch.stats.last_call
         sched = next(iter(orch._state(None).schedules._d.values()))[0]
         ops = sched.num_sends + sched.num_recvs

@@ -371,6 +371,7 @@ class Transport:
         # process aborts ("terminate called without an active exception").
         self._pg_ref = weakref.ref(pg)
         self._is_default = group is None
+        self.stand_in: Any = None
         self.backend = str(dist.get_backend(pg)).lower()
         self.nccl = "nccl" in self.backend
         self.global_ranks = (
@@ -389,12 +390,15 @@ class Transport:
 
     @property
     def process_group(self) -> Any:
-        """The group the point-to-point operations are posted on (held weakly).
+        """The group the point-to-point operations are posted on (the group itself held weakly).
 
-        Settable to another object with the group's ``send``/``recv``
-        (``bench hostcost`` times the host work with a no-op one); the
-        caller keeps it alive.
+        Settable to a stand-in with the group's ``send``/``recv`` (``bench
+        hostcost`` times the host work with a no-op one; tests wrap ``send``),
+        held until set back to ``None`` (the group again). A stand-in should
+        hold the group weakly too.
         """
+        if self.stand_in is not None:
+            return self.stand_in
         pg = self._pg_ref()
         if pg is None:
             raise CommError(f"rank {self.rank}: the process group of this transport was "
@@ -403,12 +407,18 @@ class Transport:
 
     @process_group.setter
     def process_group(self, pg: Any) -> None:
-        self._pg_ref = weakref.ref(pg)
+        self.stand_in = pg
 
     @property
     def group(self) -> Any:
         """The group as given: ``None`` for the default group, else the (live) group."""
-        return None if self._is_default else self.process_group
+        if self._is_default:
+            return None
+        pg = self._pg_ref()
+        if pg is None:
+            raise CommError(f"rank {self.rank}: the process group of this transport was "
+                            "destroyed (destroy_process_group)")
+        return pg
 
     def _stream_pool(self) -> ThreadPoolExecutor:
         # Threads persist across calls; one per concurrently forwarded stream
@@ -462,8 +472,12 @@ class Transport:
         prog = _program(sched)
         tag_base = self.next_tag_base()
         if not wait and not self.nccl:
+            # The work item holds the group until the exchange is done: a rank
+            # with nothing of its own to wait for (it only forwards) may return
+            # and destroy the group while its forwarding still runs here.
             pending = self._stream_pool().submit(
-                self._run_behind, prog, sched, send_bufs, recv_bufs, tag_base, deadline, finish)
+                self._run_behind, prog, sched, send_bufs, recv_bufs, tag_base, deadline, finish,
+                self.process_group)
             return Handle([], rank=self.rank, deadline=deadline, pending=pending, outputs=outputs)
         views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if not self.grouped_rounds:
@@ -512,8 +526,11 @@ class Transport:
 
     def _run_behind(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
                     recv_bufs: Sequence[torch.Tensor], tag_base: int, deadline: float,
-                    finish: Callable[[], None] | None) -> None:
-        """An ``async_op`` call's whole exchange on gloo, on a worker thread."""
+                    finish: Callable[[], None] | None, group: Any) -> None:
+        """An ``async_op`` call's whole exchange on gloo, on a worker thread.
+
+        ``group``: the process group, held (alive) until this returns.
+        """
         views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if self.grouped_rounds:
             staged: list[Any] = []
