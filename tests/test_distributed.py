@@ -170,7 +170,7 @@ def job_eight(rank, ws):
         res["subgroup"] = (True, True)
     # the default orchestrator, fabric from PATHWEAVE_FABRIC
     res["default"] = _a2a_check(rank, ws, None, _rows(ws, 9), torch.float32, (2,), 9)
-    res["default fabric"] = pwd.default_orchestrator()._groups[None].fabric.name
+    res["default fabric"] = pwd.default_orchestrator()._state(None).fabric.name
     return res
 
 
@@ -671,7 +671,7 @@ def job_time_model(rank, ws):
         o = _orch(fab, policy="mintime", chunk_bytes=4096, min_split_bytes=0, model=model)
         res = torch.zeros_like(ref)
         pwd.all_to_all_single(res, inp, outs, ins, orchestrator=o)
-        dec = o._groups[None].current
+        dec = o._state(None).current
         ref_plan = pw.plan.make(fab, q, "mintime", model=model, chunk_bytes=4096,
                                 min_split_bytes=0)
         out[name] = (_same_bits(res, ref), dec.predicted_s,
@@ -693,3 +693,47 @@ def test_the_orchestrators_time_model_reaches_planner_and_decision():
         assert res["slow relays"][1] > res["default"][1]
         assert res["bad"] == "model must be a pathweave.sim.SimModel or None, got str"
     assert len({(r["default"][3], r["slow relays"][3]) for r in results}) == 1
+
+
+# ------------------------------------------- a destroyed group is let go
+def _fake_call(orchestrator, n, group=None):
+    """One multi-path call of rank 0 of a fake group of ``n`` (no exchange, no bytes moved)."""
+    rows = np.full((n, n), 64, dtype=np.int64)
+    np.fill_diagonal(rows, 0)
+    send, recv = rows[0].tolist(), rows[:, 0].tolist()
+    digests = np.full(n, orchestrator.config_digest(group), dtype=np.int64)
+    pwd.all_to_all_single(torch.empty(sum(recv)), torch.zeros(sum(send)), recv, send,
+                          group=group, orchestrator=orchestrator, split_matrix=rows,
+                          config_digests=digests)
+
+
+def test_destroy_process_group_frees_the_group_and_a_new_one_gets_a_fresh_state():
+    # A group kept alive past destroy_process_group by pathweave keeps its gloo
+    # threads running into interpreter exit, where freeing a work that holds
+    # Python tensors aborts the process (seen in `torchrun -m pathweave.perf`).
+    import gc
+    import weakref
+
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    orch = pw.Orchestrator(fabric="h100-2x4", enabled=True, adapt=False)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:
+        _fake_call(orch, 8)
+        sub = dist.new_group([0, 1, 2, 3])
+        sub_orch = pwd.default_orchestrator(sub)
+        sub_orch.fabric = pw.fabric.resolve(MESH4)
+        _fake_call(sub_orch, 4, sub)
+        world, sub = weakref.ref(dist.group.WORLD), weakref.ref(sub)
+        assert orch._state(None).transport.size == 8
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert world() is None and sub() is None, "a destroyed process group is still referenced"
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        orch.fabric = pw.fabric.resolve(MESH4)
+        _fake_call(orch, 4)
+        assert orch._state(None).transport.size == 4
+    finally:
+        dist.destroy_process_group()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -71,10 +72,11 @@ FAULTS = [
 
 
 class _SendHook:
-    """The process group the executor posts through (``Transport._pg``), ``send`` replaced."""
+    """The process group the executor posts through (``Transport.process_group``), ``send``
+    replaced; the group held weakly, as the transport holds it."""
 
     def __init__(self, pg, send):
-        self._pg, self.send = pg, send
+        self._pg, self.send = weakref.proxy(pg), send
 
     def __getattr__(self, name):
         return getattr(self._pg, name)
@@ -82,8 +84,8 @@ class _SendHook:
 
 def _hook_send(orch, send):
     tr = orch._state(None).transport
-    tr._pg = _SendHook(tr._pg, send)
-    return tr._pg._pg.send
+    tr.process_group = _SendHook(tr.process_group, send)
+    return tr.process_group._pg.send
 
 
 def _kill_while_relaying(orch):

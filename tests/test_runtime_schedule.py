@@ -784,3 +784,26 @@ def test_a_call_beyond_the_tag_range_is_refused_before_any_message(monkeypatch):
                                          r"one call at chunk_bytes=2; at most 4 fit"):
         S.build_schedules(S.Segments.all_to_all(np.array([[0, 10], [0, 0]])), [1], [10],
                           [[0, 1]], chunk_bytes=2, window=2)
+
+
+def test_a_direct_fragments_chunks_of_one_round_travel_as_one_message():
+    # Hand-computed: pair 0->2 of 26 bytes, 16 direct then 10 relayed via 1;
+    # chunk 4, window 4: R = ceil(4 chunks / 2) = 2 rounds. The direct
+    # fragment's chunks enter in rounds 0, 0, 1, 1 (two messages of 8 bytes);
+    # the relayed one's (forwarded, one message per chunk) in rounds 0, 0, 1
+    # on the first hop and 1, 1, 2 on the second.
+    seg = Segments.all_to_all(np.array([[0, 0, 26], [0, 0, 0], [0, 0, 0]]))
+    s0, s1, s2 = build_schedules(seg, [2, 2], [16, 10], [[0, 2, -1], [0, 1, 2]],
+                                 chunk_bytes=4, window=4)
+
+    def ops(s, kind):
+        rnd, peer, nb, off = (getattr(s, f"{kind}_{k}") for k in ("round", "peer", "bytes",
+                                                                   "off"))
+        return list(zip(rnd.tolist(), peer.tolist(), nb.tolist(), off.tolist(), strict=True))
+
+    assert ops(s0, "send") == [(0, 1, 4, 16), (0, 1, 4, 20), (0, 2, 8, 0), (1, 1, 2, 24),
+                               (1, 2, 8, 8)]
+    assert [(r, p, b) for r, p, b, _ in ops(s2, "recv")] == [
+        (0, 0, 8), (1, 0, 8), (1, 1, 4), (1, 1, 4), (2, 1, 2)]
+    assert [o for r, p, _, o in ops(s2, "recv") if p == 0] == [0, 8]
+    check_schedules([s0, s1, s2], window=4)

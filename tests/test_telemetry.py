@@ -242,7 +242,7 @@ def _adapt_job(rank, ws, slow_rail, calls):
         out.zero_()
         orch.all_to_all_single(out, inp, col, row)
         ok = ok and bool(torch.equal(out, ref))
-        st = orch._groups[None]
+        st = orch._state(None)
         dec = st.current
         plans.append((dec.flow_path.tolist(), dec.flow_weight.tolist()))
     rail_bytes = float(orch.stats.bytes_per_link[_rail0_links()].sum())
@@ -398,7 +398,7 @@ def _auto_job(rank, ws):
             res = torch.empty_like(ref)
             orch.all_to_all_single(res, inp, col, row)
             ok = ok and bool(torch.equal(res, ref))
-        out.append((ok, orch.adapt, orch._groups[None].adapt is not None))
+        out.append((ok, orch.adapt, orch._state(None).adapt is not None))
     return out
 
 

@@ -36,6 +36,7 @@ True
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,11 +68,18 @@ __all__ = [
     "set_default_orchestrator",
 ]
 
-_DEFAULTS: dict[Any, Orchestrator] = {}
+class _World:
+    """The key of the default group's default orchestrator (whichever group is the default)."""
+
+
+_WORLD = _World()
+#: Weak keys: a subgroup destroyed by its owner is freed, not kept alive (its
+#: backend's threads running) by its default orchestrator until interpreter exit.
+_DEFAULTS: weakref.WeakKeyDictionary[Any, Orchestrator] = weakref.WeakKeyDictionary()
 
 
 def _key(group: Any) -> Any:
-    return None if group is None or group is dist.group.WORLD else group
+    return _WORLD if group is None or group is dist.group.WORLD else group
 
 
 def _pathweave_group(group: Any) -> _backend.ProcessGroupPathweave | None:

@@ -34,7 +34,12 @@ fewer operations.
 soon an ``async_op=True`` multi-path call returns against its ``wait()``.
 
 Host work is the process's CPU time per call (median; ``pathweave_s``,
-``torch_s``); the wall times are kept beside it (``*_wall_s``).
+``torch_s``); the wall times are kept beside it (``*_wall_s``). The targets
+are held against it, and, in lines of their own, against the same calls with
+a no-op transport (``pathweave_noop_s``: the fake group's ``send``/``recv``,
+about 10 us each in torch's Python meta registrations, replaced by a stub
+that posts nothing): pathweave's own host work, the transport's cost per
+operation taken out, as item 4 of issue 27 asks.
 
 Targets: median host work <= 100 us at 8 ranks, <= 1 ms at 256
 (<= 4 ms at 1024), and never above torch's own call on the same group from
@@ -112,6 +117,28 @@ def _timed(fn: Any, repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
+class _NoOpWork:
+    """A finished work: what :class:`_NoOpGroup` returns."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _NoOpGroup:
+    """A stand-in for a process group's ``send``/``recv`` that posts nothing."""
+
+    _done = _NoOpWork()
+
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> _NoOpWork:
+        return self._done
+
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> _NoOpWork:
+        return self._done
+
+
 def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
             issue: str = "rounds") -> dict[str, Any]:
     """Median host work of one call on rank 1 of a fake group of ``num_ranks``.
@@ -150,6 +177,14 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
         pw_wall, pw_s = _timed(ours, repeats)
         torch_wall, torch_s = _timed(lambda: dist.all_to_all_single(out, inp, recv, send),
                                      repeats)
+        # The same calls with the group's send/recv replaced by a no-op: the
+        # host work without the (fake) transport's own cost per operation.
+        tr = orch._state(None).transport
+        tr.process_group = _NoOpGroup()
+        try:
+            noop_wall, noop_s = _timed(ours, repeats)
+        finally:
+            tr.process_group = None
         last = orch.stats.last_call
         sched = next(iter(orch._state(None).schedules._d.values()))[0]
         ops = sched.num_sends + sched.num_recvs
@@ -158,6 +193,7 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
         op_s = _timed(lambda: [pg.send([view], 2, 0) for _ in range(100)], repeats)[1] / 100
         return {"ranks": num_ranks, "fabric": fabric, "issue": issue, "pathweave_s": pw_s,
                 "torch_s": torch_s, "pathweave_wall_s": pw_wall, "torch_wall_s": torch_wall,
+                "pathweave_noop_s": noop_s, "pathweave_noop_wall_s": noop_wall,
                 "first_call_s": first_s,
                 "multipath": bool(last and last.multipath), "ops": ops,
                 "rounds": sched.num_rounds, "floor_s": ops * op_s,
@@ -188,6 +224,12 @@ def checks(records: Sequence[dict[str, Any]],
             out.append(Check(f"host_{n}", pw_s, target, pw_s <= target,
                              f"host work at {n} ranks: {pw_s * 1e6:,.0f} us (target <= "
                              f"{target * 1e6:,.0f} us)"))
+        noop_s = r["pathweave_noop_s"]
+        if target is not None:
+            out.append(Check(f"host_noop_{n}", noop_s, target, noop_s <= target,
+                             f"host work at {n} ranks with a no-op transport (the fake group's "
+                             f"send/recv replaced by a stub that posts nothing): "
+                             f"{noop_s * 1e6:,.0f} us (target <= {target * 1e6:,.0f} us)"))
         if n >= TORCH_PARITY_RANKS:
             out.append(Check(f"vs_torch_{n}", pw_s / t_s, 1.0, pw_s <= t_s,
                              f"host work at {n} ranks vs torch's own call: {pw_s / t_s:.2f}x "

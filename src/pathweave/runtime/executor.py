@@ -35,6 +35,7 @@ import datetime
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -362,10 +363,15 @@ class Transport:
     """
 
     def __init__(self, group: Any = None):
-        self.group = group
         self.rank, self.size = group_rank_size(group)
         pg = group if group is not None else dist.group.WORLD
-        self._pg = pg
+        # Held weakly: a process group kept alive past destroy_process_group
+        # keeps its gloo threads running into interpreter exit, where a work
+        # they free (holding Python tensors) cannot take the GIL and the
+        # process aborts ("terminate called without an active exception").
+        self._pg_ref = weakref.ref(pg)
+        self._is_default = group is None
+        self.stand_in: Any = None
         self.backend = str(dist.get_backend(pg)).lower()
         self.nccl = "nccl" in self.backend
         self.global_ranks = (
@@ -381,6 +387,38 @@ class Transport:
         #: way of posting without a GPU).
         self.grouped_rounds = self.nccl
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def process_group(self) -> Any:
+        """The group the point-to-point operations are posted on (the group itself held weakly).
+
+        Settable to a stand-in with the group's ``send``/``recv`` (``bench
+        hostcost`` times the host work with a no-op one; tests wrap ``send``),
+        held until set back to ``None`` (the group again). A stand-in should
+        hold the group weakly too.
+        """
+        if self.stand_in is not None:
+            return self.stand_in
+        pg = self._pg_ref()
+        if pg is None:
+            raise CommError(f"rank {self.rank}: the process group of this transport was "
+                            "destroyed (destroy_process_group)")
+        return pg
+
+    @process_group.setter
+    def process_group(self, pg: Any) -> None:
+        self.stand_in = pg
+
+    @property
+    def group(self) -> Any:
+        """The group as given: ``None`` for the default group, else the (live) group."""
+        if self._is_default:
+            return None
+        pg = self._pg_ref()
+        if pg is None:
+            raise CommError(f"rank {self.rank}: the process group of this transport was "
+                            "destroyed (destroy_process_group)")
+        return pg
 
     def _stream_pool(self) -> ThreadPoolExecutor:
         # Threads persist across calls; one per concurrently forwarded stream
@@ -434,8 +472,12 @@ class Transport:
         prog = _program(sched)
         tag_base = self.next_tag_base()
         if not wait and not self.nccl:
+            # The work item holds the group until the exchange is done: a rank
+            # with nothing of its own to wait for (it only forwards) may return
+            # and destroy the group while its forwarding still runs here.
             pending = self._stream_pool().submit(
-                self._run_behind, prog, sched, send_bufs, recv_bufs, tag_base, deadline, finish)
+                self._run_behind, prog, sched, send_bufs, recv_bufs, tag_base, deadline, finish,
+                self.process_group)
             return Handle([], rank=self.rank, deadline=deadline, pending=pending, outputs=outputs)
         views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if not self.grouped_rounds:
@@ -484,8 +526,11 @@ class Transport:
 
     def _run_behind(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
                     recv_bufs: Sequence[torch.Tensor], tag_base: int, deadline: float,
-                    finish: Callable[[], None] | None) -> None:
-        """An ``async_op`` call's whole exchange on gloo, on a worker thread."""
+                    finish: Callable[[], None] | None, group: Any) -> None:
+        """An ``async_op`` call's whole exchange on gloo, on a worker thread.
+
+        ``group``: the process group, held (alive) until this returns.
+        """
         views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if self.grouped_rounds:
             staged: list[Any] = []
@@ -533,7 +578,7 @@ class Transport:
         The last stream runs on the calling thread, which would otherwise
         only wait: one thread hand-off fewer per call.
         """
-        pg, rank, recvs, sends = self._pg, self.rank, prog.recvs, prog.sends
+        pg, rank, recvs, sends = self.process_group, self.rank, prog.recvs, prog.sends
 
         def recv(i: int) -> Any:
             peer, order, v = recvs[i]
@@ -622,7 +667,7 @@ class Transport:
                     for p, k, v in sends]
             works = dist.batch_isend_irecv(ops) if ops else []
             return [w for w in works if w is not None]
-        pg = self._pg
+        pg = self.process_group
         works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in recvs]
         works += [pg.send([views[v]], p, tag_base + k) for p, k, v in sends]
         return works

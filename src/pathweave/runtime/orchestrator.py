@@ -654,7 +654,11 @@ class Orchestrator:
 
             model = model_from_env()
         self.model = model
-        self._groups: dict[Any, _GroupState] = {}
+        # Keyed by the process group itself (the default group's object, not
+        # None) and weakly, so that a destroyed group is freed at once (its
+        # backend's threads stopped before interpreter exit) and a group made
+        # again after destroy_process_group gets a fresh state.
+        self._groups: weakref.WeakKeyDictionary[Any, _GroupState] = weakref.WeakKeyDictionary()
         self.stats = OrchestratorStats()
 
     def __repr__(self) -> str:
@@ -685,11 +689,13 @@ class Orchestrator:
         adaptation (``adapt``) found below nominal; empty without adaptation or before the
         group's first call. Local: no collective.
         """
-        st = self._groups.get(group)
+        key = _live_group(group)
+        st = self._groups.get(key) if key is not None else None
         return {} if st is None or st.adapt is None else st.adapt.learned()
 
     def _state(self, group: Any) -> _GroupState:
-        st = self._groups.get(group)
+        key = _live_group(group)
+        st = self._groups.get(key) if key is not None else None
         if st is not None:
             return st
         from pathweave.runtime.executor import Transport
@@ -720,7 +726,7 @@ class Orchestrator:
             st.adapt = Adaptation(fab, st.paths, tr.rank)
         if len(self.stats.bytes_per_link) != fab.num_links:
             self.stats.bytes_per_link = np.zeros(fab.num_links)
-        self._groups[group] = st
+        self._groups[key] = st
         return st
 
     # ---------------------------------------------------------- planning
@@ -1347,6 +1353,14 @@ def _dist() -> Any:
     import torch.distributed as dist
 
     return dist
+
+
+def _live_group(group: Any) -> Any:
+    """The process group object ``group`` names (``None``: the default group, when there is one)."""
+    if group is not None:
+        return group
+    dist = _dist()
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
 def _is_world(g: Any) -> bool:

@@ -22,6 +22,10 @@ Vocabulary
 *piece*
     A chunk, further cut where a segment ends (a piece has one source
     address and one destination address). Pieces of one chunk move together.
+*message*
+    One hop of one piece, except that a direct fragment's pieces of one
+    round within one segment travel as one message (they are contiguous at
+    both ends).
 *round*
     Every round is a slice of the whole call: with ``R`` entry rounds (the
     largest fragment enters ``window // 2`` chunks per round), hop ``h`` of
@@ -557,6 +561,17 @@ def _global_hops(
     # chunks enters in round floor(c * R / k), so each fragment moves about
     # 1/R of its bytes per round and shares its links in proportion to them.
     rnd0 = (c * rounds) // np.maximum(nchunk[f], 1)
+    # A direct fragment's pieces of one round that lie in one segment are
+    # contiguous in the sender's and the receiver's buffer alike: one message
+    # carries them (the round's bytes on the link are the same; the host
+    # posts one operation instead of one per chunk).
+    run = np.zeros(p_lo.size, dtype=bool)
+    run[1:] = ((hops[f[1:]] == 1) & (f[1:] == f[:-1]) & (rnd0[1:] == rnd0[:-1])
+               & (si[1:] == si[:-1]))
+    if run.any():
+        head = np.flatnonzero(~run)
+        p_hi = p_hi[np.r_[head[1:] - 1, p_lo.size - 1]]
+        p_pair, p_lo, ci, si, f, c, rnd0 = (a[head] for a in (p_pair, p_lo, ci, si, f, c, rnd0))
     # Staging slot of each forwarded piece at every forwarding rank of its route.
     slot_off = (c % stream_window[f]) * chunk_bytes + (p_lo - c_lo[ci])
     # Expand pieces into hops.
