@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 import pathweave.distributed as pwd
-from pathweave.errors import RankError
+from pathweave.errors import PlanError, RankError
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import DEFAULT_POLICY, policies
 from pathweave.runtime import backend as B
+from pathweave.runtime.config import Config
 from pathweave.runtime.launch import run_local
 
 FORCED = {"PATHWEAVE_MULTIPATH": "on", "PATHWEAVE_FABRIC": "h100-2x4"}
@@ -368,11 +369,14 @@ def test_point_to_point_needs_only_its_two_ranks():
 
 # ---------------------------------------------------------- environment
 def test_config_accepts_every_policy_and_multipath_value():
-    for name in policies():
-        assert B.config_from_env({B.POLICY_ENV: name}).policy == name
+    for name in policies(executable_only=True):
+        assert Config.from_env({B.POLICY_ENV: name}).policy == name
+    for name in set(policies()) - set(policies(executable_only=True)):
+        with pytest.raises(PlanError, match=f"^PATHWEAVE_POLICY={name!r}: policy {name!r}"):
+            Config.from_env({B.POLICY_ENV: name})
     for raw, enabled in {"auto": "auto", "ON": True, " off ": False, "": "auto"}.items():
-        assert B.config_from_env({B.MULTIPATH_ENV: raw}).enabled == enabled
-    assert B.config_from_env({}) == B.BackendConfig(None, DEFAULT_POLICY, "auto")
+        assert Config.from_env({B.MULTIPATH_ENV: raw}).enabled == enabled
+    assert Config.from_env({}) == Config(None, DEFAULT_POLICY, enabled="auto", adapt="auto")
 
 
 @pytest.mark.parametrize("env, message", [
@@ -382,7 +386,7 @@ def test_config_accepts_every_policy_and_multipath_value():
 ])
 def test_bad_environment_names_variable_and_value(env, message):
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")):
-        B.config_from_env(env)
+        Config.from_env(env)
 
 
 def _noop(rank, ws):

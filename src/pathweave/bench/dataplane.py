@@ -538,17 +538,16 @@ def job_fabric(
     InputError
         Another ``PATHWEAVE_*`` variable has a bad value.
     """
-    from pathweave.runtime.backend import config_from_env
-    from pathweave.runtime.orchestrator import FABRIC_ENV
+    from pathweave.runtime.config import FABRIC_ENV, Config
 
     try:
-        env = config_from_env()
+        env = Config.from_env()
     except ValueError as exc:
         if isinstance(exc, PathweaveError):
             raise
         raise InputError(str(exc)) from None
-    if env.fabric_spec is not None and what != FABRIC_ENV:
-        job_fabric(env.fabric_spec, world_size, FABRIC_ENV)
+    if env.fabric is not None and what != FABRIC_ENV:
+        job_fabric(env.fabric, world_size, FABRIC_ENV)
     fab = pwfabric.resolve(spec)
     if fab.num_ranks != world_size:
         raise FabricError(

@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Orchestrator", "OrchestratorStats", "build_schedule", "run_local"]
+__all__ = ["Config", "Orchestrator", "OrchestratorStats", "build_schedule", "run_local"]
 
 _LAZY = {
+    "Config": "pathweave.runtime.config",
     "Orchestrator": "pathweave.runtime.orchestrator",
     "OrchestratorStats": "pathweave.runtime.orchestrator",
     "build_schedule": "pathweave.runtime.schedule",

@@ -16,98 +16,37 @@ The orchestrator itself runs on an *inner* process group: a plain
 ``ProcessGroup`` front for the same gloo/NCCL backend object, so its
 metadata exchange, its transfers and its fallback to torch's own all-to-all
 never re-enter this backend. Configuration comes from the environment
-(:func:`config_from_env`, one table in ``docs/runtime.md``).
+(:meth:`Config.from_env <pathweave.runtime.Config.from_env>`, one table in
+``docs/runtime.md``).
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from pathweave.runtime._validate import ArgProblem, dtype_code, type_code
-from pathweave.runtime.orchestrator import FABRIC_ENV, Orchestrator, default_fabric
+from pathweave.runtime.config import MULTIPATH_ENV, POLICY_ENV, Config
+from pathweave.runtime.orchestrator import Orchestrator, default_fabric
 
 __all__ = [
     "BACKEND_NAME",
     "MULTIPATH_ENV",
     "POLICY_ENV",
-    "BackendConfig",
     "ProcessGroupPathweave",
     "all_to_all_list",
-    "config_from_env",
     "register",
 ]
 
 #: Name of the backend in ``init_process_group``.
 BACKEND_NAME = "pathweave"
-#: Environment variable naming the planning policy of the backend's orchestrators.
-POLICY_ENV = "PATHWEAVE_POLICY"
-#: Environment variable choosing when the backend uses several paths.
-MULTIPATH_ENV = "PATHWEAVE_MULTIPATH"
-_MULTIPATH = {"auto": "auto", "on": True, "off": False}
 _BT = dist.ProcessGroup.BackendType
-
-
-@dataclass(frozen=True)
-class BackendConfig:
-    """What the environment says about the backend's orchestrators.
-
-    ``fabric_spec``: ``PATHWEAVE_FABRIC`` (``None``: the default fabric);
-    ``policy``: ``PATHWEAVE_POLICY``; ``enabled``: ``PATHWEAVE_MULTIPATH``
-    as the orchestrator's ``enabled`` (``"auto"``, ``True``, ``False``).
-    """
-
-    fabric_spec: str | None
-    policy: str
-    enabled: bool | Literal["auto"]
-
-
-def config_from_env(environ: Mapping[str, str] | None = None) -> BackendConfig:
-    """Read and check the backend's environment variables.
-
-    Raises ``ValueError`` (a :class:`~pathweave.errors.PathweaveError` for
-    fabric and policy) naming the variable and its bad value.
-
-    Examples
-    --------
-    >>> config_from_env({"PATHWEAVE_MULTIPATH": "on", "PATHWEAVE_POLICY": "hscore"})
-    BackendConfig(fabric_spec=None, policy='hscore', enabled=True)
-    >>> config_from_env({"PATHWEAVE_MULTIPATH": "yes"})
-    Traceback (most recent call last):
-    ...
-    ValueError: PATHWEAVE_MULTIPATH='yes' is not one of auto, on, off
-    """
-    from pathweave._check import env_choice
-
-    env = os.environ if environ is None else environ
-    enabled = env_choice(env, MULTIPATH_ENV, _MULTIPATH, "auto")
-    from pathweave.plan import DEFAULT_POLICY, policy_info
-
-    policy = env.get(POLICY_ENV, "").strip() or DEFAULT_POLICY
-
-    try:
-        policy_info(policy)
-    except ValueError as exc:
-        raise type(exc)(f"{POLICY_ENV}={policy!r}: {exc}") from None
-    spec = env.get(FABRIC_ENV, "").strip() or None
-    if spec is not None:
-        from pathweave.fabric import resolve
-
-        try:
-            resolve(spec)
-        except ValueError as exc:
-            raise type(exc)(f"{FABRIC_ENV}={spec!r}: {exc}") from None
-    return BackendConfig(spec, policy, enabled)
-
-
 class _Work(dist.Work):
     """A c10d ``Work`` around what the orchestrator returned (``None``, torch's work, a
     :class:`~pathweave.runtime.executor.Handle`), plus what must follow the wait.
@@ -164,7 +103,8 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         What torch passes a backend creator (``global_ranks`` empty for the
         default group).
     config
-        The orchestrator's settings (:func:`config_from_env`).
+        The orchestrator's settings (:meth:`Config.from_env
+        <pathweave.runtime.Config.from_env>`).
     """
 
     def __init__(
@@ -174,7 +114,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         size: int,
         timeout: datetime.timedelta,
         global_ranks: Sequence[int],
-        config: BackendConfig,
+        config: Config,
     ):
         super().__init__(rank, size)
         self._store = store
@@ -197,7 +137,7 @@ class ProcessGroupPathweave(dist.ProcessGroup):
         # fails init_process_group; a subgroup's is resolved on its first
         # all-to-all (many subgroups never run one).
         fabric = default_fabric(size, is_world=True) if self._is_world else None
-        self.orchestrator = Orchestrator(fabric, config.policy, enabled=config.enabled)
+        self.orchestrator = Orchestrator(config=config.replace(fabric=fabric))
 
     def _add(self, device: str, kind: Any, backend: Any, name: str) -> None:
         self._register_backend(torch.device(device), kind, backend)
@@ -377,7 +317,7 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroupPathweave:
     del backend_options  # no backend-specific options
     return ProcessGroupPathweave(
         opts.store, opts.group_rank, opts.group_size, opts.timeout,
-        list(opts.global_ranks_in_group), config_from_env(),
+        list(opts.global_ranks_in_group), Config.from_env(),
     )
 
 

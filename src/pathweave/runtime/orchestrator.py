@@ -66,6 +66,7 @@ from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
 from pathweave.fabric.paths import ROLES
 from pathweave.plan import Plan
 from pathweave.runtime import _validate as V
+from pathweave.runtime.config import FABRIC_ENV, MAX_WINDOW, MIN_CHUNK_BYTES, Config
 from pathweave.runtime.schedule import (
     RankSchedule,
     Segments,
@@ -81,24 +82,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Environment variable naming the fabric (a preset spec or a fabric file).
-FABRIC_ENV = "PATHWEAVE_FABRIC"
 #: NCCL's topology file, read when no :data:`FABRIC_ENV` is set.
 NCCL_TOPO_ENV = "NCCL_TOPO_FILE"
 PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
 #: Words of data-plane state every metadata row carries (:meth:`Orchestrator.plane_words`):
 #: the rank's host word, how many telemetry words it has to send, its multi-path calls.
 PLANE_WORDS = 3
-
-#: Smallest ``chunk_bytes``: one page. Every chunk is a message with a fixed
-#: cost (tens of microseconds on gloo, a kernel launch on NCCL) and per-call
-#: time grows faster than the chunk count (measured on 8 gloo ranks, a 10 MB
-#: pair: 0.09 s at 1 MiB chunks, 8.2 s at 1 KiB; 3-byte chunks ran past the
-#: timeout), so smaller chunks only cost time.
-MIN_CHUNK_BYTES = 4096
-#: Largest ``window``: staging slots (posted receives) per forwarded stream;
-#: a few cover the pipeline, more only hold memory and posted receives.
-MAX_WINDOW = 64
 
 
 # ------------------------------------------------------------------- stats
@@ -568,6 +557,9 @@ class Orchestrator:
         host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one host the
         links are loopback). Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or
         ``auto``), else ``"auto"``.
+    config
+        All of the above as one :class:`~pathweave.runtime.Config` (then pass
+        no other setting); :attr:`config` is the one in use.
     **policy_options
         Options passed to a registered policy (checked by
         :func:`pathweave.plan.make`).
@@ -603,57 +595,33 @@ class Orchestrator:
         cache_size: int = 64,
         adapt: bool | str | None = None,
         model: Any = None,
+        config: Config | None = None,
         **policy_options: Any,
     ):
-        self.fabric = None if fabric is None else resolve(fabric)
-        if policy is None:
-            from pathweave.plan import DEFAULT_POLICY
-
-            policy = DEFAULT_POLICY
-        if not (callable(policy) or isinstance(policy, str)):
-            raise TypeError(f"policy must be a policy name or a callable, got {policy!r}")
-        if isinstance(policy, str):
-            from pathweave.plan.registry import check_options
-
-            check_options(policy, policy_options)  # unknown names and options fail here
-        self.policy = policy
-        self.policy_options = dict(policy_options)
-        extra = sorted(set(self.policy_options) - {"kinds", "max_hops"})
-        if callable(policy) and extra:
-            raise TypeError(
-                f"policy options ({', '.join(extra)}) apply to registered policies only, "
-                "not to a policy callable"
-            )
-        self.min_split_bytes = V.positive_int("min_split_bytes", min_split_bytes, 0)
-        self.chunk_bytes = V.positive_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES)
-        self.window = V.positive_int("window", window, 2)
-        if self.window > MAX_WINDOW:
-            raise ValueError(f"window must be <= {MAX_WINDOW} (staging slots per forwarded "
-                             f"stream), got {window}")
-        self.hysteresis = V.nonnegative_float("hysteresis", hysteresis)
-        if self.hysteresis >= 1:
-            raise ValueError(f"hysteresis must be < 1, got {hysteresis}")
-        if enabled not in ("auto", True, False):
-            raise ValueError(f"enabled must be 'auto', True or False, got {enabled!r}")
-        self.enabled = enabled
-        self.timeout_s = V.nonnegative_float("timeout_s", timeout_s, positive=True)
-        self.min_gain = V.nonnegative_float("min_gain", min_gain, positive=True)
-        self.cache_size = V.positive_int("cache_size", cache_size)
-        if not (adapt is None or adapt is True or adapt is False or adapt == "auto"):
-            raise ValueError(f"adapt must be True, False, 'auto' or None, got {adapt!r}")
-        from pathweave.runtime.telemetry import adapt_default
-
-        self.adapt: bool | str = adapt_default() if adapt is None else adapt
-        from pathweave.sim.model import SimModel
-
-        if model is not None and not isinstance(model, SimModel):
-            raise TypeError(f"model must be a pathweave.sim.SimModel or None, got "
-                            f"{type(model).__name__}")
-        if model is None:  # a calibrated model file (pathweave calibrate), else SimModel()
-            from pathweave.sim.modelfile import model_from_env
-
-            model = model_from_env()
-        self.model = model
+        given = Config(fabric, policy, min_split_bytes, chunk_bytes, window, hysteresis,
+                       enabled, timeout_s, min_gain, cache_size, adapt, model, policy_options)
+        if config is None:
+            config = given
+        elif not isinstance(config, Config):
+            raise TypeError(f"config must be a pathweave.runtime.Config, got "
+                            f"{type(config).__name__}")
+        elif given != Config():
+            raise TypeError("pass the settings either as config= or as arguments, not both")
+        #: Every setting, checked once; adapt and model filled from the environment.
+        self.config = cfg = config.with_env_defaults()
+        self.fabric: Fabric | None = cfg.fabric  # type: ignore[assignment]
+        self.policy = cfg.policy
+        self.policy_options = dict(cfg.policy_options)
+        self.min_split_bytes = cfg.min_split_bytes
+        self.chunk_bytes = cfg.chunk_bytes
+        self.window = cfg.window
+        self.hysteresis = cfg.hysteresis
+        self.enabled = cfg.enabled
+        self.timeout_s = cfg.timeout_s
+        self.min_gain = cfg.min_gain
+        self.cache_size = cfg.cache_size
+        self.adapt: bool | str = cfg.adapt  # type: ignore[assignment]
+        self.model = cfg.model
         # Keyed by the process group itself (the default group's object, not
         # None) and weakly, so that a destroyed group is freed at once (its
         # backend's threads stopped before interpreter exit) and a group made
