@@ -259,3 +259,30 @@ def test_link_disjoint_groups_simulate_each_as_alone():
     assert both.makespan_s == max(ends)
     carried = (both.link_util * fab.capacity_Bps * np.diff(both.times_s)[:, None]).sum(axis=0)
     np.testing.assert_allclose(carried, plan.link_load_bytes, rtol=1e-5, atol=1.0)
+
+
+def test_scale_memory_model_and_checks_by_hand():
+    """The memory model recovers a peak built from known coefficients, and the
+    scale checks PASS or MISS on each side of the 8192-GPU targets."""
+    from pathweave.bench import groups as bench_groups
+
+    def row(n, rss, wall=10.0):
+        return {"ranks": n, "groups": n // 64, "mode": "joint", "peak_rss_bytes": rss,
+                "paths_s": wall, "plan_wall_s": wall, "sim_wall_s": wall,
+                "paths_cpu_s": 1.0, "plan_cpu_s": 1.0, "sim_cpu_s": 1.0}
+
+    base, per_rank, per_pair = 3e8, 2e5, 40.0
+    rows = [row(n, base + per_rank * n + per_pair * n * n) for n in (1024, 2048, 4096, 8192)]
+    fit = bench_groups.memory_model(rows)
+    assert fit is not None
+    np.testing.assert_allclose(fit, (base, per_rank, per_pair), rtol=1e-6)
+    assert bench_groups.memory_model(rows[:2]) is None  # two sizes cannot fix three terms
+    checks = {c.name: c for c in bench_groups.scale_checks(rows)}
+    # 8192: 30 s <= 60 s; 300 MB + 1.64 GB + 2.68 GB = 4.6 GB <= 8 GB.
+    assert checks["scale_time_joint"].passed and checks["scale_memory_joint"].passed
+    # 16384: 0.3 + 3.3 + 10.7 = 14.3 GB <= 24 GB.
+    assert checks["scale_model_joint"].value == pytest.approx(14.3e9, rel=1e-2)
+    assert checks["scale_model_joint"].passed
+    slow = bench_groups.scale_checks([row(8192, 9e9, wall=25.0)])
+    assert [c.passed for c in slow] == [False, False]
+    assert bench_groups.scale_checks(rows[:1])[0].passed is None  # 8192 not measured

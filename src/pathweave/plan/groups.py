@@ -54,7 +54,7 @@ import numpy as np
 
 from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathKind, PathSet, VertexKind
-from pathweave.fabric.paths import ALL_KINDS, candidate_paths
+from pathweave.fabric.paths import DEFAULT_KINDS, candidate_paths
 from pathweave.fabric.presets import resolve
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import (
@@ -176,7 +176,7 @@ def _shape_paths(fab: Fabric, g: int, ranks: np.ndarray, kinds: tuple[str, ...],
 def group_paths(
     fabric: Fabric | str,
     ranks: Sequence[Sequence[int]],
-    kinds: Sequence[str] = ALL_KINDS,
+    kinds: Sequence[str] = DEFAULT_KINDS,
     max_hops: int | None = None,
 ) -> GroupPaths:
     """Every group's candidate paths (its subset's) on the whole fabric; cached on it.
@@ -260,13 +260,17 @@ def _build_group_paths(fab: Fabric, placed: tuple[tuple[int, ...], ...],
 def _pair_ptr(sorted_pair: np.ndarray, npairs: int, chunk: int = 1 << 22) -> np.ndarray:
     """``int64[npairs + 1]``: where each pair's run starts in ``sorted_pair``.
 
-    Filled a chunk at a time: at 8192 ranks the table alone is 537 MB, and
-    ``cumsum(bincount(...))`` would hold two of it.
+    Counted a chunk of pairs at a time: at 8192 ranks the table alone is
+    537 MB, and ``cumsum(bincount(...))`` over all pairs would hold two.
     """
     out = np.empty(npairs + 1, dtype=np.int64)
-    for lo in range(0, npairs + 1, chunk):
-        hi = min(lo + chunk, npairs + 1)
-        out[lo:hi] = np.searchsorted(sorted_pair, np.arange(lo, hi, dtype=np.int64))
+    out[0] = 0
+    for lo in range(0, npairs, chunk):
+        hi = min(lo + chunk, npairs)
+        a, b = np.searchsorted(sorted_pair, [lo, hi])
+        counts = np.bincount(sorted_pair[a:b] - lo, minlength=hi - lo)
+        np.cumsum(counts, out=out[lo + 1:hi + 1])
+        out[lo + 1:hi + 1] += a
     return out
 
 
@@ -321,9 +325,9 @@ def plan_groups(
     gp = group_paths(fab, workload.ranks, options.get("kinds", COMMON_OPTIONS["kinds"]),
                      options.get("max_hops", COMMON_OPTIONS["max_hops"]))
     t0 = time.perf_counter()
-    union = as_demand(workload.union_demand(), fab.num_ranks)
     if mode == "joint":
-        plan = make(fab, union, policy, paths=gp.paths, **options)
+        # make checks the union and keeps its own int64 copy: no third N x N array.
+        plan = make(fab, workload.union_demand(), policy, paths=gp.paths, **options)
         info = {**plan.info, "mode": mode, "groups": len(workload.groups)}
         object.__setattr__(plan, "info", info)
         return plan
@@ -335,6 +339,7 @@ def plan_groups(
         fps.append(gp.path_ids[g][sub_plan.flow_path])
         fbs.append(sub_plan.flow_bytes)
         times.append(sub_plan.plan_s)
+    union = as_demand(workload.union_demand(), fab.num_ranks)
     fp = np.concatenate(fps)
     order = np.argsort(fp, kind="stable")  # merged ids run by pair, then path
     plan = Plan(fab, gp.paths, union, fp[order], np.concatenate(fbs)[order], str(name),

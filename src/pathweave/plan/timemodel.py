@@ -210,14 +210,22 @@ def link_latency_s(fabric: Fabric, model: SimModel) -> np.ndarray:
 
 
 @njit(cache=True)
-def _path_tables(pl, virt_a, virt_b, cap, lat, src_kind, relay_eff, width):
+def _path_tables(pl, virt_a, virt_b, cap, lat, src_kind, relay_eff):
     # The per-path tables of _build_reference, path by path (sums in hop
     # order): ext (real links, then their virtual a's, then their b's),
     # length, latency, stage_inv, relays, rate_cap. NOTE: a kernel because
     # the numpy version's (P, 3H) temporaries took 4.4 s at 1024 GPUs.
     npaths, hmax = pl.shape
-    ext = np.full((npaths, width), -1, dtype=np.int64)
     length = np.zeros(npaths, dtype=np.int64)
+    width = 1
+    for p in range(npaths):  # the widest row first: the table is allocated once
+        n = 0
+        for h in range(hmax):
+            e = pl[p, h]
+            if e >= 0:
+                n += 1 + (virt_a[e] >= 0) + (virt_b[e] >= 0)
+        width = max(width, n)
+    ext = np.full((npaths, width), -1, dtype=np.int64)
     latency = np.zeros(npaths)
     stage_inv = np.zeros(npaths)
     relays = np.zeros(npaths, dtype=np.int64)
@@ -260,16 +268,10 @@ def _build(paths: PathSet, model: SimModel) -> PathCosts:
     fab = paths.fabric
     virt_a, virt_b, cap = effective_links(fab, model)
     pl = np.ascontiguousarray(paths.links)
-    valid = (pl >= 0).sum(axis=1) if pl.shape[1] else np.zeros(pl.shape[0], dtype=np.int64)
-    nvirt = np.zeros(pl.shape[0], dtype=np.int64)
-    for virt in (virt_a, virt_b):  # the widest row, before allocating the table
-        has = np.concatenate([virt >= 0, [False]])
-        nvirt += has[np.where(pl >= 0, pl, fab.num_links)].sum(axis=1)
-    width = max(int((valid + nvirt).max(initial=0)), 1)
     src_kind = np.ascontiguousarray(fab.vertex_kind[fab.link_src], dtype=np.int64)
     ext, length, latency, stage_inv, relays, rate_cap = _path_tables(
         pl, virt_a, virt_b, cap, link_latency_s(fab, model), src_kind,
-        float(model.relay_efficiency), width)
+        float(model.relay_efficiency))
     start = model.setup_s + model.relay_setup_s * relays.astype(np.float64)
     arrays = [ext, length, cap, rate_cap, relays, start, latency, stage_inv]
     for a in arrays:

@@ -291,16 +291,6 @@ def _localise(members, flow_ptr, flow_links, loc):
 
 
 @njit(cache=True)
-def _grow(buf, need):
-    # buf, or a copy at least twice as long when it is shorter than need.
-    if buf.shape[0] >= need:
-        return buf
-    out = np.empty(max(need, 2 * buf.shape[0]), dtype=buf.dtype)
-    out[: buf.shape[0]] = buf
-    return out
-
-
-@njit(cache=True)
 def _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links, max_segments):
     # The union of the components' breakpoints, merged as _record merges
     # down to max_segments, and each component's rates averaged onto it
@@ -379,9 +369,18 @@ def run_flows(
     tptr = np.zeros(ncomp + 1, dtype=np.int64)
     rptr = np.zeros(ncomp + 1, dtype=np.int64)
     lptr = np.zeros(ncomp + 1, dtype=np.int64)
-    tbuf = np.zeros(max(1, ncomp), dtype=np.float64)
-    rbuf = np.zeros(0, dtype=np.float64)
-    lbuf = np.zeros(0, dtype=np.int64)
+    # Sized for the worst case (every component at max_segments rows, each
+    # recorded link in one component): pages never written are never resident.
+    cap = max(2, max_segments)
+    used = np.zeros(nlinks, dtype=np.bool_)
+    for k in range(flow_links.shape[0]):
+        used[flow_links[k]] = True
+    nused = 0
+    for e in range(min(num_record_links, nlinks)):
+        nused += used[e]
+    tbuf = np.empty(ncomp * (cap + 1), dtype=np.float64)
+    rbuf = np.empty(cap * nused, dtype=np.float64)
+    lbuf = np.empty(nused, dtype=np.int64)
     events = 0
     for c in range(ncomp):
         members = cflow[cptr[c]: cptr[c + 1]]
@@ -395,13 +394,10 @@ def run_flows(
         )
         end_s[members] = end
         events += ev
-        tbuf = _grow(tbuf, tptr[c] + st.shape[0])
         tbuf[tptr[c]: tptr[c] + st.shape[0]] = st
         tptr[c + 1] = tptr[c] + st.shape[0]
-        rbuf = _grow(rbuf, rptr[c] + sr.size)
         rbuf[rptr[c]: rptr[c] + sr.size] = sr.ravel()
         rptr[c + 1] = rptr[c] + sr.size
-        lbuf = _grow(lbuf, lptr[c] + nrec)
         lbuf[lptr[c]: lptr[c] + nrec] = glinks[:nrec]
         lptr[c + 1] = lptr[c] + nrec
     if ncomp == 0:
