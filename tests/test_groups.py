@@ -170,3 +170,119 @@ def test_cli_plan_and_simulate_groups(tmp_path: Path):
     result = runner.invoke(app, ["plan", "-f", "h100-2x4", "-w", "uniform", "--groups", "4x4"])
     assert result.exit_code == 2
     assert "4x4 = 16 ranks" in result.output and "Traceback" not in result.output
+
+
+def _on_fabric(fab: pw.fabric.Fabric, sub: pw.fabric.Fabric, ranks: tuple[int, ...]
+               ) -> np.ndarray:
+    """Each link of ``sub = fab.subset(ranks)`` as a fabric link, found by vertex names."""
+    nodes = sorted({r // fab.gpus_per_node for r in ranks})
+
+    def vertex(v: int) -> int:
+        rank = int(sub.vertex_rank[v])
+        if rank >= 0:
+            return int(fab.rank_vertex[ranks[rank]])
+        head, dot, rest = sub.vertex_name(v).partition(".")
+        if dot and head[0] == "n" and head[1:].isdigit():
+            return fab.vertex_id(f"n{nodes[int(head[1:])]}.{rest}")
+        return fab.vertex_id(sub.vertex_name(v))
+
+    return np.array([fab.link_id(vertex(int(a)), vertex(int(b)))
+                     for a, b in zip(sub.link_src, sub.link_dst, strict=True)], dtype=np.int64)
+
+
+@pytest.mark.parametrize(("spec", "count", "size", "layout"), [
+    ("h100-2x4", 2, 4, "strided"),
+    ("dgx-h100:nodes=4,spines=2", 4, 8, "block"),
+    ("dgx-h100:nodes=4,spines=2", 2, 16, "strided"),
+    ("cluster:nodes=4,gpus_per_node=4,node_kind=nvlink-mesh,rails=2", 4, 4, "strided"),
+])
+def test_group_paths_are_each_groups_own_subset_paths(spec, count, size, layout):
+    """Groups of one shape share a compiled path set; every group's paths are still
+    exactly those of its own subset fabric (built alone), mapped by vertex names."""
+    fab = pw.fabric.resolve(spec)
+    wl = groups(fab.num_ranks, "uniform", count, size, layout)
+    kinds = pw.fabric.paths.DEFAULT_KINDS  # what plan_groups plans with
+    gp = group_paths(fab, wl.ranks, kinds)
+    for g, ranks in enumerate(wl.ranks):
+        sub = fab.subset(ranks)
+        own = pw.fabric.candidate_paths(sub, kinds)
+        lmap = _on_fabric(fab, sub, ranks)
+        r = np.asarray(ranks)
+        for i in range(len(ranks)):
+            for j in range(len(ranks)):
+                want = [lmap[own.path_links(p)].tolist() for p in own.pair_paths(i, j)]
+                got = [gp.paths.path_links(p).tolist()
+                       for p in gp.paths.pair_paths(int(r[i]), int(r[j]))]
+                assert got == want, (g, i, j)
+    if layout == "block":  # whole identical nodes: one shape, compiled once
+        assert len({id(s) for s in gp.sub_paths}) == 1
+
+
+@pytest.mark.parametrize("spec", ["h100-2x4", "dgx-h100:nodes=2,spines=2",
+                                  "cluster:nodes=4,gpus_per_node=4,node_kind=nvlink-mesh,rails=2"])
+def test_time_model_tables_match_their_numpy_twin(spec):
+    """timemodel's per-path kernel against its numpy twin, on dense and group path sets."""
+    from pathweave.plan import timemodel
+
+    fab = pw.fabric.resolve(spec)
+    sets = [pw.fabric.candidate_paths(fab),
+            group_paths(fab, groups(fab.num_ranks, "uniform", 2, fab.num_ranks // 2,
+                                    "strided").ranks).paths]
+    for ps in sets:
+        for model in (pw.sim.SimModel(), pw.sim.SimModel.ideal(),
+                      pw.sim.SimModel(relay_efficiency=0.5, hop_latency_s=3e-6)):
+            got = timemodel._build(ps, model)
+            want = timemodel._build_reference(ps, model)
+            for name in ("links", "length", "capacity_Bps", "rate_cap_Bps", "relays",
+                         "start_s", "latency_s", "stage_s_per_byte"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name),
+                                              err_msg=name)
+
+
+def test_link_disjoint_groups_simulate_each_as_alone():
+    """Two groups on their own nodes share no link: simulated together, each
+    finishes exactly (bit for bit) as it does alone; the timeline carries both."""
+    fab = pw.fabric.resolve("dgx-h100:nodes=4,spines=2")
+    wl = groups(32, "moe:tokens=4096,hidden=1024,hot=0.8", 2, 16, "block", seed=5)
+    plan = plan_groups(fab, wl, "mwu", mode="per_group")
+    assert not shared_links(plan, wl).any()
+    both = pw.sim.simulate(fab, plan)
+    ends = []
+    for grp in wl.groups:
+        alone = plan_groups(fab, groups(32, [grp.demand], ranks=[grp.ranks]), "mwu",
+                            mode="per_group")
+        res = pw.sim.simulate(fab, alone)
+        r = np.asarray(grp.ranks)
+        np.testing.assert_array_equal(both.pair_finish_s[np.ix_(r, r)],
+                                      res.pair_finish_s[np.ix_(r, r)])
+        ends.append(res.makespan_s)
+    assert both.makespan_s == max(ends)
+    carried = (both.link_util * fab.capacity_Bps * np.diff(both.times_s)[:, None]).sum(axis=0)
+    np.testing.assert_allclose(carried, plan.link_load_bytes, rtol=1e-5, atol=1.0)
+
+
+def test_scale_memory_model_and_checks_by_hand():
+    """The memory model recovers a peak built from known coefficients, and the
+    scale checks PASS or MISS on each side of the 8192-GPU targets."""
+    from pathweave.bench import groups as bench_groups
+
+    def row(n, rss, wall=10.0):
+        return {"ranks": n, "groups": n // 64, "mode": "joint", "peak_rss_bytes": rss,
+                "paths_s": wall, "plan_wall_s": wall, "sim_wall_s": wall,
+                "paths_cpu_s": 1.0, "plan_cpu_s": 1.0, "sim_cpu_s": 1.0}
+
+    base, per_rank, per_pair = 3e8, 2e5, 40.0
+    rows = [row(n, base + per_rank * n + per_pair * n * n) for n in (1024, 2048, 4096, 8192)]
+    fit = bench_groups.memory_model(rows)
+    assert fit is not None
+    np.testing.assert_allclose(fit, (base, per_rank, per_pair), rtol=1e-6)
+    assert bench_groups.memory_model(rows[:2]) is None  # two sizes cannot fix three terms
+    checks = {c.name: c for c in bench_groups.scale_checks(rows)}
+    # 8192: 30 s <= 60 s; 300 MB + 1.64 GB + 2.68 GB = 4.6 GB <= 8 GB.
+    assert checks["scale_time_joint"].passed and checks["scale_memory_joint"].passed
+    # 16384: 0.3 + 3.3 + 10.7 = 14.3 GB <= 24 GB.
+    assert checks["scale_model_joint"].value == pytest.approx(14.3e9, rel=1e-2)
+    assert checks["scale_model_joint"].passed
+    slow = bench_groups.scale_checks([row(8192, 9e9, wall=25.0)])
+    assert [c.passed for c in slow] == [False, False]
+    assert bench_groups.scale_checks(rows[:1])[0].passed is None  # 8192 not measured

@@ -5,13 +5,15 @@ fabric, as its runtime does) and jointly (the union demand at once), with
 :mod:`pathweave.plan.groups`, and simulating the fabric-wide plan:
 
 Scale
-    ``dgx-h100:nodes=N/8,spines=4`` at 512, 1024 and 2048 GPUs, groups of
+    ``dgx-h100:nodes=N/8,spines=4`` at 512 to 8192 GPUs, groups of
     64 in blocks (whole nodes, as a scheduler hands them out), each group
     one skewed MoE dispatch (:data:`SCALE_WORKLOAD`: 2048 tokens per rank,
     hidden 4096 in bf16, 64 experts, top-2, 90 % of tokens pick expert 0).
     Each (size, mode) runs in a fresh process so that its peak resident
-    memory (``ru_maxrss``) is its own; plan time, simulate time, the path
-    set's size and the time to build it are recorded.
+    memory (``ru_maxrss``) is its own; the time (wall and CPU) and peak
+    memory of candidate paths, plan and simulate, and the path set's size
+    are recorded. :func:`scale_checks`: the 8192-GPU targets, and 16384
+    GPUs by :func:`memory_model` (fitted to the measured sizes).
 Joint against per group
     Fabrics where groups share links, because GPUs share NICs (two GPUs per
     NIC, as on 4-NIC 8-GPU servers): one group holds the even GPUs of every
@@ -42,15 +44,23 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench._report import Check, Progress
+from pathweave.fabric._limits import check_physical
+from pathweave.fabric.presets import PRESETS
 from pathweave.plan import DEFAULT_POLICY
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import GroupWorkload, groups
 from pathweave.traffic.groups import placement as placement_of
 
-__all__ = ["JOINT_CASES", "SCALE_RANKS", "SCALE_WORKLOAD", "joint_checks", "run_joint",
-           "run_scale", "scale_case", "shared_nic_placement"]
+__all__ = ["JOINT_CASES", "SCALE_RANKS", "SCALE_WORKLOAD", "joint_checks", "memory_model",
+           "run_joint", "run_scale", "scale_case", "scale_checks", "scale_fabric",
+           "shared_nic_placement"]
 
-SCALE_RANKS = (512, 1024, 2048)
+SCALE_RANKS = (512, 1024, 2048, 4096, 8192)
+#: The issue's targets: at TARGET_RANKS GPUs, candidate paths + plan +
+#: simulate within TARGET_S seconds and TARGET_RSS_BYTES of peak memory;
+#: at MODEL_RANKS, the memory model's peak within MODEL_RSS_BYTES.
+TARGET_RANKS, TARGET_S, TARGET_RSS_BYTES = 8192, 60.0, 8e9
+MODEL_RANKS, MODEL_RSS_BYTES = 16384, 24e9
 GROUP_SIZE = 64
 SCALE_WORKLOAD = "moe:tokens=131072,hidden=4096,experts=64,topk=2,hot=0.9"
 #: (fabric, placement, workload, hot expert of each group or None): placement
@@ -89,28 +99,61 @@ def _workload(fab: pwfabric.Fabric, placement: str, spec: str,
     return groups(fab.num_ranks, specs, ranks=ranks)
 
 
+def scale_fabric(ranks: int) -> pwfabric.Fabric:
+    """``dgx-h100:nodes=ranks/8,spines=4``, built without the preset's size check.
+
+    The check (:func:`pathweave.fabric._limits.check_size`) holds a fabric's
+    *dense* candidate paths against memory; groups compile only their own
+    subsets' paths (:func:`~pathweave.plan.groups.group_paths`), which the
+    scale case measures.
+    """
+    fab = PRESETS["dgx-h100"](nodes=ranks // 8, spines=4)
+    check_physical(fab, f"dgx-h100:nodes={ranks // 8},spines=4")
+    return fab
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def scale_case(ranks: int, mode: str, policy: str | None = None) -> dict[str, Any]:
-    """Plan and simulate the scale case of ``ranks`` GPUs in ``mode``; in this process."""
-    fab = pwfabric.resolve(f"dgx-h100:nodes={ranks // 8},spines=4")
+    """Plan and simulate the scale case of ``ranks`` GPUs in ``mode``; in this process.
+
+    Each stage (candidate paths, plan, simulate) is timed in wall-clock and
+    in this process's CPU time (the figure that transfers from a loaded
+    machine: the kernels run on one thread), with the peak resident memory
+    so far after it (``ru_maxrss`` only grows: each stage's figure is the
+    peak up to its end).
+    """
+    fab = scale_fabric(ranks)
     wl = groups(fab.num_ranks, SCALE_WORKLOAD, ranks // GROUP_SIZE, GROUP_SIZE, "block")
-    t0 = time.perf_counter()
+    row: dict[str, Any] = {"ranks": ranks, "groups": len(wl.groups), "mode": mode,
+                           "rss_before_bytes": _peak_rss_bytes()}
+    t0, c0 = time.perf_counter(), time.process_time()
     gp = group_paths(fab, wl.ranks)
-    paths_s = time.perf_counter() - t0
+    t1, c1 = time.perf_counter(), time.process_time()
+    row |= {"paths_s": t1 - t0, "paths_cpu_s": c1 - c0, "rss_paths_bytes": _peak_rss_bytes()}
     plan = plan_groups(fab, wl, policy, mode=mode)  # type: ignore[arg-type]
+    t2, c2 = time.perf_counter(), time.process_time()
+    row |= {"plan_s": plan.plan_s, "plan_wall_s": t2 - t1, "plan_cpu_s": c2 - c1,
+            "rss_plan_bytes": _peak_rss_bytes()}
     res = sim.simulate(fab, plan)
+    t3, c3 = time.perf_counter(), time.process_time()
+    row |= {"sim_s": res.sim_s, "sim_wall_s": t3 - t2, "sim_cpu_s": c3 - c2}
     ps = gp.paths
     path_bytes = sum(a.nbytes for a in (ps.links, ps.length, ps.kind, ps.via, ps.src, ps.dst))
-    return {
-        "ranks": ranks, "groups": len(wl.groups), "mode": mode, "policy": plan.policy,
+    return row | {
+        "policy": plan.policy,
         "paths": ps.num_paths, "pairs": int(sum(len(g.ranks) ** 2 for g in wl.groups)),
+        "shapes": len({id(s) for s in gp.sub_paths}),
         "path_bytes": path_bytes, "pair_ptr_bytes": ps.pair_ptr.nbytes,
-        "paths_s": paths_s, "plan_s": plan.plan_s, "sim_s": res.sim_s,
+        "total_s": t3 - t0, "total_cpu_s": c3 - c0,
         "congestion_s": plan.congestion_s, "makespan_s": res.makespan_s,
         "fragments": plan.fragments, "events": res.events,
         # What the whole fabric's dense path set would take to compile (the
         # preset's own size check), which group path sets never build.
         "dense_paths_bytes": pwfabric.estimate_path_bytes(ranks // 8, 8, 8, 4, False),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": _peak_rss_bytes(),
     }
 
 
@@ -183,3 +226,62 @@ def joint_checks(rows: Sequence[Mapping[str, Any]], tie: float = 1e-3) -> list[C
         f"union LP optimum is below it: "
         f"per-group / joint {least:.3f} (least) to {max(r['ratio'] for r in shared):.3f} "
         f"over {len(shared)} cases (> {1 + tie:.3f})")]
+
+
+def memory_model(rows: Sequence[Mapping[str, Any]], mode: str = "joint"
+                 ) -> tuple[float, float, float] | None:
+    """``(base, per_rank, per_pair)`` bytes: peak RSS ~ base + per_rank N + per_pair N^2.
+
+    Least squares over the scale rows of ``mode`` (three sizes or more, else
+    None). With groups of a fixed size the path set, fragments and flows grow
+    with ``N`` (``per_rank``); the whole-fabric tables (pair pointer, union
+    demand, the planners' ``N x N`` arrays, ``pair_finish_s``) with ``N^2``:
+    ``per_pair / 8`` is about how many ``N x N`` 8-byte arrays are alive at
+    the peak.
+    """
+    pts = sorted({(int(r["ranks"]), float(r["peak_rss_bytes"])) for r in rows
+                  if r["mode"] == mode})
+    if len({n for n, _ in pts}) < 3:
+        return None
+    n = np.array([p[0] for p in pts], dtype=np.float64)
+    a = np.stack([np.ones_like(n), n, n * n], axis=1)
+    coef = np.linalg.lstsq(a, np.array([p[1] for p in pts]), rcond=None)[0]
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+def scale_checks(rows: Sequence[Mapping[str, Any]]) -> list[Check]:
+    """PASS/MISS lines of the scale targets (:data:`TARGET_RANKS`, :data:`MODEL_RANKS`).
+
+    The time is wall-clock (paths + plan + simulate), as the target states;
+    each line also prints the CPU time, which is what transfers from a
+    loaded machine (every kernel runs on one thread).
+    """
+    out = []
+    at = [r for r in rows if r["ranks"] == TARGET_RANKS]
+    if not at:
+        out.append(Check("scale_time", None, TARGET_S, None,
+                         f"{TARGET_RANKS} GPUs: not measured (add it to the sizes)"))
+    for r in at:
+        wall = r["paths_s"] + r["plan_wall_s"] + r["sim_wall_s"]
+        cpu = r["paths_cpu_s"] + r["plan_cpu_s"] + r["sim_cpu_s"]
+        out.append(Check(
+            f"scale_time_{r['mode']}", wall, TARGET_S, wall <= TARGET_S,
+            f"{TARGET_RANKS} GPUs, {r['groups']} groups of {GROUP_SIZE}, {r['mode']}: paths + "
+            f"plan + simulate {wall:.1f} s wall ({cpu:.1f} s CPU) (<= {TARGET_S:.0f} s)"))
+        rss = r["peak_rss_bytes"]
+        out.append(Check(
+            f"scale_memory_{r['mode']}", rss, TARGET_RSS_BYTES, rss <= TARGET_RSS_BYTES,
+            f"{TARGET_RANKS} GPUs, {r['mode']}: peak memory {rss / 1e9:.2f} GB "
+            f"(<= {TARGET_RSS_BYTES / 1e9:.0f} GB)"))
+    for mode in MODES:
+        fit = memory_model(rows, mode)
+        if fit is None:
+            continue
+        base, per_rank, per_pair = fit
+        want = base + per_rank * MODEL_RANKS + per_pair * MODEL_RANKS ** 2
+        out.append(Check(
+            f"scale_model_{mode}", want, MODEL_RSS_BYTES, want <= MODEL_RSS_BYTES,
+            f"{MODEL_RANKS} GPUs, {mode}, by the memory model ({base / 1e6:.0f} MB + "
+            f"{per_rank / 1e3:.0f} kB per GPU + {per_pair:.1f} B per GPU pair, fitted "
+            f"to the measured sizes): {want / 1e9:.1f} GB (<= {MODEL_RSS_BYTES / 1e9:.0f} GB)"))
+    return out

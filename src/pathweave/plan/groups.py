@@ -54,7 +54,7 @@ import numpy as np
 
 from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathKind, PathSet, VertexKind
-from pathweave.fabric.paths import ALL_KINDS, candidate_paths
+from pathweave.fabric.paths import DEFAULT_KINDS, candidate_paths
 from pathweave.fabric.presets import resolve
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import (
@@ -84,6 +84,9 @@ class GroupPaths:
         fabric's links and ranks; pairs across groups have none.
     subsets, sub_paths
         Each group's fabric (:meth:`Fabric.subset`) and its candidate paths.
+        Groups of one *shape* (subsets equal but for the node numbers in
+        their names and ``meta["ranks"]``, e.g. blocks of whole identical
+        nodes) share one: the first such group's, compiled once.
     path_ids
         Per group, ``int64[sub_paths.num_paths]``: the id in ``paths`` of
         each of its subset's paths.
@@ -95,53 +98,85 @@ class GroupPaths:
     path_ids: tuple[np.ndarray, ...]
 
 
-def _subset_links(fab: Fabric, ranks: np.ndarray, sub: Fabric) -> np.ndarray:
-    """``int64[sub.num_links]``: the fabric link each link of ``sub`` is.
+def _subset_shape(fab: Fabric, ranks: np.ndarray, suffix: np.ndarray
+                  ) -> tuple[np.ndarray, tuple[bytes, ...]]:
+    """``(links, shape)``: the fabric link of each link of ``fab.subset(ranks)``,
+    and the subset's structure as a key, computed without building it.
 
     :meth:`Fabric.subset` keeps, in the old order, every vertex outside a
     node, the non-GPU vertices of member nodes and the member GPUs, and the
-    links between kept vertices; the result is checked against ``sub``.
+    links between kept vertices, renumbering nodes densely. Two placements
+    with equal keys have equal subset fabrics but for their names' node
+    numbers (``suffix``: each vertex's name without its ``n<node>.``),
+    so the same candidate paths in subset ids.
     """
     nodes = np.unique(ranks // fab.gpus_per_node)
-    vnode = fab.vertex_node
+    vnode = np.asarray(fab.vertex_node, dtype=np.int64)
     gpu = fab.vertex_kind == int(VertexKind.GPU)
     member = np.zeros(fab.num_vertices, dtype=bool)
     member[fab.rank_vertex[ranks]] = True
     keep_v = ((vnode < 0) | np.isin(vnode, nodes)) & (~gpu | member)
     keep_l = keep_v[fab.link_src] & keep_v[fab.link_dst]
     old = np.flatnonzero(keep_l)
-    if (old.size != sub.num_links or int(keep_v.sum()) != sub.num_vertices
-            or not np.array_equal(fab.link_kind[old], sub.link_kind)
-            or not np.array_equal(fab.capacity_Bps[old], sub.capacity_Bps)):
+    new_id = np.cumsum(keep_v) - 1
+    kept = np.flatnonzero(keep_v)
+    node_new = np.where(vnode[kept] >= 0, np.searchsorted(nodes, vnode[kept]), -1)
+    # A member GPU's subset name is its node-local index among the members.
+    local = np.where(gpu[kept], np.searchsorted(ranks, fab.vertex_rank[kept])
+                     - np.searchsorted(ranks, np.maximum(vnode[kept], 0) * fab.gpus_per_node),
+                     suffix[kept])
+    shape = tuple(np.ascontiguousarray(a).tobytes() for a in (
+        fab.vertex_kind[kept], node_new, local, gpu[kept], new_id[fab.link_src[old]],
+        new_id[fab.link_dst[old]], fab.link_kind[old], fab.capacity_Bps[old],
+        fab.latency_s[old]))
+    return old, shape
+
+
+def _name_suffixes(fab: Fabric) -> np.ndarray:
+    """``int64[num_vertices]``: an id of each vertex's name less its ``n<node>.`` prefix
+    (``-1 -`` the vertex's id where the name carries no such prefix: unique)."""
+    names = fab.vertex_names
+    node = np.asarray(fab.vertex_node, dtype=np.int64)
+    ids: dict[str, int] = {}
+    out = np.empty(len(names), dtype=np.int64)
+    for v, (nm, k) in enumerate(zip(names, node.tolist(), strict=True)):
+        head = f"n{k}."
+        out[v] = ids.setdefault(nm[len(head):], len(ids)) if k >= 0 and nm.startswith(head) \
+            else -1 - v
+    return out
+
+
+def _group_block(fab: Fabric, g: int, ranks: np.ndarray, lmap: np.ndarray, sub: Fabric,
+                 sps: PathSet) -> dict[str, np.ndarray]:
+    """Group ``g``'s paths (``sps``, its shape's) on the fabric's links and ranks."""
+    if not (lmap.size == sub.num_links and np.array_equal(fab.link_kind[lmap], sub.link_kind)
+            and np.array_equal(fab.capacity_Bps[lmap], sub.capacity_Bps)):
         raise PlanError(f"subset of ranks {ranks.tolist()} does not match fabric {fab.name!r}")
-    return old
+    relay = sps.kind == int(PathKind.RELAY)
+    return {
+        "links": np.where(sps.links >= 0, lmap[np.maximum(sps.links, 0)], -1).astype(np.int32),
+        "length": sps.length, "kind": sps.kind,
+        "via": np.where(relay, ranks[np.maximum(sps.via, 0)], sps.via).astype(np.int32),
+        "src": ranks[sps.src].astype(np.int32), "dst": ranks[sps.dst].astype(np.int32),
+    }
 
 
-def _group_block(fab: Fabric, g: int, ranks: Sequence[int], kinds: tuple[str, ...],
-                 max_hops: int | None) -> tuple[Fabric, PathSet, dict[str, np.ndarray]]:
-    r = np.asarray(ranks, dtype=np.int64)
+def _shape_paths(fab: Fabric, g: int, ranks: np.ndarray, kinds: tuple[str, ...],
+                 max_hops: int | None) -> tuple[Fabric, PathSet]:
+    """The subset fabric of group ``g`` and its candidate paths (compiled once per shape)."""
     try:
-        sub = fab.subset(r, name=f"{fab.name}[group {g}]")
+        sub = fab.subset(ranks, name=f"{fab.name}[group {g}]")
     except FabricError as exc:
         raise WorkloadError(f"group {g} cannot run on fabric {fab.name!r}: {exc}") from None
     if sub.rails != fab.rails:
         raise PlanError(f"group {g}: its fabric's rails {sub.rails} are not {fab.rails}")
-    sps = candidate_paths(sub, kinds, max_hops)
-    lmap = _subset_links(fab, r, sub)
-    links = np.where(sps.links >= 0, lmap[np.maximum(sps.links, 0)], -1).astype(np.int32)
-    relay = sps.kind == int(PathKind.RELAY)
-    block = {
-        "links": links, "length": sps.length, "kind": sps.kind,
-        "via": np.where(relay, r[np.maximum(sps.via, 0)], sps.via).astype(np.int32),
-        "src": r[sps.src].astype(np.int32), "dst": r[sps.dst].astype(np.int32),
-    }
-    return sub, sps, block
+    return sub, candidate_paths(sub, kinds, max_hops)
 
 
 def group_paths(
     fabric: Fabric | str,
     ranks: Sequence[Sequence[int]],
-    kinds: Sequence[str] = ALL_KINDS,
+    kinds: Sequence[str] = DEFAULT_KINDS,
     max_hops: int | None = None,
 ) -> GroupPaths:
     """Every group's candidate paths (its subset's) on the whole fabric; cached on it.
@@ -175,29 +210,42 @@ def group_paths(
 def _build_group_paths(fab: Fabric, placed: tuple[tuple[int, ...], ...],
                        kinds: tuple[str, ...], max_hops: int | None) -> GroupPaths:
     n = fab.num_ranks
-    subs, sub_paths, blocks = [], [], []
-    for g, r in enumerate(placed):
-        sub, sps, block = _group_block(fab, g, r, kinds, max_hops)
-        subs.append(sub)
-        sub_paths.append(sps)
-        blocks.append(block)
-    width = max(b["links"].shape[1] for b in blocks)
-    cols = {k: np.concatenate([b[k] for b in blocks]) for k in ("length", "kind", "via", "src",
-                                                                 "dst")}
-    links = np.concatenate([np.pad(b["links"], ((0, 0), (0, width - b["links"].shape[1])),
-                                   constant_values=-1) for b in blocks])
-    pair = cols["src"].astype(np.int64) * n + cols["dst"]
+    subs, sub_paths, lmaps = [], [], []
+    shapes: dict[tuple[bytes, ...], tuple[Fabric, PathSet]] = {}
+    suffix = _name_suffixes(fab)
+    for g, placed_g in enumerate(placed):
+        r = np.asarray(placed_g, dtype=np.int64)
+        lmap, shape = _subset_shape(fab, r, suffix)
+        if shape not in shapes:  # groups of one shape share its subset and paths
+            shapes[shape] = _shape_paths(fab, g, r, kinds, max_hops)
+        subs.append(shapes[shape][0])
+        sub_paths.append(shapes[shape][1])
+        lmaps.append(lmap)
+    rank_of = [np.asarray(r, dtype=np.int64) for r in placed]
+    pair = np.concatenate([r[sps.src] * n + r[sps.dst] for r, sps in zip(rank_of, sub_paths,
+                                                                         strict=True)])
     # Groups' pairs are disjoint: a stable sort by pair keeps each group's
     # own path order inside a pair, so ids are the same on every process.
     order = np.argsort(pair, kind="stable")
-    pair_ptr = np.zeros(n * n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(pair, minlength=n * n), out=pair_ptr[1:])
-    arrays = {k: np.ascontiguousarray(v[order]) for k, v in cols.items()}
-    arrays["links"] = np.ascontiguousarray(links[order])
+    pair_ptr = _pair_ptr(pair[order], n * n)
+    del pair
     inverse = np.empty(order.size, dtype=np.int64)
     inverse[order] = np.arange(order.size)
-    bounds = np.cumsum([0] + [b["src"].size for b in blocks])
-    path_ids = tuple(inverse[bounds[g]:bounds[g + 1]] for g in range(len(blocks)))
+    del order
+    bounds = np.cumsum([0] + [sps.num_paths for sps in sub_paths])
+    path_ids = tuple(inverse[bounds[g]:bounds[g + 1]] for g in range(len(placed)))
+    # Each group's block written straight to its rows: no concatenated copy.
+    width = max(sps.links.shape[1] for sps in sub_paths)
+    arrays = {"links": np.full((bounds[-1], width), -1, dtype=np.int32)}
+    for k in ("length", "kind", "via", "src", "dst"):
+        arrays[k] = np.empty(bounds[-1], dtype=np.int32 if k in ("via", "src", "dst")
+                             else getattr(sub_paths[0], k).dtype)
+    for g, (r, lmap, sub, sps) in enumerate(zip(rank_of, lmaps, subs, sub_paths, strict=True)):
+        block = _group_block(fab, g, r, lmap, sub, sps)
+        rows = path_ids[g]
+        arrays["links"][rows, : block["links"].shape[1]] = block["links"]
+        for k in ("length", "kind", "via", "src", "dst"):
+            arrays[k][rows] = block[k]
     rank_rails: list[tuple[int, ...]] = [() for _ in range(n)]
     for r, sps in zip(placed, sub_paths, strict=True):
         for i, rank in enumerate(r):
@@ -207,6 +255,23 @@ def _build_group_paths(fab: Fabric, placed: tuple[tuple[int, ...], ...],
     paths = PathSet(fabric=fab, num_ranks=n, pair_ptr=pair_ptr, **arrays, kinds=kinds,
                     max_hops=max_hops, rank_rails=tuple(rank_rails))
     return GroupPaths(paths, tuple(subs), tuple(sub_paths), path_ids)
+
+
+def _pair_ptr(sorted_pair: np.ndarray, npairs: int, chunk: int = 1 << 22) -> np.ndarray:
+    """``int64[npairs + 1]``: where each pair's run starts in ``sorted_pair``.
+
+    Counted a chunk of pairs at a time: at 8192 ranks the table alone is
+    537 MB, and ``cumsum(bincount(...))`` over all pairs would hold two.
+    """
+    out = np.empty(npairs + 1, dtype=np.int64)
+    out[0] = 0
+    for lo in range(0, npairs, chunk):
+        hi = min(lo + chunk, npairs)
+        a, b = np.searchsorted(sorted_pair, [lo, hi])
+        counts = np.bincount(sorted_pair[a:b] - lo, minlength=hi - lo)
+        np.cumsum(counts, out=out[lo + 1:hi + 1])
+        out[lo + 1:hi + 1] += a
+    return out
 
 
 def plan_groups(
@@ -260,9 +325,9 @@ def plan_groups(
     gp = group_paths(fab, workload.ranks, options.get("kinds", COMMON_OPTIONS["kinds"]),
                      options.get("max_hops", COMMON_OPTIONS["max_hops"]))
     t0 = time.perf_counter()
-    union = as_demand(workload.union_demand(), fab.num_ranks)
     if mode == "joint":
-        plan = make(fab, union, policy, paths=gp.paths, **options)
+        # make checks the union and keeps its own int64 copy: no third N x N array.
+        plan = make(fab, workload.union_demand(), policy, paths=gp.paths, **options)
         info = {**plan.info, "mode": mode, "groups": len(workload.groups)}
         object.__setattr__(plan, "info", info)
         return plan
@@ -274,6 +339,7 @@ def plan_groups(
         fps.append(gp.path_ids[g][sub_plan.flow_path])
         fbs.append(sub_plan.flow_bytes)
         times.append(sub_plan.plan_s)
+    union = as_demand(workload.union_demand(), fab.num_ranks)
     fp = np.concatenate(fps)
     order = np.argsort(fp, kind="stable")  # merged ids run by pair, then path
     plan = Plan(fab, gp.paths, union, fp[order], np.concatenate(fbs)[order], str(name),

@@ -7,11 +7,29 @@ at the same time (:mod:`pathweave.sim._maxmin`; weight ``flow_weight[f]``),
 capped by ``flow_cap_Bps[f]``.
 Rates are recomputed whenever a flow starts or ends.
 
-Flows whose ends fall within ``batch_rtol`` (relative to the simulated time)
-of the next end all finish together at the latest of those ends: equal flows
-on a symmetric fabric end together up to rounding, and this keeps the event
-count small. Batching only ever delays an end, so no link carries more than
-its capacity in any interval.
+Components
+    Flows that share no link, directly or through other flows (real and
+    virtual links alike), never change each other's max-min rates. The
+    flows are split into such *components* once (union-find over links)
+    and each component is simulated on its own, over its own links
+    renumbered from 0: a start or an end recomputes the rates of its
+    component only, and costs nothing elsewhere. This is exact: concurrent
+    groups on disjoint nodes simulate each exactly as it does alone.
+Batched ends
+    Within a component, flows whose ends fall within ``batch_rtol``
+    (relative to the simulated time) of the component's next end all
+    finish together at the latest of those ends: equal flows on a symmetric
+    fabric end together up to rounding, and this keeps the event count
+    small. Batching only ever delays an end, by at most ``batch_rtol`` of
+    the time, so no link carries more than its capacity in any interval.
+    Ends in different components are never batched together (nor is a
+    batch cut short by a start in another component).
+Timeline
+    Each component records its own links' rates (at most ``max_segments``
+    segments, neighbours merged time-weighted when full); the components'
+    breakpoints are then united, merged the same way down to
+    ``max_segments``, and every component's rates averaged onto them. With
+    one component the timeline is that component's own.
 
 :func:`run_flows` is the numba kernel (arrays in, arrays out, no checks);
 :func:`run_flows_reference` is the slow, obvious twin the tests compare it to.
@@ -65,7 +83,7 @@ def _record(seg_t, seg_rate, nseg, t0, t1, rates_row):
 
 
 @njit(cache=True)
-def run_flows(
+def _run_component(
     flow_ptr,
     flow_links,
     capacity_Bps,
@@ -77,14 +95,8 @@ def run_flows(
     num_record_links,
     max_segments,
 ):
-    """Simulate; return ``(end_s, seg_t, seg_rate, events)``.
-
-    ``end_s[f]``: when flow ``f``'s last byte leaves the fluid model (its
-    release time for a flow of zero bytes). ``seg_t[k]..seg_t[k + 1]`` with
-    ``seg_rate[k, e]`` bytes/s is the rate timeline of links
-    ``e < num_record_links`` from time 0 to the last end (``seg_t`` has one
-    more entry than ``seg_rate`` has rows). ``events``: rate computations.
-    """
+    # One component's event loop (every flow and link of the arrays is its
+    # own): the results of run_flows for these flows alone.
     nflows = flow_bytes.shape[0]
     nrec = num_record_links
     order = np.argsort(release_s, kind="mergesort")
@@ -200,6 +212,224 @@ def run_flows(
     return end_s, seg_t[: nseg + 1].copy(), seg_rate[:nseg].copy(), events
 
 
+@njit(cache=True)
+def _find(parent, e):
+    # Union-find root of link e, halving the path on the way.
+    while parent[e] != e:
+        parent[e] = parent[parent[e]]
+        e = parent[e]
+    return e
+
+
+@njit(cache=True)
+def flow_components(flow_ptr, flow_links, num_links):
+    """``(comp, ncomp)``: each flow's component, numbered by first flow.
+
+    Two flows are in one component when a chain of flows, each sharing a
+    link with the next, joins them; a flow with no links is alone.
+    """
+    nflows = flow_ptr.shape[0] - 1
+    parent = np.arange(num_links)
+    for f in range(nflows):
+        lo, hi = flow_ptr[f], flow_ptr[f + 1]
+        if hi == lo:
+            continue
+        a = _find(parent, flow_links[lo])
+        for k in range(lo + 1, hi):
+            b = _find(parent, flow_links[k])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+                a = min(a, b)
+    label = np.full(num_links, -1, dtype=np.int64)
+    comp = np.empty(nflows, dtype=np.int64)
+    ncomp = 0
+    for f in range(nflows):
+        if flow_ptr[f + 1] == flow_ptr[f]:
+            comp[f] = ncomp
+            ncomp += 1
+            continue
+        r = _find(parent, flow_links[flow_ptr[f]])
+        if label[r] < 0:
+            label[r] = ncomp
+            ncomp += 1
+        comp[f] = label[r]
+    return comp, ncomp
+
+
+@njit(cache=True)
+def _localise(members, flow_ptr, flow_links, loc):
+    # The component's links, ascending (so real links, ids below any virtual
+    # one, come first and the tie order of max-min is the global one), and
+    # its flows' links renumbered into them. loc: scratch of -1s, restored.
+    m = members.shape[0]
+    ptr = np.zeros(m + 1, dtype=np.int64)
+    for j in range(m):
+        f = members[j]
+        ptr[j + 1] = ptr[j] + flow_ptr[f + 1] - flow_ptr[f]
+    glinks = np.empty(ptr[m], dtype=np.int64)
+    n = 0
+    for j in range(m):
+        f = members[j]
+        for k in range(flow_ptr[f], flow_ptr[f + 1]):
+            e = flow_links[k]
+            if loc[e] < 0:
+                loc[e] = 0
+                glinks[n] = e
+                n += 1
+    glinks = np.sort(glinks[:n])
+    for i in range(n):
+        loc[glinks[i]] = i
+    links = np.empty(ptr[m], dtype=np.int64)
+    for j in range(m):
+        f = members[j]
+        base = ptr[j] - flow_ptr[f]
+        for k in range(flow_ptr[f], flow_ptr[f + 1]):
+            links[base + k] = loc[flow_links[k]]
+    for i in range(n):
+        loc[glinks[i]] = -1
+    return glinks, ptr, links
+
+
+@njit(cache=True)
+def _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links, max_segments):
+    # The union of the components' breakpoints, merged as _record merges
+    # down to max_segments, and each component's rates averaged onto it
+    # (bytes kept). Where an output segment lies within one of a
+    # component's segments, that segment's rate is copied (fraction 1.0).
+    cap = max(2, max_segments)
+    allt = np.unique(tbuf[: tptr[tptr.shape[0] - 1]])
+    seg_t = np.zeros(cap + 1, dtype=np.float64)
+    no_rates = np.zeros((cap, 0), dtype=np.float64)
+    nseg = 0
+    for i in range(allt.shape[0] - 1):
+        nseg = _record(seg_t, no_rates, nseg, allt[i], allt[i + 1], no_rates[0])
+    seg_rate = np.zeros((nseg, num_record_links), dtype=np.float64)
+    for c in range(tptr.shape[0] - 1):
+        ct = tbuf[tptr[c]: tptr[c + 1]]
+        lk = lbuf[lptr[c]: lptr[c + 1]]
+        nl = lk.shape[0]
+        base = rptr[c]
+        i = 0
+        for k in range(nseg):
+            a, b = seg_t[k], seg_t[k + 1]
+            while i + 1 < ct.shape[0] and ct[i + 1] <= a:
+                i += 1
+            j = i
+            while j + 1 < ct.shape[0] and ct[j] < b:
+                ov = min(ct[j + 1], b) - max(ct[j], a)
+                if ov > 0.0:
+                    frac = ov / (b - a)
+                    row = base + j * nl
+                    for x in range(nl):
+                        seg_rate[k, lk[x]] += rbuf[row + x] * frac
+                j += 1
+    return seg_t[: nseg + 1].copy(), seg_rate
+
+
+@njit(cache=True)
+def run_flows(
+    flow_ptr,
+    flow_links,
+    capacity_Bps,
+    flow_cap_Bps,
+    flow_weight,
+    flow_bytes,
+    release_s,
+    batch_rtol,
+    num_record_links,
+    max_segments,
+):
+    """Simulate; return ``(end_s, seg_t, seg_rate, events)``.
+
+    ``end_s[f]``: when flow ``f``'s last byte leaves the fluid model (its
+    release time for a flow of zero bytes). ``seg_t[k]..seg_t[k + 1]`` with
+    ``seg_rate[k, e]`` bytes/s is the rate timeline of links
+    ``e < num_record_links`` from time 0 to the last end (``seg_t`` has one
+    more entry than ``seg_rate`` has rows). ``events``: rate computations,
+    summed over the components.
+    """
+    nflows = flow_bytes.shape[0]
+    nlinks = capacity_Bps.shape[0]
+    comp, ncomp = flow_components(flow_ptr, flow_links, nlinks)
+    # Flows grouped by component, in flow order within each (a stable sort).
+    cptr = np.zeros(ncomp + 1, dtype=np.int64)
+    for f in range(nflows):
+        cptr[comp[f] + 1] += 1
+    for c in range(ncomp):
+        cptr[c + 1] += cptr[c]
+    fill = cptr[:-1].copy()
+    cflow = np.empty(nflows, dtype=np.int64)
+    for f in range(nflows):
+        cflow[fill[comp[f]]] = f
+        fill[comp[f]] += 1
+    end_s = np.full(nflows, np.nan)
+    loc = np.full(nlinks, -1, dtype=np.int64)
+    # Each component's timeline, kept until all are known: breakpoints,
+    # rates (row-major over its recorded links) and those links' ids.
+    tptr = np.zeros(ncomp + 1, dtype=np.int64)
+    rptr = np.zeros(ncomp + 1, dtype=np.int64)
+    lptr = np.zeros(ncomp + 1, dtype=np.int64)
+    # Sized for the worst case (every component at max_segments rows, each
+    # recorded link in one component): pages never written are never resident.
+    cap = max(2, max_segments)
+    used = np.zeros(nlinks, dtype=np.bool_)
+    for k in range(flow_links.shape[0]):
+        used[flow_links[k]] = True
+    nused = 0
+    for e in range(min(num_record_links, nlinks)):
+        nused += used[e]
+    tbuf = np.empty(ncomp * (cap + 1), dtype=np.float64)
+    rbuf = np.empty(cap * nused, dtype=np.float64)
+    lbuf = np.empty(nused, dtype=np.int64)
+    events = 0
+    for c in range(ncomp):
+        members = cflow[cptr[c]: cptr[c + 1]]
+        glinks, lp, ll = _localise(members, flow_ptr, flow_links, loc)
+        nrec = 0
+        while nrec < glinks.shape[0] and glinks[nrec] < num_record_links:
+            nrec += 1
+        end, st, sr, ev = _run_component(
+            lp, ll, capacity_Bps[glinks], flow_cap_Bps[members], flow_weight[members],
+            flow_bytes[members], release_s[members], batch_rtol, nrec, max_segments,
+        )
+        end_s[members] = end
+        events += ev
+        tbuf[tptr[c]: tptr[c] + st.shape[0]] = st
+        tptr[c + 1] = tptr[c] + st.shape[0]
+        rbuf[rptr[c]: rptr[c] + sr.size] = sr.ravel()
+        rptr[c + 1] = rptr[c] + sr.size
+        lbuf[lptr[c]: lptr[c] + nrec] = glinks[:nrec]
+        lptr[c + 1] = lptr[c] + nrec
+    if ncomp == 0:
+        return end_s, np.zeros(1), np.zeros((0, num_record_links)), events
+    seg_t, seg_rate = _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links,
+                                       max_segments)
+    return end_s, seg_t, seg_rate, events
+
+
+def _components_reference(flow_ptr: np.ndarray, flow_links: np.ndarray) -> list[list[int]]:
+    """Flows split into components the obvious way: grow each by breadth-first search."""
+    nflows = len(flow_ptr) - 1
+    links_of = [set(int(e) for e in flow_links[flow_ptr[f]: flow_ptr[f + 1]])
+                for f in range(nflows)]
+    seen = [False] * nflows
+    out = []
+    for f0 in range(nflows):
+        if seen[f0]:
+            continue
+        seen[f0] = True
+        comp, todo = [f0], [f0]
+        while todo:
+            f = todo.pop()
+            for g in range(nflows):
+                if not seen[g] and links_of[f] & links_of[g]:
+                    seen[g] = True
+                    comp.append(g)
+                    todo.append(g)
+        out.append(sorted(comp))
+    return out
+
+
 def run_flows_reference(
     flow_ptr: np.ndarray,
     flow_links: np.ndarray,
@@ -209,26 +439,43 @@ def run_flows_reference(
     flow_bytes: np.ndarray,
     release_s: np.ndarray,
     batch_rtol: float,
+    *,
+    components: bool = True,
 ) -> np.ndarray:
     """Slow twin of :func:`run_flows`: the end time of every flow.
 
-    Plain Python: at each step take the moving flows, compute their rates
-    with :func:`maxmin_rates_reference`, advance to the next start or the
-    next batch of ends.
+    Plain Python: split the flows into components (breadth-first search)
+    and run each alone; at each step take its moving flows, compute their
+    rates with :func:`maxmin_rates_reference` over all links, advance to
+    the next start or the next batch of ends. ``components=False`` runs
+    every flow in one loop instead (batching then couples flows of
+    different components); with ``batch_rtol=0`` both give the same ends,
+    which is what makes the split exact.
     """
     nflows = len(flow_bytes)
-    remaining = [float(b) for b in flow_bytes]
-    end = [float("nan")] * nflows
-    started = [False] * nflows
+    groups = _components_reference(flow_ptr, flow_links) if components else [list(range(nflows))]
+    end = np.full(nflows, np.nan)
+    for members in groups:
+        end[members] = _reference_loop(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps,
+                                       flow_weight, flow_bytes, release_s, batch_rtol, members)
+    return end
+
+
+def _reference_loop(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, flow_bytes,
+                    release_s, batch_rtol, members):
+    """End times of the flows ``members``, simulated together and alone."""
+    remaining = {f: float(flow_bytes[f]) for f in members}
+    end = {f: float("nan") for f in members}
+    started = {f: False for f in members}
     t = 0.0
     while True:
-        for f in range(nflows):
+        for f in members:
             if not started[f] and release_s[f] <= t:
                 started[f] = True
                 if remaining[f] <= 0:
                     end[f] = t
-        moving = [f for f in range(nflows) if started[f] and np.isnan(end[f])]
-        waiting = [float(release_s[f]) for f in range(nflows) if not started[f]]
+        moving = [f for f in members if started[f] and np.isnan(end[f])]
+        waiting = [float(release_s[f]) for f in members if not started[f]]
         t_rel = min(waiting) if waiting else float("inf")
         if not moving:
             if not waiting:
@@ -261,4 +508,4 @@ def run_flows_reference(
             else:
                 remaining[f] -= r * (t_new - t)
         t = t_new
-    return np.array(end)
+    return [end[f] for f in members]
