@@ -265,12 +265,12 @@ def bench_planner(
                                   help="Write bench_planner.png (ratio to optimal) here.")
     ] = None,
     scale: Annotated[
-        bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-2048 GPUs "
+        bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-8192 GPUs "
                            "(plan, simulate, peak memory) and joint against per-group planning.")
     ] = False,
     scale_ranks: Annotated[
         str, typer.Option("--scale-ranks", metavar="N,N,...", help="GPU counts of --scale.")
-    ] = "512,1024,2048",
+    ] = "512,1024,2048,4096,8192",
 ) -> None:
     """Congestion and planning time of every policy on 8 to 1024 GPUs, against the LP."""
     from pathweave.bench import planner
@@ -318,7 +318,7 @@ def _bench_scale(ranks_text: str, json_out: Path | None) -> None:
     out = human_console(json_out)
     for table in scale_tables(scale_rows, joint_rows):
         out.print(table)
-    for check in bench_groups.joint_checks(joint_rows):
+    for check in [*bench_groups.scale_checks(scale_rows), *bench_groups.joint_checks(joint_rows)]:
         mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
         out.print(f"{mark} {check.text}")
     if json_out is not None:

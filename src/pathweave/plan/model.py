@@ -74,8 +74,10 @@ class SimModel:
         virtual links per node; 1 disables them.
     batch_rtol
         Flows whose projected ends lie within this relative distance of the
-        next end finish together, at the latest of those ends (conservative:
-        never earlier than exact). Fewer events on big uniform workloads.
+        next end in their component (flows that share links, directly or
+        through others) finish together, at the latest of those ends
+        (conservative: never earlier than exact). Fewer events on big
+        uniform workloads.
     max_segments
         At most this many stored segments of the per-link utilisation
         timeline; adjacent segments are merged (time-weighted) beyond it.
