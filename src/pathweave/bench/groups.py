@@ -44,7 +44,6 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench._report import Check, Progress
-from pathweave.fabric._limits import check_physical
 from pathweave.fabric.presets import PRESETS
 from pathweave.plan import DEFAULT_POLICY
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
@@ -108,7 +107,7 @@ def scale_fabric(ranks: int) -> pwfabric.Fabric:
     scale case measures.
     """
     fab = PRESETS["dgx-h100"](nodes=ranks // 8, spines=4)
-    check_physical(fab, f"dgx-h100:nodes={ranks // 8},spines=4")
+    pwfabric.check_physical(fab, f"dgx-h100:nodes={ranks // 8},spines=4")
     return fab
 
 

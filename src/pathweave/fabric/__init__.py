@@ -13,7 +13,7 @@ Fabric(name='h100-2x4', nodes=2, gpus_per_node=4, vertices=32, links=92)
 """
 
 from pathweave.fabric._core import Fabric, Link, LinkKind, Vertex, VertexKind
-from pathweave.fabric._limits import estimate_path_bytes
+from pathweave.fabric._limits import check_physical, estimate_path_bytes
 from pathweave.fabric.builders import FabricBuilder, cluster, leaf_spine
 from pathweave.fabric.discovery import from_nccl_xml, from_nvidia_smi
 from pathweave.fabric.io import from_dict, load, save, to_dict
@@ -33,6 +33,7 @@ __all__ = [
     "candidate_paths",
     "cluster",
     "compile_paths",
+    "check_physical",
     "estimate_path_bytes",
     "from_dict",
     "from_nccl_xml",
