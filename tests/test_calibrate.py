@@ -28,14 +28,16 @@ AZURE = FIXTURES / "azure_ndv5_h100_nccl-topo.xml"
 
 def test_fit_recovers_known_costs_from_noisy_timings():
     # Hand-made timings: 300 us a call, 20 us a round, 150 us a relay, 5 GB/s
-    # direct, 2 GB/s relayed; every probe of a 3-rank run, rounds as a window-2
-    # schedule has them (one chunk a round, one more round per forwarding hop).
+    # direct, 2 GB/s relayed; every probe of a 3-rank run, with the rounds of
+    # the schedule it runs at the Orchestrator's default window (4).
+    from pathweave.calibrate import _probe_schedule
+
     truth = np.array([300e-6, 20e-6, 150e-6, 1 / 5e9, 1 / 2e9])
     rng = np.random.default_rng(7)
     rows = []
     for p in probes(3):
-        chunks = -(-p.nbytes // p.chunk_bytes)
-        rows.append(features(chunks + p.relays, p.relays, p.nbytes))
+        rounds = _probe_schedule(p, 0, 3, pw.Orchestrator().window).num_rounds
+        rows.append(features(rounds, p.relays, p.nbytes))
     X = np.array(rows)
     t = X @ truth * (1 + rng.normal(0, 0.02, len(rows)))  # 2 % noise
     fit = fit_costs(X, t)
@@ -61,6 +63,23 @@ def test_fit_without_relayed_probes_leaves_relays_unmeasured():
         fit_costs(X, np.array([1.0, 0.0, 1.0]))
 
 
+def test_fitted_model_carries_the_round_cost_in_the_data_planes_unit(tmp_path):
+    X = np.array([features(1, 0, 1024), features(64, 0, 1 << 18), features(2, 0, 16 << 20)])
+    fit = fit_costs(X, X @ [1e-3, 5e-5, 0, 1e-9, 0])
+    fab = pw.fabric.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    m = fitted_model(fit, fab, relayed=False, chunk_bytes=1 << 20, window=8)
+    assert m.round_s == pytest.approx(5e-5) and (m.chunk_bytes, m.window) == (1 << 20, 8)
+    # Written into the model, not only the calibration block, and read back.
+    p = save_model(m, tmp_path / "m.json", {"round_s": fit.round_s})
+    assert json.loads(p.read_text())["model"]["round_s"] == pytest.approx(5e-5)
+    assert load_model(p) == m
+    # A file written before round_s existed loads with none (NIMBLE's runtime).
+    doc = {"format": "pathweave-model", "version": 1, "model": {"setup_s": 4e-4}}
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    old = load_model(tmp_path / "old.json")
+    assert old == SimModel(setup_s=4e-4) and old.round_s == 0.0
+
+
 def test_model_file_round_trip_and_errors(tmp_path):
     m = SimModel(setup_s=4e-4, relay_setup_s=1e-4, relay_efficiency=0.5, hop_latency_s=None)
     p = save_model(m, tmp_path / "m.json", {"note": "hand-made"})
@@ -79,6 +98,8 @@ def test_model_file_round_trip_and_errors(tmp_path):
     bad(lambda d: d["model"].update(relay_efficiency=1.5), r"relay_efficiency = 1.5")
     bad(lambda d: d["model"].update(setup_s="fast"), r"model.setup_s = 'fast' is not a number")
     bad(lambda d: d["model"].update(setup_s=True), r"model.setup_s = True")
+    bad(lambda d: d["model"].update(round_s=-1e-5), r"round_s = -1e-05")
+    bad(lambda d: d["model"].update(window=1), r"window = 1")
     bad(lambda d: d.update(format="pathweave-fabric"), "not a pathweave model file")
     bad(lambda d: d.update(version=2), "version 2")
     (tmp_path / "x.json").write_text("{")

@@ -603,3 +603,113 @@ def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
         d, largest, rows, cols = pw.plan.registry.demand_bytes(D, 8)
         assert np.array_equal(d, np.asarray(D)) and largest == int(np.max(D))
         assert np.array_equal(rows, d.sum(axis=1)) and np.array_equal(cols, d.sum(axis=0))
+
+
+# ------------------------------------------- the executor's rounds (round_s)
+def _schedule_rounds(n, frag_pair, frag_bytes, routes, chunk_bytes, window):
+    """``num_rounds`` of the data plane's own schedule of these fragments (the reference)."""
+    from pathweave.runtime.schedule import Segments, build_schedule
+
+    pair_bytes = np.bincount(frag_pair, weights=frag_bytes, minlength=n * n)
+    segs = Segments.all_to_all(pair_bytes.astype(np.int64).reshape(n, n))
+    width = max(len(r) for r in routes) if len(routes) else 2
+    route = np.array([list(r) + [-1] * (width - len(r)) for r in routes]).reshape(-1, width)
+    return build_schedule(segs, frag_pair, frag_bytes, route, rank=0,
+                          chunk_bytes=chunk_bytes, window=window).num_rounds
+
+
+@pytest.mark.parametrize(("frags", "chunk", "window", "want"), [
+    # (route, bytes) per fragment on 4 ranks; want: rounds counted by hand.
+    ([((0, 1), 10)], 4, 2, 3),  # 3 chunks, one a round
+    # R = 16 / 2 = 8: the direct one ends in round 7, the relayed one's last
+    # chunk (3) enters in round 3 * 8 // 4 = 6 and takes 2 hops: rounds 6, 7.
+    ([((0, 1), 16 * 4096), ((0, 2, 1), 4 * 4096)], 4096, 4, 8),
+    # The relayed fragment is the largest: its last chunk enters in round 7, leaves in 8.
+    ([((0, 2, 1), 16 * 4096), ((0, 1), 4096)], 4096, 4, 9),
+    # Three hops, 5 chunks, 4 a round: R = 2, the last chunk enters in round 4 * 2 // 5 = 1.
+    ([((0, 2, 3, 1), 5 * 4096), ((2, 3), 1)], 4096, 8, 4),
+    ([], 4096, 4, 0),
+])
+def test_executor_rounds_by_hand_equal_the_schedules(frags, chunk, window, want):
+    from pathweave.plan.timemodel import executor_rounds
+
+    n = 4
+    pair = np.array([r[0] * n + r[-1] for r, _ in frags], dtype=np.int64)
+    nbytes = np.array([b for _, b in frags], dtype=np.int64)
+    hops = np.array([len(r) - 1 for r, _ in frags], dtype=np.int64)
+    assert executor_rounds(nbytes, hops, chunk, window) == want
+    assert _schedule_rounds(n, pair, nbytes, [r for r, _ in frags], chunk, window) == want
+
+
+@pytest.mark.parametrize("fab", [H100, DGX2, pw.fabric.preset("cluster", nodes=2,
+                                                              gpus_per_node=4, rails=2)],
+                         ids=lambda f: f.name)
+def test_executor_rounds_equal_the_schedules_on_random_plans(fab):
+    # Every executable policy's plan, its fragments as given and as the
+    # Orchestrator splits them (split_fragments, with a size threshold), at
+    # random chunks and windows: the count is the schedule's, exactly.
+    from pathweave.plan.timemodel import executor_rounds
+    from pathweave.runtime.schedule import path_routes, split_fragments
+
+    rng = np.random.default_rng(5)
+    n = fab.num_ranks
+    for name in pw.plan.policies(executable_only=True):
+        D = rng.integers(0, 300_000, size=(n, n))
+        D[rng.random((n, n)) < 0.3] = 0
+        np.fill_diagonal(D, 0)
+        plan = pw.plan.make(fab, D, name)
+        routes = path_routes(plan.paths)
+        hops_of_path = path_costs(plan.paths).relays + 1
+        # A route's ranks less one: the time model's hops (forwarding GPUs + 1).
+        assert np.array_equal(hops_of_path, (routes >= 0).sum(axis=1) - 1)
+        pair = plan.paths.src[plan.flow_path].astype(np.int64) * n + plan.paths.dst[plan.flow_path]
+        whole = plan.demand.astype(np.int64)
+        split = split_fragments(pair, plan.flow_path, plan.flow_bytes, whole,
+                                min_split_bytes=int(rng.integers(0, 200_000)))
+        for fpair, fpath, fbytes in ((pair, plan.flow_path, plan.flow_bytes), split):
+            keep = fbytes > 0
+            fpair, fpath, fbytes = fpair[keep], fpath[keep], fbytes[keep].astype(np.int64)
+            chunk = int(rng.choice([4096, 16384, 65536, 1 << 20]))
+            window = int(rng.integers(2, 9))
+            want = _schedule_rounds(n, fpair, fbytes, [r[r >= 0].tolist() for r in routes[fpath]],
+                                    chunk, window)
+            assert executor_rounds(fbytes, hops_of_path[fpath], chunk, window) == want, (
+                name, chunk, window)
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
+def test_round_s_adds_its_rounds_to_prediction_and_simulation(policy):
+    # The default model has no round cost (NIMBLE's runtime): predictions as before.
+    assert SimModel().round_s == 0
+    D = pw.traffic.hotspot(8, bytes_per_rank=32 << 20, ratio=0.8).astype(np.int64)
+    plan = pw.plan.make(H100, D, policy)
+    m = SimModel(round_s=48e-6)
+    from pathweave.runtime.schedule import path_routes
+
+    keep = plan.flow_bytes > 0
+    fp = plan.flow_path[keep]
+    pair = plan.paths.src[fp].astype(np.int64) * 8 + plan.paths.dst[fp]
+    routes = path_routes(plan.paths)[fp]
+    rounds = _schedule_rounds(8, pair, plan.flow_bytes[keep].astype(np.int64),
+                              [r[r >= 0].tolist() for r in routes], m.chunk_bytes, m.window)
+    assert rounds > 1
+    grew = predict_time(plan, m) - predict_time(plan)
+    assert grew == pytest.approx(48e-6 * rounds, rel=1e-9)
+    sim_grew = pw.sim.simulate(H100, plan, m).makespan_s - pw.sim.simulate(H100, plan).makespan_s
+    assert sim_grew == pytest.approx(48e-6 * rounds, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", [p for p in pw.plan.policies() if pw.plan.policy_info(p).stripes])
+def test_striped_scores_count_the_rounds_too(name):
+    from pathweave.plan.timemodel import stripe_time
+
+    m = SimModel(round_s=48e-6)
+    for fab in (DGX2, H100):  # node-factored and gathered tables
+        D = _random_demand(np.random.default_rng(3), 8)
+        plan = pw.plan.make(fab, D, name)
+        stripes = pw.plan.policy_info(name).stripes(plan.paths)
+        want = predict_time(plan, m)
+        assert want > predict_time(plan)
+        assert stripe_time(plan.paths, plan.demand, stripes, m) == want
+        keyed = stripe_time(plan.paths, plan.demand, stripes, m, key=name)
+        assert keyed == pytest.approx(want, rel=1e-12)

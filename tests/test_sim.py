@@ -227,6 +227,25 @@ def test_two_hop_pipeline_fill(h100):
     assert res.makespan_s == pytest.approx(b / 120e9 + 10e-6, rel=1e-12)
 
 
+def test_round_s_is_serial_host_time_on_top_of_the_transfer(h100):
+    # One direct 120 MB fragment at 512 KiB chunks, window 4: 229 chunks, two
+    # entering a round, so R = 115 rounds (the last chunk, 228, enters in round
+    # 228 * 115 // 229 = 114), each costing the host 48 us after the
+    # 20 us set-up + 1 ms + 1 us hop of the bytes themselves.
+    ps = pw.fabric.candidate_paths(h100)
+    direct = [p for p in ps.pair_paths(0, 1) if ps.via[p] < 0]
+    plan = _plan(h100, 0, 1, direct, [120_000_000])
+    m = SimModel(round_s=48e-6, chunk_bytes=512 * 1024, window=4)
+    want = 20e-6 + 1e-3 + 1e-6 + 115 * 48e-6
+    res = simulate(h100, plan, m)
+    assert res.makespan_s == pytest.approx(want, rel=1e-12)
+    assert res.pair_finish_s[0, 1] == pytest.approx(want, rel=1e-12)
+    assert pw.plan.predict_time(plan, m) == pytest.approx(want, rel=1e-12)
+    # A wider window halves the rounds: 229 chunks, four a round, R = 58.
+    wide = simulate(h100, plan, SimModel(round_s=48e-6, window=8)).makespan_s
+    assert wide == pytest.approx(20e-6 + 1e-3 + 1e-6 + 58 * 48e-6, rel=1e-12)
+
+
 def test_relay_efficiency_caps_forwarded_flows(h100):
     ps = pw.fabric.candidate_paths(h100)
     relay = [p for p in ps.pair_paths(0, 1) if ps.via[p] == 2]
@@ -356,6 +375,10 @@ def test_bad_arguments(h100):
         ({"hop_latency_s": float("nan")}, "hop_latency_s = nan"),
         ({"batch_rtol": 0.5}, "batch_rtol = 0.5"),
         ({"max_segments": 0}, "max_segments = 0"),
+        ({"round_s": -1e-6}, "round_s = -1e-06"),
+        ({"round_s": float("inf")}, "round_s = inf"),
+        ({"window": 1}, "window = 1"),
+        ({"round_s": 1e-5, "chunk_bytes": 0}, "round_s = 1e-05 needs chunk_bytes >= 1"),
     ],
 )
 def test_model_rejects_bad_values(kw, match):

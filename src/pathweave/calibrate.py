@@ -8,26 +8,29 @@ Run it where the job runs, as ``pathweave perf`` is run::
 
 Every *probe* is one exchange from rank 0 to rank 1 through pathweave's own
 data plane (the metadata all-gather of a call, then the schedule of one
-fragment, executed by :class:`~pathweave.runtime.executor.Transport`), direct
-or through rank 2 as a forwarding rank, with a chosen size and chunk. A probe's
-time (median over ``-n`` calls of the slowest rank's) is modelled as::
+fragment at the job's Orchestrator ``window``, executed by
+:class:`~pathweave.runtime.executor.Transport`), direct or through rank 2 as
+a forwarding rank, with a chosen size and chunk. A probe's time (median over
+``-n`` calls of the slowest rank's) is modelled as::
 
     t = call_s + round_s * rounds + relay_s * relays
         + direct_bytes / direct_Bps + relayed_bytes / relayed_Bps
 
-(``rounds``: the schedule's rounds, one chunk entering per round; on gloo the
-executor posts per stream, so it counts chunk messages). The probes vary one
+(``rounds``: the schedule's ``num_rounds``, ``window // 2`` chunks entering
+per round, as :func:`pathweave.plan.timemodel.executor_rounds` counts them).
+The probes vary one
 term each: tiny calls (``call_s``), many small chunks (``round_s``), tiny
 relayed calls (``relay_s``), large direct and relayed transfers (the rates).
 :func:`fit_costs` solves it by non-negative least squares on relative errors
 and reports each probe's residual. :func:`fitted_model` puts the fit in the
 :class:`~pathweave.sim.SimModel` fields that carry it: ``setup_s = call_s``,
-``relay_setup_s = relay_s``, ``relay_efficiency = relayed_Bps / direct_Bps``
-and the efficiency of the direct path's bottleneck link kind (NVLink:
-``nvlink_inject_efficiency``, network: ``network_efficiency``) as
-``direct_Bps`` over its capacity in the fabric (capped at 1). The time model
-has no per-round term: ``round_s`` is written in the file's ``calibration``
-block only. With fewer than 3 ranks there is no relay: ``relay_s`` and
+``round_s = round_s``, ``relay_setup_s = relay_s``, ``relay_efficiency =
+relayed_Bps / direct_Bps`` and the efficiency of the direct path's
+bottleneck link kind (NVLink: ``nvlink_inject_efficiency``, network:
+``network_efficiency``) as ``direct_Bps`` over its capacity in the fabric
+(capped at 1); ``chunk_bytes`` and ``window`` are the job's Orchestrator's,
+so the model counts rounds (and pipeline fill) as its data plane runs them.
+With fewer than 3 ranks there is no relay: ``relay_s`` and
 ``relay_efficiency`` keep their defaults.
 """
 
@@ -134,17 +137,24 @@ def fit_costs(X: np.ndarray, t_s: np.ndarray) -> Fit:
                (X @ coef - t) / t)
 
 
-def fitted_model(fit: Fit, fabric: Any, base: Any = None, relayed: bool = True) -> Any:
+def fitted_model(fit: Fit, fabric: Any, base: Any = None, relayed: bool = True, *,
+                 chunk_bytes: int | None = None, window: int | None = None) -> Any:
     """``base`` (default ``SimModel()``) with the fit in the fields that carry it (module doc).
 
     ``fabric``: the fabric the probes ran on; its rank-0-to-1 direct path's
     slowest link sets the efficiency the measured rate is a share of.
+    ``chunk_bytes``, ``window``: the data plane's (where given), the unit
+    ``round_s`` is paid in.
     """
     from pathweave.fabric import LinkKind, candidate_paths
     from pathweave.sim import SimModel
 
     m = base if base is not None else SimModel()
-    kw: dict[str, Any] = {"setup_s": fit.call_s}
+    kw: dict[str, Any] = {"setup_s": fit.call_s, "round_s": fit.round_s}
+    if chunk_bytes is not None:
+        kw["chunk_bytes"] = int(chunk_bytes)
+    if window is not None:
+        kw["window"] = int(window)
     if relayed:
         kw["relay_setup_s"] = fit.relay_s
         if np.isfinite(fit.relayed_Bps) and np.isfinite(fit.direct_Bps):
@@ -163,24 +173,25 @@ def fitted_model(fit: Fit, fabric: Any, base: Any = None, relayed: bool = True) 
 
 
 
-def _probe_schedule(probe: Probe, rank: int, num_ranks: int) -> Any:
+def _probe_schedule(probe: Probe, rank: int, num_ranks: int, window: int) -> Any:
     from pathweave.runtime.schedule import Segments, build_schedules
 
     D = np.zeros((num_ranks, num_ranks), dtype=np.int64)
     D[0, 1] = probe.nbytes
     route = [[0, 2, 1]] if probe.relays else [[0, 1]]
     return build_schedules(Segments.all_to_all(D), [1], [probe.nbytes], route,
-                           chunk_bytes=probe.chunk_bytes, window=2, ranks=[rank])[0]
+                           chunk_bytes=probe.chunk_bytes, window=window, ranks=[rank])[0]
 
 
-def _time_probe(tr: Any, probe: Probe, iters: int, warmup: int) -> tuple[float, int, int]:
+def _time_probe(tr: Any, probe: Probe, iters: int, warmup: int,
+                window: int) -> tuple[float, int, int]:
     """(median slowest-rank seconds, rounds, wrong bytes) of one probe on every rank."""
     import torch
     import torch.distributed as dist
 
     from pathweave.traffic.pattern import pattern_bytes
 
-    sched = _probe_schedule(probe, tr.rank, tr.size)
+    sched = _probe_schedule(probe, tr.rank, tr.size, window)
     send = torch.from_numpy(pattern_bytes(0, 0, probe.nbytes)) if tr.rank == 0 else \
         torch.empty(0, dtype=torch.uint8)
     recv = torch.empty(probe.nbytes if tr.rank == 1 else 0, dtype=torch.uint8)
@@ -210,11 +221,12 @@ def measure(iters: int = 10, warmup: int = 2, max_bytes: int = 16 << 20) -> dict
     from pathweave.runtime.executor import Transport
     from pathweave.runtime.orchestrator import Orchestrator
 
-    fab = Orchestrator().group_fabric()  # the fabric the job's calls plan on
+    orch = Orchestrator()  # the fabric, chunk and window the job's calls run with
+    fab = orch.group_fabric()
     tr = Transport(None)
     rows = []
     for p in probes(tr.size, max_bytes):
-        t, rounds, wrong = _time_probe(tr, p, iters, warmup)
+        t, rounds, wrong = _time_probe(tr, p, iters, warmup, orch.window)
         rows.append({"probe": p.name, "bytes": p.nbytes, "relays": p.relays,
                      "chunk_bytes": p.chunk_bytes, "rounds": rounds, "time_s": t,
                      "wrong": wrong})
@@ -222,7 +234,8 @@ def measure(iters: int = 10, warmup: int = 2, max_bytes: int = 16 << 20) -> dict
     fit = fit_costs(X, np.array([r["time_s"] for r in rows]))
     for r, e in zip(rows, fit.residual.tolist(), strict=True):
         r["residual"] = e
-    model = fitted_model(fit, fab, relayed=tr.size >= 3)
+    model = fitted_model(fit, fab, relayed=tr.size >= 3, chunk_bytes=orch.chunk_bytes,
+                         window=orch.window)
     return {"rows": rows, "fit": fit, "model": model, "fabric": fab.name, "ranks": tr.size,
             "backend": str(dist.get_backend()).lower()}
 
@@ -243,7 +256,7 @@ def report(res: dict[str, Any]) -> str:
         lines.append(f" {r['probe']:>16} {r['bytes']:>10} {r['relays']:>6} {r['rounds']:>6} "
                      f"{r['time_s'] * 1e6:>10.1f} {r['residual']:>+7.1%} {r['wrong']:>6}")
     lines += [f"# per call   {fit.call_s * 1e6:10.1f} us  -> setup_s",
-              f"# per round  {fit.round_s * 1e6:10.1f} us  (no SimModel field; file only)",
+              f"# per round  {fit.round_s * 1e6:10.1f} us  -> round_s",
               f"# per relay  {fit.relay_s * 1e6:10.1f} us  -> relay_setup_s",
               f"# direct     {fit.direct_Bps / 1e9:10.3f} GB/s",
               f"# relayed    {fit.relayed_Bps / 1e9:10.3f} GB/s",

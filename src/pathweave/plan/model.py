@@ -19,6 +19,9 @@ nic_aggregate_efficiency 0.888        four rails: 170.0 GB/s
 setup_s                  20 us        saturation near 64 MB
 relay_setup_s            5 us         splitting loses below ~2 MB
 ======================== ============ =========================================
+
+``round_s`` (default 0: NIMBLE's CUDA runtime has no per-round host cost)
+is pathweave's own runtime's: ``pathweave calibrate`` measures it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,18 @@ class SimModel:
     max_segments
         At most this many stored segments of the per-link utilisation
         timeline; adjacent segments are merged (time-weighted) beyond it.
+    round_s
+        Host cost of one round of the data plane's schedule (posting and
+        waiting for its operations), seconds; serial with the transfers, so
+        a plan's time grows by ``round_s`` times the rounds the executor
+        runs for it (:func:`pathweave.plan.timemodel.executor_rounds`:
+        every fragment cut into ``chunk_bytes`` chunks, the largest entering
+        ``window // 2`` per round, plus one round per further hop). 0 by
+        default; ``pathweave calibrate`` fits it. Needs ``chunk_bytes >= 1``
+        where it is above 0 (rounds are counted in chunks).
+    window
+        The data plane's staging window (the Orchestrator's ``window``):
+        only counts rounds for ``round_s``.
 
     Examples
     --------
@@ -92,6 +107,10 @@ class SimModel:
     Traceback (most recent call last):
     ...
     ValueError: SimModel.relay_efficiency = 1.5; it must lie in (0, 1]
+    >>> SimModel(round_s=5e-5, chunk_bytes=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: SimModel.round_s = 5e-05 needs chunk_bytes >= 1 (rounds are counted in ...
     """
 
     setup_s: float = 20e-6
@@ -104,9 +123,11 @@ class SimModel:
     nic_aggregate_efficiency: float = 0.888
     batch_rtol: float = 1e-4
     max_segments: int = 256
+    round_s: float = 0.0
+    window: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("setup_s", "relay_setup_s"):
+        for name in ("setup_s", "relay_setup_s", "round_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"SimModel.{name} = {v!r}; it must be a finite number >= 0")
@@ -131,6 +152,11 @@ class SimModel:
             raise ValueError(f"SimModel.batch_rtol = {self.batch_rtol!r}; it must lie in [0, 0.1)")
         if not (isinstance(self.max_segments, (int, np.integer)) and self.max_segments >= 1):
             raise ValueError(f"SimModel.max_segments = {self.max_segments!r}; it must be >= 1")
+        if not (isinstance(self.window, (int, np.integer)) and self.window >= 2):
+            raise ValueError(f"SimModel.window = {self.window!r}; it must be an int >= 2")
+        if self.round_s > 0 and self.chunk_bytes < 1:
+            raise ValueError(f"SimModel.round_s = {self.round_s!r} needs chunk_bytes >= 1 "
+                             f"(rounds are counted in chunks), got {self.chunk_bytes}")
 
     @classmethod
     def ideal(cls, **overrides: Any) -> SimModel:

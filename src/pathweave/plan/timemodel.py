@@ -27,6 +27,16 @@ The predicted time of a plan is the larger of two terms::
     links:  setup_s + max_e  load_e / eff_capacity_e + tail_e   (e: used real and virtual)
     flows:  max_f  start_s[p_f] + bytes_f / rate_cap[p_f] + fill_s[f]
 
+plus, where ``round_s > 0``, the data plane's host cost of its rounds,
+serial with the transfers and so added to both terms::
+
+    host:   round_s * rounds(plan)
+
+``rounds(plan)`` (:func:`executor_rounds`) is what the executor's schedule
+runs for the plan's fragments (:mod:`pathweave.runtime.schedule`): exact
+for the fragments as given, counted at the model's ``chunk_bytes`` and
+``window``.
+
 The first is the congestion bound over the effective links, started once,
 each link followed by its *tail*: the largest fill of the fragments on it
 (the simulator adds a fragment's fill after its last byte has crossed its
@@ -78,9 +88,9 @@ from pathweave.plan.model import SimModel
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
 
-__all__ = ["PathCosts", "default_model", "effective_links", "ideal_model", "lower_bound_s",
-           "path_costs",
-           "predict_time", "stripe_time", "tail_slack_s", "time_terms"]
+__all__ = ["PathCosts", "default_model", "effective_links", "executor_rounds", "ideal_model",
+           "lower_bound_s", "path_costs", "predict_time", "round_cost_s", "stripe_time",
+           "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -484,18 +494,22 @@ def stripe_time(
     stripes factor by node (equal nodes, ranks numbered node by node, every
     stripe's links in its two end nodes: :mod:`pathweave.plan._stripe_kernel`)
     the pass instead reads the demand once into per-rank aggregates, the
-    same loads exactly (whole bytes, below 2**53 per link).
+    same loads exactly (whole bytes, below 2**53 per link). A model with
+    ``round_s > 0`` also builds the fragments, to count their rounds.
     """
     dem = np.ascontiguousarray(demand, dtype=np.int64)
     if key is None:
         # The built plan's fragments (stripe_plan's) through predict_time's own
         # terms: its prediction by construction, without the Plan object.
         return max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), model))
+    m = default_model() if model is None else model
+    # The rounds need the fragments: built only where they cost (round_s > 0).
+    host_s = (round_cost_s(paths, *stripe_flows(dem.reshape(-1), stripes), m)
+              if m.round_s > 0 else 0.0)
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
         _, tailed_s, flows_s = factored_terms(dem, *fac)
-        return max(tailed_s, flows_s)
-    m = default_model() if model is None else model
+        return max(tailed_s, flows_s) + host_s
     mkey = _model_key(model)
     ptr, pid = stripes
     flat = dem.reshape(-1)
@@ -506,7 +520,7 @@ def stripe_time(
     g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, mkey), build)
     return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
                                      g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max,
-                                     g.setup_s, float(g.chunk_bytes)))
+                                     g.setup_s, float(g.chunk_bytes))) + host_s
 
 
 def _link_tail_max(
@@ -625,10 +639,60 @@ def tail_slack_s(paths: PathSet, model: SimModel | None = None) -> float:
     return paths.derived(("timemodel.tail_slack", m), build)
 
 
+def executor_rounds(
+    frag_bytes: np.ndarray, frag_hops: np.ndarray, chunk_bytes: int, window: int
+) -> int:
+    """Rounds the data plane's schedule runs for these fragments.
+
+    :mod:`pathweave.runtime.schedule`'s rule: a fragment of ``b > 0`` bytes
+    is ``k = ceil(b / chunk_bytes)`` chunks; the largest (``k_max``) enters
+    ``window // 2`` a round, so the call has ``R = max(1, ceil(k_max /
+    (window // 2)))`` entry rounds, and hop ``h`` of chunk ``c`` moves in
+    round ``floor(c * R / k) + h``. The last round is the last chunk's last
+    hop: ``max_f floor((k_f - 1) * R / k_f) + hops_f`` rounds in all (0
+    without bytes), the schedule's ``num_rounds`` exactly for the same
+    fragments (``hops_f``: the ranks on the fragment's route less one).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> executor_rounds(np.array([10]), np.array([1]), 4, 2)   # 3 chunks, one a round
+    3
+    >>> executor_rounds(np.array([4 << 20, 4 << 20]), np.array([1, 2]), 1 << 20, 4)
+    3
+    """
+    b = np.asarray(frag_bytes, dtype=np.int64)
+    live = b > 0
+    if not live.any():
+        return 0
+    k = -(-b[live] // int(chunk_bytes))
+    hops = np.asarray(frag_hops, dtype=np.int64)[live]
+    rounds = max(1, -(-int(k.max()) // max(1, int(window) // 2)))
+    return int(((k - 1) * rounds // k + hops).max())
+
+
+def round_cost_s(
+    paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, model: SimModel | None = None
+) -> float:
+    """``round_s * rounds``: the host cost of the executor's rounds for these fragments.
+
+    The fragments' hops are their paths' forwarding GPUs plus one (a
+    route's ranks: the source, the forwarding GPUs, the destination).
+    The simulator adds the same (:func:`pathweave.sim.simulate`).
+    """
+    m = default_model() if model is None else model
+    if m.round_s <= 0:
+        return 0.0
+    fp = np.asarray(flow_path, dtype=np.int64)
+    hops = path_costs(paths, m).relays[fp] + 1
+    return m.round_s * executor_rounds(flow_bytes, hops, m.chunk_bytes, m.window)
+
+
 def time_terms(
     paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, model: SimModel | None = None
 ) -> tuple[float, float]:
-    """``(links_s, flows_s)``: the two terms of the prediction (module docstring)."""
+    """``(links_s, flows_s)``: the two terms of the prediction, each with the host
+    cost of the rounds (:func:`round_cost_s`; module docstring)."""
     pc = path_costs(paths, model)
     links_s, flows_s = _terms(
         np.ascontiguousarray(flow_path, dtype=np.int64),
@@ -636,7 +700,8 @@ def time_terms(
         pc.capacity_Bps, pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte,
         pc.setup_s, float(pc.chunk_bytes),
     )
-    return float(links_s), float(flows_s)
+    host_s = round_cost_s(paths, flow_path, flow_bytes, model)
+    return float(links_s) + host_s, float(flows_s) + host_s
 
 
 def predict_time(plan: Plan, model: SimModel | None = None) -> float:

@@ -3,12 +3,13 @@
 ``pathweave calibrate`` writes one (JSON)::
 
     {"format": "pathweave-model", "version": 1,
-     "model": {"setup_s": 0.00041, "relay_setup_s": 0.00012, ...},
+     "model": {"setup_s": 0.00041, "relay_setup_s": 0.00012, "round_s": 4.8e-05, ...},
      "calibration": {...}}
 
 ``model`` holds :class:`SimModel` fields (any subset; the rest keep their
-defaults); ``calibration`` is free-form (what was measured, the fit, its
-residuals) and is not read back. :func:`load_model` is the one reader: the
+defaults, so a file written before a field existed, e.g. ``round_s``, loads
+with its default: 0); ``calibration`` is free-form (what was measured, the
+fit, its residuals) and is not read back. :func:`load_model` is the one reader: the
 Orchestrator reads ``PATHWEAVE_MODEL`` through :func:`model_from_env`.
 
 Examples

@@ -5,6 +5,12 @@ links, flows cross a few shared *virtual* links that stand for limits the
 graph does not show (see :class:`~pathweave.sim.SimModel`): one per GPU for
 its NVLink injection, and one per node and direction for its NICs'
 aggregate. Forwarding GPUs cap a flow's rate (``relay_efficiency``).
+
+The data plane's host cost of its rounds (``round_s`` times the rounds its
+schedule runs for the plan, :func:`pathweave.plan.timemodel.round_cost_s`)
+is serial with the transfers: it delays every fragment's end alike, since
+the schedule spreads every fragment over all its rounds. So the makespan
+grows by exactly that much, as the time model's prediction does.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, VertexKind
 from pathweave.fabric.presets import resolve
 from pathweave.plan import Plan
-from pathweave.plan.timemodel import effective_links, link_latency_s
+from pathweave.plan.timemodel import effective_links, link_latency_s, round_cost_s
 from pathweave.sim._engine import run_flows
 from pathweave.sim.model import SimModel, SimResult
 
@@ -263,7 +269,7 @@ def simulate(
     if np.isnan(end_s).any():
         i = int(np.flatnonzero(np.isnan(end_s))[0])
         raise PlanError(f"fragment {int(fs.index[i])} never finished (no capacity on its path)")
-    finish = end_s + fs.fill_s
+    finish = end_s + fs.fill_s + round_cost_s(plan.paths, plan.flow_path, plan.flow_bytes, model)
     nfrag = plan.flow_path.size
     flow_finish = np.full(nfrag, np.nan)
     flow_finish[fs.index] = finish
