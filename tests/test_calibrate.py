@@ -151,6 +151,22 @@ def test_orchestrator_decides_with_the_model_file(fake_group, caplog, monkeypatc
         pw.Orchestrator()
 
 
+def test_a_per_round_cost_is_pathweaves_own_not_the_fallbacks(fake_group, caplog,
+                                                              monkeypatch, tmp_path):
+    """The fallback is torch's collective, which pays none of pathweave's per-round host
+    cost: a round costing half a second makes every multi-path plan lose to it. The
+    rounds are counted at the orchestrator's own chunk and window."""
+    caplog.set_level(logging.INFO, logger="pathweave")
+    p = save_model(SimModel(round_s=0.5, chunk_bytes=1 << 18, window=2), tmp_path / "r.json")
+    monkeypatch.setenv(MODEL_ENV, str(p))
+    orch = pw.Orchestrator(chunk_bytes=1 << 20, window=8)
+    assert (orch.model.round_s, orch.model.chunk_bytes, orch.model.window) == (0.5, 1 << 20, 8)
+    why = _decision(caplog)
+    assert "torch's collective (no gain" in why, why
+    monkeypatch.setenv(MODEL_ENV, str(save_model(SimModel(), tmp_path / "zero.json")))
+    assert "multi-path plan" in _decision(caplog)
+
+
 def test_nccl_topo_file_is_the_default_fabric(monkeypatch):
     monkeypatch.delenv("PATHWEAVE_FABRIC", raising=False)
     monkeypatch.setenv("NCCL_TOPO_FILE", str(AZURE))

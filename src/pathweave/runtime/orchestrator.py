@@ -621,7 +621,7 @@ class Orchestrator:
         self.min_gain = cfg.min_gain
         self.cache_size = cfg.cache_size
         self.adapt: bool | str = cfg.adapt  # type: ignore[assignment]
-        self.model = cfg.model
+        self.model = _runtime_model(cfg)
         # Keyed by the process group itself (the default group's object, not
         # None) and weakly, so that a destroyed group is freed at once (its
         # backend's threads stopped before interpreter exit) and a group made
@@ -716,7 +716,8 @@ class Orchestrator:
         from pathweave.plan import predict_time
 
         plan_s = predict_time(plan, self.model)
-        static_s = predict_time(static, self.model)
+        # The fallback is torch's own collective: none of pathweave's per-round host cost.
+        static_s = predict_time(static, _without_rounds(self.model))
         log.debug("planned %s: predicted %.1f us, static %.1f us", plan.policy, plan_s * 1e6,
                   static_s * 1e6)
         if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
@@ -1333,6 +1334,30 @@ def _live_group(group: Any) -> Any:
 
 def _is_world(g: Any) -> bool:
     return g is _dist().group.WORLD
+
+
+def _runtime_model(cfg: Config) -> Any:
+    """``cfg.model``, counting rounds as this orchestrator's executor runs them.
+
+    A model with a per-round cost (``round_s``, from ``pathweave calibrate``)
+    counts a plan's rounds at its ``chunk_bytes`` and ``window``; the
+    executor's are the config's, so those two are set from it.
+    """
+    import dataclasses
+
+    m = cfg.model
+    if m is None or not m.round_s or (m.chunk_bytes, m.window) == (cfg.chunk_bytes,
+                                                                   cfg.window):
+        return m
+    return dataclasses.replace(m, chunk_bytes=cfg.chunk_bytes, window=cfg.window)
+
+
+def _without_rounds(model: Any) -> Any:
+    """``model`` without pathweave's per-round host cost (torch's collective has none)."""
+    import dataclasses
+
+    return model if model is None or not model.round_s else dataclasses.replace(model,
+                                                                                 round_s=0.0)
 
 
 def _fabric_digest(fab: Fabric) -> str:
