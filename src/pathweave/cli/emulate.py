@@ -51,7 +51,7 @@ ScaleOpt = Annotated[float, typer.Option(
     help="Capacity scale in (0, 1]: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total well "
     "under what the machine's cores move (about 1 GB/s on 2 cores).")]
 def _shaping(value: str | None) -> str | None:
-    from pathweave.emulate._ip import SHAPINGS
+    from pathweave.emulate.topology import SHAPINGS
 
     if value is not None and value not in SHAPINGS:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHAPINGS)}")

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pathweave.emulate._ip import SHAPINGS as _SHAPINGS
+from pathweave.emulate._ip import SHAPINGS
 from pathweave.errors import FabricError, InputError
 from pathweave.fabric import Fabric, VertexKind
 
@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_LATENCY_S",
     "DEFAULT_SHAPING",
     "PREFIX_RE",
+    "SHAPINGS",
     "Layout",
     "Port",
     "Route",
@@ -73,7 +74,7 @@ __all__ = [
 DEFAULT_BURST_BYTES = 128 * 1024
 #: tbf queue latency. A 50 ms queue starved one direction of a busy link here.
 DEFAULT_LATENCY_S = 5e-3
-#: How every directed link is shaped unless asked otherwise (``_ip.SHAPINGS``).
+#: How every directed link is shaped unless asked otherwise (:data:`SHAPINGS`).
 DEFAULT_SHAPING = "tbf"
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
@@ -353,7 +354,7 @@ def build_layout(
     mtu, burst_bytes, latency_s
         Interface MTU; tbf bucket depth (at least 128 KiB) and queue latency.
     shaping
-        How each directed link is shaped, one of ``pathweave.emulate._ip.SHAPINGS``:
+        How each directed link is shaped, one of :data:`SHAPINGS`:
         ``tbf`` (a token bucket and one queue) or ``ackfirst`` (the same rate,
         bucket and queue limit in an htb that sends pure TCP acknowledgements
         before queued data; see docs/emulator.md).
@@ -374,8 +375,8 @@ def build_layout(
         GPUs and spines.
     """
     s = _check_layout_args(fabric, scale, prefix, mtu, burst_bytes, latency_s)
-    if shaping not in _SHAPINGS:
-        raise InputError(f"shaping must be one of {', '.join(_SHAPINGS)}, got {shaping!r}")
+    if shaping not in SHAPINGS:
+        raise InputError(f"shaping must be one of {', '.join(SHAPINGS)}, got {shaping!r}")
     fab = fabric
     routers, router_ns, router_address = _routers(fab, prefix)
     reverse = _reverse_links(fab)
