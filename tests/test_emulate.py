@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 import pathweave as pw
+from pathweave.emulate._ip import SHAPINGS
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -153,4 +154,27 @@ def test_cli_up_status_down():
     finally:
         res = runner.invoke(app, ["emulate", "down", "--prefix", PREFIX])
     assert res.exit_code == 0 and "removed 5 namespaces" in res.output
+    assert_nothing_left()
+
+
+@pytest.mark.parametrize("shaping", SHAPINGS)
+def test_every_shaping_rate_counters_and_status(shaping):
+    """One NVLink under each shaping: the payload rate, the wire bytes its port counts, the
+    rate ``status`` reads back."""
+    from pathweave.emulate import Emulator, status
+    from pathweave.emulate.topology import framing_factor
+
+    with Emulator(FABRIC, 1e-4, prefix=PREFIX, shaping=shaping) as emu:
+        port = emu.layout.link_dev[emu.fabric.link_id("n0.gpu0", "n0.gpu1")]
+        before = emu.port_counters()[port]
+        nbytes = 3 << 20
+        assert best_rate(emu, 0, 1, nbytes, 12e6) == pytest.approx(12e6, rel=0.15)
+        sent = emu.port_counters()[port]["bytes"] - before["bytes"]
+        assert emu.port_counters()[port]["kind"] == ("tbf" if shaping == "tbf" else "htb")
+        # At least one probe's payload in full segments (plus framing); at most three tries
+        # plus their acknowledgements of the other direction's nothing.
+        assert nbytes * framing_factor(1500) <= sent <= 3.05 * nbytes * framing_factor(1500)
+        ports = {p["dev"]: p["wire_Bps"] for r in status(PREFIX) if r["ns"] == port[0]
+                 for p in r["ports"]}
+        assert ports[port[1]] == pytest.approx(12e6 * 1514 / 1448, rel=0.01)
     assert_nothing_left()

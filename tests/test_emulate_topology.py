@@ -400,3 +400,137 @@ def test_cli_policy_list():
         assert res.exit_code == 2, res.output
         assert f"policy {m!r} models a peer's routing" in res.output
         assert "Traceback" not in res.output
+
+
+# ------------------------------------------------------------- link shaping
+def test_ackfirst_commands_for_a_hand_given_port():
+    # 5 MB/s of wire bytes, a 128 KiB bucket, 5 ms of queue: tbf's limit is
+    # rate * latency + burst = 25000 + 131072 bytes (tc(8), tc-tbf(8)).
+    tc = ["tc", "-n", "pw-r0"]
+    share = ["ceil", "40000000bit", "burst", "131072", "cburst", "131072", "quantum", "1514"]
+    assert _ip.htb_ackfirst("pw-r0", "l0", 40_000_000, 131072, 0.005) == [
+        [*tc, "qdisc", "replace", "dev", "l0", "root", "handle", "1:", "htb", "default", "20"],
+        [*tc, "class", "add", "dev", "l0", "parent", "1:", "classid", "1:1", "htb",
+         "rate", "40000000bit", *share],
+        [*tc, "class", "add", "dev", "l0", "parent", "1:1", "classid", "1:10", "htb",
+         "rate", "800000bit", *share, "prio", "0"],
+        [*tc, "class", "add", "dev", "l0", "parent", "1:1", "classid", "1:20", "htb",
+         "rate", "39200000bit", *share, "prio", "1"],
+        [*tc, "qdisc", "add", "dev", "l0", "parent", "1:10", "handle", "10:", "bfifo",
+         "limit", "156072"],
+        [*tc, "qdisc", "add", "dev", "l0", "parent", "1:20", "handle", "20:", "bfifo",
+         "limit", "156072"],
+        [*tc, "filter", "add", "dev", "l0", "parent", "1:", "protocol", "ip", "prio", "1",
+         "u32", "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80",
+         "at", "2", "flowid", "1:10"],
+    ]
+    assert _ip.shape("tbf", "pw-r0", "l0", 40_000_000, 131072, 0.005) == [
+        _ip.tbf("pw-r0", "l0", 40_000_000, 131072, 0.005)]
+    with pytest.raises(ValueError, match="ackfirst"):
+        _ip.htb_ackfirst("pw-r0", "l0", 40_000_000, 0, 0.005)
+    with pytest.raises(ValueError, match="'prio'"):
+        _ip.shape("prio", "pw-r0", "l0", 40_000_000, 131072, 0.005)
+
+
+def _ipv4(total_len: int, proto: int) -> bytes:
+    """An IPv4 header (RFC 791) of a packet ``total_len`` bytes long."""
+    import struct
+
+    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, total_len, 0, 0x4000, 64, proto, 0,
+                       bytes([10, 211, 0, 1]), bytes([10, 211, 0, 5]))
+
+
+def _u32_matches(argv: list[str], header: bytes) -> bool:
+    """Evaluate the ``u32`` matches of a filter argv on an IP header, as tc-u32(8) defines
+    them (``ip protocol V M``: byte 9; ``u16 V M at O``: the 16 bits at offset O)."""
+    i, ok = argv.index("u32") + 1, True
+    while argv[i] == "match":
+        if argv[i + 1:i + 3] == ["ip", "protocol"]:
+            value, mask, i = int(argv[i + 3], 0), int(argv[i + 4], 0), i + 5
+            ok &= header[9] & mask == value
+        else:
+            assert argv[i + 1] == "u16" and argv[i + 4] == "at"
+            value, mask, off = int(argv[i + 2], 0), int(argv[i + 3], 0), int(argv[i + 5])
+            ok &= int.from_bytes(header[off:off + 2], "big") & mask == value
+            i += 6
+    return ok
+
+
+def test_ackfirst_filter_takes_pure_acks_and_nothing_large():
+    filt = _ip.htb_ackfirst("pw-r0", "l0", 40_000_000, 131072, 0.005)[-1]
+    assert filt[-2:] == ["flowid", "1:10"]
+    tcp, udp = 6, 17
+    # IP 20 + TCP 20 + options: timestamps 12; each SACK block 8 (+ 2 kind/len, 2 NOPs).
+    pure_acks = [40, 52, 52 + 12, 52 + 20, 52 + 28]
+    for length in pure_acks:
+        assert _u32_matches(filt, _ipv4(length, tcp)), length
+    for length in (128, 576, 1024, 1500):  # segments that carry data
+        assert not _u32_matches(filt, _ipv4(length, tcp)), length
+    assert not _u32_matches(filt, _ipv4(60, udp))  # a co-tenant's datagram is data
+
+
+@pytest.mark.parametrize("shaping", _ip.SHAPINGS)
+def test_every_shaping_shapes_each_port_once_at_its_wire_rate(shaping):
+    lay = build_layout(pw.fabric.preset("h100-2x4"), 1e-4, shaping=shaping)
+    tcs = [c for c in lay.setup_commands() if c[0] == "tc"]
+    for p in lay.shaped:
+        mine = [c for c in tcs if c[2] == p.ns and c[c.index("dev") + 1] == p.dev]
+        roots = [c for c in mine if "root" in c]
+        assert len(roots) == 1, (p, roots)
+        # The link's rate: tbf's own, or the root class's of an htb.
+        rated = [c for c in mine if "tbf" in c
+                 or ("classid" in c and c[c.index("classid") + 1] == "1:1")]
+        assert len(rated) == 1
+        rate = rated[0][rated[0].index("rate") + 1]
+        assert rate == f"{round(p.payload_Bps * 8 * 1514 / 1448)}bit"
+        assert rated[0][rated[0].index("burst") + 1] == str(lay.burst_for(p))
+
+
+def test_bad_shaping_is_refused_by_value():
+    with pytest.raises(ValueError, match="'fq'"):
+        build_layout(pw.fabric.preset("h100-2x4"), 1e-4, shaping="fq")
+    from pathweave.cli.main import app
+
+    res = CliRunner().invoke(app, ["emulate", "run", "--shaping", "fq"])
+    assert res.exit_code == 2 and "'fq'" in res.output and "Traceback" not in res.output
+
+
+# tc -s -j qdisc show of a namespace with an ackfirst port (l4), a tbf port (l5) and the
+# loopback, as iproute2 6.1 printed it (counters edited to distinct values).
+TC_QDISC_JSON = """[
+ {"kind":"noqueue","handle":"0:","dev":"lo","root":true,"refcnt":2,"options":{},
+  "bytes":0,"packets":0,"drops":0,"overlimits":0,"requeues":0,"backlog":0,"qlen":0},
+ {"kind":"htb","handle":"1:","dev":"l4","root":true,"refcnt":3,"options":{"r2q":10,
+  "default":"0x20","direct_packets_stat":1,"direct_qlen":1000},"bytes":8801234,
+  "packets":5987,"drops":31,"overlimits":4402,"requeues":0,"backlog":0,"qlen":0},
+ {"kind":"bfifo","handle":"10:","dev":"l4","parent":"1:10","options":{"limit":156072},
+  "bytes":20540,"packets":395,"drops":0,"overlimits":0,"requeues":0,"backlog":0,"qlen":0},
+ {"kind":"bfifo","handle":"20:","dev":"l4","parent":"1:20","options":{"limit":156072},
+  "bytes":8780604,"packets":5591,"drops":31,"overlimits":0,"requeues":0,"backlog":0,
+  "qlen":0},
+ {"kind":"tbf","handle":"8df4:","dev":"l5","root":true,"refcnt":3,"options":{
+  "rate":5000000,"burst":131070,"lat":5000},"bytes":4400000,"packets":3000,"drops":2,
+  "overlimits":0,"requeues":0,"backlog":0,"qlen":0}
+]"""
+
+
+def test_port_counters_from_tc_json():
+    import json
+
+    got = _ip.port_counters(json.loads(TC_QDISC_JSON))
+    assert got == {
+        "l4": {"kind": "htb", "bytes": 8801234, "packets": 5987, "drops": 31},
+        "l5": {"kind": "tbf", "bytes": 4400000, "packets": 3000, "drops": 2},
+    }
+
+
+def test_htb_rate_from_class_text():
+    # tc class show dev l4, iproute2 6.1 (it has no JSON for htb classes).
+    text = ("class htb 1:10 parent 1:1 leaf 10: prio 0 rate 836Kbit ceil 41834Kbit burst 128Kb "
+            "cburst 128Kb \n"
+            "class htb 1:1 root rate 41834Kbit ceil 41834Kbit burst 128Kb cburst 128Kb \n"
+            "class htb 1:20 parent 1:1 leaf 20: prio 1 rate 40998Kbit ceil 41834Kbit\n")
+    assert _ip.htb_rate_Bps(text) == 41834e3 / 8
+    assert _ip.htb_rate_Bps("class htb 1:1 root prio 0 rate 5Gbit ceil 5Gbit") == 5e9 / 8
+    assert _ip.htb_rate_Bps("class htb 1:1 root rate 800bit ceil 800bit") == 100.0
+    assert _ip.htb_rate_Bps("") is None

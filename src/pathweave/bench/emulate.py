@@ -102,7 +102,7 @@ def run(
     twice the calls, and those records replace theirs (``reruns`` 1): a
     noisy point is measured more, not passed or failed on a few calls.
     ``options`` go to :func:`pathweave.emulate.run.run_workloads`
-    (chunk_bytes, window, min_split_bytes, timeout_s, nice, ...).
+    (chunk_bytes, window, min_split_bytes, timeout_s, nice, shaping, ...).
     """
     from pathweave.emulate.run import run_workloads
 
@@ -330,9 +330,13 @@ def run_background(
     repeat: int = 3,
     prefix: str = "pw",
     log: Callable[[str], None] | None = None,
+    shaping: str | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """One emulator; per load a run with a co-tenant at that fraction of ``link`` (none at 0).
+
+    ``shaping``: how the emulator shapes its links (default
+    :data:`~pathweave.emulate.topology.DEFAULT_SHAPING`).
 
     One record per (load, policy) with ``load`` added; policies
     :func:`background_policies`, run in round-robin rounds (one call each); ``repeat``
@@ -340,6 +344,7 @@ def run_background(
     """
     from pathweave.emulate import Emulator
     from pathweave.emulate.run import run_workloads
+    from pathweave.emulate.topology import DEFAULT_SHAPING
     from pathweave.fabric import resolve
 
     ls = [float(x) for x in loads]
@@ -348,7 +353,7 @@ def run_background(
             raise ValueError(f"co-tenant loads must lie in [0, 1), got {x}")
     fab = resolve(fabric)
     records = []
-    with Emulator(fab, scale, prefix=prefix) as emu:
+    with Emulator(fab, scale, prefix=prefix, shaping=shaping or DEFAULT_SHAPING) as emu:
         for x in ls:
             if log:
                 log(f"co-tenant load {x:g} on {link}")
@@ -356,7 +361,7 @@ def run_background(
                 fab, [workload], scale=scale, bytes_per_rank=bytes_per_rank,
                 policies=background_policies(), emulator=emu,
                 repeat=IDLE_REPEAT_FACTOR * repeat if x == 0 else repeat,
-                background=f"{link}:{x:g}" if x > 0 else None, log=log,
+                background=f"{link}:{x:g}" if x > 0 else None, log=log, shaping=shaping,
                 **options,
             )[0]
             for rec in res.records():

@@ -50,6 +50,19 @@ ScaleOpt = Annotated[float, typer.Option(
     "--scale", callback=_scale,
     help="Capacity scale in (0, 1]: 1e-4 turns 120 GB/s into 12 MB/s. Keep the total well "
     "under what the machine's cores move (about 1 GB/s on 2 cores).")]
+def _shaping(value: str | None) -> str | None:
+    from pathweave.emulate.topology import SHAPINGS
+
+    if value is not None and value not in SHAPINGS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(SHAPINGS)}")
+    return value
+
+
+ShapingOpt = Annotated[str | None, typer.Option(
+    "--shaping", callback=_shaping, metavar="tbf|ackfirst",
+    help="How each directed link is shaped: tbf (one token bucket, one queue; the default) or "
+    "ackfirst (the same rate and bucket in an htb that sends pure TCP acknowledgements "
+    "before queued data).")]
 PrefixOpt = Annotated[str, typer.Option(
     "--prefix",
     help="Name prefix of everything created (pw and up to 4 lowercase letters or digits).")]
@@ -86,11 +99,14 @@ def up_cmd(
     fabric: FabricOpt = "h100-2x4",
     scale: ScaleOpt = 1e-4,
     prefix: PrefixOpt = "pw",
+    shaping: ShapingOpt = None,
 ) -> None:
     """Create the emulated fabric and leave it up (take it down with `emulate down`)."""
     from pathweave.emulate import Emulator
+    from pathweave.emulate.topology import DEFAULT_SHAPING
 
-    emu = Emulator(load_fabric(fabric), scale, prefix=prefix, persistent=True)
+    emu = Emulator(load_fabric(fabric), scale, prefix=prefix, persistent=True,
+                   shaping=shaping or DEFAULT_SHAPING)
     emu.up()
     lay = emu.layout
     out = console()
@@ -224,6 +240,7 @@ def run_cmd(
         "--background", metavar="LINK:FRACTION",
         help="A co-tenant: real TCP traffic at FRACTION of LINK's capacity (a vertex such as "
         "rail0, or SRC->DST), both ways, for the whole run.")] = None,
+    shaping: ShapingOpt = None,
 ) -> None:
     """Run the all-to-all per policy over the emulated fabric, beside the simulator's prediction.
 
@@ -240,7 +257,7 @@ def run_cmd(
         bytes_per_rank=parse_bytes(bytes_per_rank),
         policies=_policies(policy), repeat=repeat,
         chunk_bytes=parse_bytes(chunk_bytes, "--chunk"), prefix=prefix,
-        log=lambda s: out.print(f"[dim]{s}[/]"), background=background,
+        log=lambda s: out.print(f"[dim]{s}[/]"), background=background, shaping=shaping,
     )
     out.print(result_table(res))
     if json_out is not None:
@@ -272,6 +289,7 @@ def bench_emulate(
         "PASS/MISS lines for the co-tenant targets.")] = None,
     workload: Annotated[str, typer.Option(
         "--workload", help="Workload of the --background sweep.")] = "hotspot:0.6",
+    shaping: ShapingOpt = None,
 ) -> None:
     """Sweep hotspot 0..0.9, many_to_few:2 and stencil:dims=2 over the emulated fabric.
 
@@ -285,13 +303,13 @@ def bench_emulate(
     size = parse_bytes(bytes_per_rank)
     if background is not None:
         _bench_background(bench, fabric, background, workload, scale, size, repeat or 3, quick,
-                          out_dir, prefix)
+                          out_dir, prefix, shaping)
         return
     pols = bench.sweep_policies() if policy is None else _policies(policy)
     records = bench.run(
         fabric, scale=scale, ratios=bench.QUICK_RATIOS if quick else bench.DEFAULT_RATIOS,
         bytes_per_rank=size, policies=pols, repeat=1 if quick else repeat or 5, prefix=prefix,
-        log=lambda s: out.print(f"[dim]{s}[/]"),
+        log=lambda s: out.print(f"[dim]{s}[/]"), shaping=shaping,
     )
     out.print(sweep_table(records, f"bench emulate: {records[0]['fabric']} x {scale:g}, "
                           f"{fmt_bytes(size)} per rank, median of {records[0]['repeat']}"))
@@ -332,7 +350,8 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
 
 
 def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: float,
-                      size: int, repeat: int, quick: bool, out_dir: Path, prefix: str) -> None:
+                      size: int, repeat: int, quick: bool, out_dir: Path, prefix: str,
+                      shaping: str | None) -> None:
     """``bench emulate --background LINK``: the co-tenant sweep, its table and its checks."""
     out = console()
     if ":" in link:
@@ -341,7 +360,7 @@ def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: 
     records = bench.run_background(
         fabric, link, loads=loads, workload=workload, scale=scale, bytes_per_rank=size,
         repeat=1 if quick else repeat, prefix=prefix,
-        log=lambda s: out.print(f"[dim]{s}[/]"),
+        log=lambda s: out.print(f"[dim]{s}[/]"), shaping=shaping,
     )
     t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, {workload}, "
               f"{fmt_bytes(size)} per rank, co-tenant on {link}", title_justify="left",

@@ -16,19 +16,24 @@ from collections.abc import Sequence
 from pathweave.errors import EmulatorError
 
 __all__ = [
+    "SHAPINGS",
     "EmulatorError",
     "addr_add",
     "bridge_add",
+    "htb_ackfirst",
+    "htb_rate_Bps",
     "link_master",
     "link_up",
     "netns_add",
     "netns_del",
     "netns_exec",
     "netns_list",
+    "port_counters",
     "require_root",
     "require_tools",
     "route_add",
     "run",
+    "shape",
     "sysctl",
     "tbf",
     "veth_add",
@@ -135,6 +140,41 @@ def route_add(ns: str, dst: str, dev: str, *, via: str | None = None,
     return argv
 
 
+#: Ways to shape a directed link (:func:`shape`): ``tbf``, one token bucket
+#: and one FIFO; ``ackfirst``, the same bucket in an htb whose pure
+#: acknowledgements pass the data queued before them.
+SHAPINGS = ("tbf", "ackfirst")
+
+#: ackfirst's ACK class: IPv4 total length under 128 bytes. A TCP segment
+#: without payload is 52 bytes with timestamps and up to 84 with three SACK
+#: blocks (the acknowledgements that matter most, after a drop).
+_ACK_MATCH = ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2"]
+
+
+def _check_shape(kind: str, rate_bps: int, burst_bytes: int, latency_s: float) -> None:
+    if rate_bps <= 0 or burst_bytes <= 0 or latency_s <= 0:
+        raise ValueError(
+            f"{kind} shaping needs positive rate, burst and latency; got rate_bps={rate_bps}, "
+            f"burst_bytes={burst_bytes}, latency_s={latency_s}"
+        )
+
+
+def shape(kind: str, ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float,
+          *, mtu: int = 1500) -> list[list[str]]:
+    """The argv lists that shape ``dev``'s egress as ``kind`` (one of :data:`SHAPINGS`).
+
+    Examples
+    --------
+    >>> [a[3] for a in shape("ackfirst", "pw-r0", "l0", 40_000_000, 131072, 0.005)]
+    ['qdisc', 'class', 'class', 'class', 'qdisc', 'qdisc', 'filter']
+    """
+    if kind == "tbf":
+        return [tbf(ns, dev, rate_bps, burst_bytes, latency_s)]
+    if kind == "ackfirst":
+        return htb_ackfirst(ns, dev, rate_bps, burst_bytes, latency_s, mtu=mtu)
+    raise ValueError(f"unknown link shaping {kind!r}; known: {', '.join(SHAPINGS)}")
+
+
 def tbf(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float) -> list[str]:
     """Shape ``dev``'s egress with a token bucket: ``rate_bps`` bits per second on the wire.
 
@@ -144,16 +184,95 @@ def tbf(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float) ->
     ['tc', '-n', 'pw-r0', 'qdisc', 'replace', 'dev', 'l0', 'root', 'tbf',
      'rate', '40000000bit', 'burst', '131072', 'latency', '5000us']
     """
-    if rate_bps <= 0 or burst_bytes <= 0 or latency_s <= 0:
-        raise ValueError(
-            f"tbf needs positive rate, burst and latency; got rate_bps={rate_bps}, "
-            f"burst_bytes={burst_bytes}, latency_s={latency_s}"
-        )
+    _check_shape("tbf", rate_bps, burst_bytes, latency_s)
     return [
         "tc", "-n", _name("namespace", ns), "qdisc", "replace", "dev", _name("interface", dev),
         "root", "tbf", "rate", f"{int(rate_bps)}bit", "burst", str(int(burst_bytes)),
         "latency", f"{max(1, round(latency_s * 1e6))}us",
     ]
+
+
+def htb_ackfirst(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float,
+                 *, mtu: int = 1500) -> list[list[str]]:
+    """Shape ``dev`` at ``rate_bps`` like :func:`tbf`, pure TCP acknowledgements first.
+
+    An htb root class holds the link's rate and bucket; under it class
+    ``1:10`` (priority 0, 1/50 of the rate guaranteed, all of it borrowable)
+    takes TCP segments under 128 bytes, class ``1:20`` (priority 1) the rest.
+    Each queues at most what tbf's ``latency`` allows, ``rate * latency +
+    burst`` bytes (a ``bfifo``). On a link loaded both ways, the
+    acknowledgements of one direction then no longer wait behind the other
+    direction's data (a stall of a TCP-over-veth emulation that link-level
+    acknowledgements of RDMA or NVLink do not have).
+
+    Examples
+    --------
+    >>> cmds = htb_ackfirst("pw-r0", "l0", 40_000_000, 131072, 0.005)
+    >>> cmds[1][5:]  # doctest: +NORMALIZE_WHITESPACE
+    ['dev', 'l0', 'parent', '1:', 'classid', '1:1', 'htb', 'rate', '40000000bit',
+     'ceil', '40000000bit', 'burst', '131072', 'cburst', '131072', 'quantum', '1514']
+    >>> cmds[5][5:]   # the data queue: 5 ms of 5 MB/s plus the 128 KiB bucket
+    ['dev', 'l0', 'parent', '1:20', 'handle', '20:', 'bfifo', 'limit', '156072']
+    """
+    _check_shape("ackfirst", rate_bps, burst_bytes, latency_s)
+    tc = ["tc", "-n", _name("namespace", ns)]
+    dev = _name("interface", dev)
+    rate, burst = int(rate_bps), str(int(burst_bytes))
+    ack_rate = max(8, rate // 50)
+    limit = str(round(rate / 8 * latency_s) + int(burst_bytes))
+    share = ["ceil", f"{rate}bit", "burst", burst, "cburst", burst, "quantum", str(int(mtu) + 14)]
+    return [
+        [*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],
+        [*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+         "rate", f"{rate}bit", *share],
+        [*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb",
+         "rate", f"{ack_rate}bit", *share, "prio", "0"],
+        [*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:20", "htb",
+         "rate", f"{rate - ack_rate}bit", *share, "prio", "1"],
+        [*tc, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo",
+         "limit", limit],
+        [*tc, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo",
+         "limit", limit],
+        [*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+         "u32", *_ACK_MATCH, "flowid", "1:10"],
+    ]
+
+
+def port_counters(qdiscs: Sequence[dict]) -> dict[str, dict[str, int | str]]:
+    """Per shaped interface, what its egress sent: from ``tc -s -j qdisc show`` (parsed).
+
+    The root qdisc of a port, ``tbf`` or ``htb``, counts every byte that left
+    it, on the wire (Ethernet header included), and every packet it dropped;
+    an htb's own counters are the sum of its classes' (this is read, not the
+    class counters: iproute2 6.1 prints classes only as text, even with ``-j``).
+
+    Examples
+    --------
+    >>> port_counters([{"kind": "htb", "dev": "l0", "root": True, "bytes": 9000,
+    ...                 "packets": 6, "drops": 1},
+    ...                {"kind": "bfifo", "dev": "l0", "parent": "1:20", "bytes": 8800}])
+    {'l0': {'kind': 'htb', 'bytes': 9000, 'packets': 6, 'drops': 1}}
+    """
+    return {q["dev"]: {"kind": q["kind"], "bytes": int(q.get("bytes", 0)),
+                       "packets": int(q.get("packets", 0)), "drops": int(q.get("drops", 0))}
+            for q in qdiscs if q.get("root") and q.get("kind") in ("tbf", "htb")}
+
+
+_HTB_RATE = re.compile(r"^class htb 1:1 root .*?\brate (\d+)([KMGT]?)bit\b", re.MULTILINE)
+
+
+def htb_rate_Bps(class_text: str) -> float | None:
+    """The root class's rate in bytes per second, from ``tc class show dev DEV`` text.
+
+    Examples
+    --------
+    >>> htb_rate_Bps("class htb 1:1 root rate 41834Kbit ceil 41834Kbit burst 128Kb")
+    5229250.0
+    """
+    m = _HTB_RATE.search(class_text)
+    if m is None:
+        return None
+    return int(m.group(1)) * 10 ** (3 * " KMGT".index(m.group(2) or " ")) / 8
 
 
 def sysctl(ns: str, settings: dict[str, str | int]) -> list[str]:

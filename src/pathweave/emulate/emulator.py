@@ -149,12 +149,26 @@ def cleanup(prefix: str | None = None, *, all_prefixes: bool = False) -> list[st
     return gone
 
 
+def _port_rates(ns: str) -> dict[str, float | None]:
+    """Wire rate (bytes/s) of every shaped interface of ``ns``, whichever its shaping."""
+    qd = json.loads(_ip.run(["tc", "-n", ns, "-j", "qdisc", "show"]) or "[]")
+    rate: dict[str, float | None] = {}
+    for q in qd:
+        if q.get("root") and q.get("kind") == "tbf":
+            rate[q["dev"]] = q.get("options", {}).get("rate")
+        elif q.get("root") and q.get("kind") == "htb":
+            rate[q["dev"]] = _ip.htb_rate_Bps(_ip.run(
+                ["tc", "-n", ns, "class", "show", "dev", q["dev"], "classid", "1:1"]))
+    return rate
+
+
 def status(prefix: str | None = None) -> list[dict[str, Any]]:
     """What is up: per namespace, its owner and its shaped interfaces and rates.
 
     Returns one record per emulator-like namespace: ``{"ns", "prefix",
     "owner", "recorded", "fabric", "scale", "ports": [{"dev", "wire_Bps",
-    "bridge"}]}`` (``wire_Bps``: the tbf rate, bytes per second on the wire);
+    "bridge"}]}`` (``wire_Bps``: the shaped rate, tbf's or the htb root class's, bytes
+    per second on the wire);
     ``owner`` is ``"persistent"``, ``"pid N"`` or ``None`` (its owner died:
     stale); ``recorded`` is false for a namespace no ledger lists (not
     pathweave's; never removed by it).
@@ -168,9 +182,7 @@ def status(prefix: str | None = None) -> list[dict[str, Any]]:
         st = books.get(pfx)
         recorded = st is not None and ns in st.get("namespaces", [])
         links = json.loads(_ip.run(["ip", "-n", ns, "-j", "link", "show"]) or "[]")
-        qd = json.loads(_ip.run(["tc", "-n", ns, "-j", "qdisc", "show"]) or "[]")
-        rate = {q.get("dev"): q.get("options", {}).get("rate") for q in qd
-                if q.get("kind") == "tbf"}
+        rate = _port_rates(ns)
         ports = [
             {"dev": ln["ifname"], "wire_Bps": rate.get(ln["ifname"]), "bridge": ln.get("master")}
             for ln in links if ln["ifname"] in rate
@@ -308,6 +320,21 @@ class Emulator:
                     self._state["namespaces"].remove(argv[3])
                     self._record()
                 raise
+
+    def port_counters(self) -> dict[tuple[str, str], dict[str, int | str]]:
+        """``{(namespace, interface): {"kind", "bytes", "packets", "drops"}}`` of every shaped port.
+
+        What each port's egress sent since it was made, on the wire (see
+        :func:`._ip.port_counters`); the difference of two readings is what a
+        run between them moved over each directed link.
+        """
+        shaped = {(p.ns, p.dev) for p in self.layout.shaped}
+        out: dict[tuple[str, str], dict[str, int | str]] = {}
+        for ns in sorted({ns for ns, _ in shaped}):
+            qd = json.loads(_ip.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"]) or "[]")
+            out.update({(ns, dev): c for dev, c in _ip.port_counters(qd).items()
+                        if (ns, dev) in shaped})
+        return out
 
     def _record(self, **changes: Any) -> None:
         self._state.update(changes)

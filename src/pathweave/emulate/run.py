@@ -53,6 +53,7 @@ from pathweave.emulate._predict import (
 from pathweave.emulate._probe import probe_transfer
 from pathweave.emulate._rankworker import expected_bytes
 from pathweave.emulate.emulator import Emulator
+from pathweave.emulate.topology import DEFAULT_SHAPING
 from pathweave.errors import InputError
 from pathweave.fabric import Fabric, resolve
 from pathweave.traffic.pattern import pattern_bytes
@@ -138,6 +139,7 @@ class EmulationResult:
     policies: tuple[PolicyResult, ...]
     wall_s: float
     background: str = ""
+    shaping: str = DEFAULT_SHAPING
 
     def policy(self, name: str) -> PolicyResult:
         for p in self.policies:
@@ -165,6 +167,7 @@ class EmulationResult:
                 "speedup_measured": base.measured_s / p.measured_s,
                 "speedup_predicted": base.predicted_s / p.predicted_s,
                 "verified": p.verified, "repeat": self.repeat, "background": self.background,
+                "shaping": self.shaping,
                 "spread": p.spread, "makespans_s": list(p.makespans_s),
                 "plan_switches": p.plan_switches, "learned": dict(p.learned),
                 "same_plan_as": p.same_plan_as, "multipath": p.multipath,
@@ -254,6 +257,7 @@ def run_emulated(
     background: str | Sequence[str] | None = None,
     log: Callable[[str], None] | None = None,
     nice: int = 0,
+    shaping: str | None = None,
 ) -> EmulationResult:
     """Emulate ``fabric`` at ``scale`` and run the all-to-all of ``workload`` per policy.
 
@@ -274,9 +278,12 @@ def run_emulated(
         Data-plane settings (:class:`~pathweave.runtime.orchestrator.Orchestrator`).
     timeout_s
         Limit of the whole run; every rank is killed past it.
-    prefix, emulator
+    prefix, emulator, shaping
         Use a running :class:`Emulator` of this fabric and scale, or make one
-        with ``prefix`` (torn down at the end).
+        with ``prefix`` whose links are shaped as ``shaping`` (``tbf`` or
+        ``ackfirst``, see :func:`~pathweave.emulate.topology.build_layout`;
+        default :data:`~pathweave.emulate.topology.DEFAULT_SHAPING`, or the
+        given emulator's), torn down at the end.
     model
         :class:`~pathweave.sim.SimModel` for the predictions; default
         :func:`emulator_model`.
@@ -298,7 +305,7 @@ def run_emulated(
         repeat=repeat, warmup=warmup, chunk_bytes=chunk_bytes, window=window,
         min_split_bytes=min_split_bytes, timeout_s=timeout_s, prefix=prefix,
         emulator=emulator, model=model, demands=None if demand is None else [demand],
-        log=log, nice=nice, background=background,
+        log=log, nice=nice, background=background, shaping=shaping,
     )[0]
 
 
@@ -322,6 +329,7 @@ def run_workloads(
     log: Callable[[str], None] | None = None,
     nice: int = 0,
     background: str | Sequence[str] | None = None,
+    shaping: str | None = None,
 ) -> list[EmulationResult]:
     """:func:`run_emulated` for several workloads with one emulator and one launch of the ranks.
 
@@ -349,9 +357,12 @@ def run_workloads(
     mats = _demand_matrices(fab.num_ranks, workloads, demands, bytes_per_rank)
     say = log or (lambda s: None)
     own = emulator is None
-    emu = emulator if emulator is not None else Emulator(fab, scale, prefix=prefix)
-    if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)):
-        raise InputError("the emulator given runs another fabric or scale than asked for")
+    emu = emulator if emulator is not None else Emulator(
+        fab, scale, prefix=prefix, shaping=shaping or DEFAULT_SHAPING)
+    if emulator is not None and (emulator.fabric != fab or emulator.scale != float(scale)
+                                 or emulator.layout.shaping != (shaping or emu.layout.shaping)):
+        raise InputError("the emulator given runs another fabric, scale or shaping than "
+                         "asked for")
     sfab = emu.layout.scaled_fabric()
     if own:
         emu.__enter__()  # raises (not root, tools missing) before anything is said or made
@@ -384,7 +395,7 @@ def run_workloads(
             chunk_bytes=int(chunk_bytes), window=int(window),
             min_split_bytes=int(min_split_bytes), policies=tuple(results),
             wall_s=time.monotonic() - t_start,
-            background=",".join(t.spec for t in tenants),
+            background=",".join(t.spec for t in tenants), shaping=emu.layout.shaping,
         ))
     return out
 

@@ -15,8 +15,10 @@
   smaller of the PCIe and network capacities of each direction (both carry
   exactly the same bytes); spine links are ports of the spine into rail
   bridges;
-* a ``tbf`` qdisc on the egress of every veth end, one per directed link:
-  the interface ``l{link_id}`` shapes fabric link ``link_id``;
+* a ``tbf`` qdisc on the egress of every veth end, one per directed link
+  (or, with ``shaping="ackfirst"``, an htb of the same rate and bucket that
+  sends pure acknowledgements first, :func:`._ip.htb_ackfirst`): the
+  interface ``l{link_id}`` shapes fabric link ``link_id``;
 * host routes in every router so that traffic to a rank leaves on the link
   the fabric says: each ordered rank pair follows the path the ``static``
   policy gives it (direct inside a node, PXN across nodes), installed as
@@ -50,13 +52,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pathweave.emulate._ip import SHAPINGS
 from pathweave.errors import FabricError, InputError
 from pathweave.fabric import Fabric, VertexKind
 
 __all__ = [
     "DEFAULT_BURST_BYTES",
     "DEFAULT_LATENCY_S",
+    "DEFAULT_SHAPING",
     "PREFIX_RE",
+    "SHAPINGS",
     "Layout",
     "Port",
     "Route",
@@ -69,6 +74,8 @@ __all__ = [
 DEFAULT_BURST_BYTES = 128 * 1024
 #: tbf queue latency. A 50 ms queue starved one direction of a busy link here.
 DEFAULT_LATENCY_S = 5e-3
+#: How every directed link is shaped unless asked otherwise (:data:`SHAPINGS`).
+DEFAULT_SHAPING = "tbf"
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
 #: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
@@ -136,7 +143,7 @@ class Layout:
 
     Attributes
     ----------
-    fabric, scale, prefix, mtu, burst_bytes, latency_s
+    fabric, scale, prefix, mtu, burst_bytes, latency_s, shaping
         The inputs.
     routers
         Vertex ids that get a namespace (GPUs, then spines), in that order.
@@ -180,6 +187,7 @@ class Layout:
     pair_stops: tuple[tuple[tuple[int, ...], ...], ...]
     link_dev: dict[int, tuple[str, str]] = field(repr=False)
     unmodelled: tuple[int, ...] = ()
+    shaping: str = DEFAULT_SHAPING
 
     # ---------------------------------------------------------------- views
     @property
@@ -280,8 +288,8 @@ class Layout:
             for p in (cable.a, cable.b):
                 if p.bridge is not None:
                     cmds.append(_ip.link_master(p.ns, p.dev, p.bridge))
-                cmds.append(_ip.tbf(p.ns, p.dev, self.wire_rate_bps(p), self.burst_for(p),
-                                    self.latency_s))
+                cmds += _ip.shape(self.shaping, p.ns, p.dev, self.wire_rate_bps(p),
+                                  self.burst_for(p), self.latency_s, mtu=self.mtu)
                 cmds.append(_ip.link_up(p.ns, p.dev))
         for r in self.routes:
             cmds.append(_ip.route_add(r.ns, r.dst, r.dev, via=r.via, src=r.src))
@@ -325,6 +333,7 @@ def build_layout(
     burst_bytes: int = DEFAULT_BURST_BYTES,
     latency_s: float = DEFAULT_LATENCY_S,
     routes: Sequence[Sequence[int]] | None = None,
+    shaping: str = DEFAULT_SHAPING,
 ) -> Layout:
     """The namespaces, bridges, cables, shaping and routes that emulate ``fabric``.
 
@@ -344,6 +353,11 @@ def build_layout(
         lower-case letters or digits), so stale pieces can be found.
     mtu, burst_bytes, latency_s
         Interface MTU; tbf bucket depth (at least 128 KiB) and queue latency.
+    shaping
+        How each directed link is shaped, one of :data:`SHAPINGS`:
+        ``tbf`` (a token bucket and one queue) or ``ackfirst`` (the same rate,
+        bucket and queue limit in an htb that sends pure TCP acknowledgements
+        before queued data; see docs/emulator.md).
     routes
         Optional ``routes[a][b]``: a path id (of
         ``pathweave.fabric.candidate_paths(fabric)``) per ordered pair that the
@@ -355,12 +369,14 @@ def build_layout(
         A link without its reverse, a NIC joined to two networks, a loop of
         bridges (spines must be the only switches with several uplinks).
     InputError
-        Bad ``scale``, ``prefix``, ``mtu``, ``burst_bytes`` or ``latency_s``.
+        Bad ``scale``, ``prefix``, ``mtu``, ``burst_bytes``, ``latency_s`` or ``shaping``.
     FabricError
         A fabric the emulator cannot model, or more than :data:`MAX_NAMESPACES`
         GPUs and spines.
     """
     s = _check_layout_args(fabric, scale, prefix, mtu, burst_bytes, latency_s)
+    if shaping not in SHAPINGS:
+        raise InputError(f"shaping must be one of {', '.join(SHAPINGS)}, got {shaping!r}")
     fab = fabric
     routers, router_ns, router_address = _routers(fab, prefix)
     reverse = _reverse_links(fab)
@@ -391,6 +407,7 @@ def build_layout(
         router_address=router_address, namespaces=namespaces, switch_ns=switch_ns,
         bridges=bridges, veths=veths, routes=route_list,
         pair_stops=pair_stops, link_dev=cab.link_dev, unmodelled=tuple(sorted(unmodelled)),
+        shaping=shaping,
     )
 
 
