@@ -123,7 +123,7 @@ def test_teardown_on_error_and_stale_cleanup(tmp_path):
         dead.wait()
         state = json.loads(_state_path(PREFIX).read_text())
         _state_path(PREFIX).write_text(json.dumps({**state, "pid": dead.pid}))
-        second = Emulator(FABRIC, 2e-4, prefix=PREFIX).up()
+        second = Emulator(FABRIC, 2e-4, prefix=PREFIX, shaping="tbf").up()
         out = subprocess.run(["tc", "-n", f"{PREFIX}-r0", "-j", "qdisc", "show"],
                              capture_output=True, text=True, check=True).stdout
         rates = {q["dev"]: q["options"]["rate"] for q in json.loads(out) if q["kind"] == "tbf"}

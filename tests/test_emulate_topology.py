@@ -154,7 +154,7 @@ def test_framing_factor():
 
 def test_setup_commands_are_argv_lists_inside_prefixed_namespaces():
     fab = pw.fabric.preset("h100-2x4")
-    lay = build_layout(fab, 1e-4, prefix="pwt")
+    lay = build_layout(fab, 1e-4, prefix="pwt", shaping="tbf")  # one tc command a port
     cmds = lay.setup_commands()
     assert all(isinstance(c, list) and all(isinstance(a, str) for a in c) for c in cmds)
     for c in cmds:

@@ -75,7 +75,7 @@ DEFAULT_BURST_BYTES = 128 * 1024
 #: tbf queue latency. A 50 ms queue starved one direction of a busy link here.
 DEFAULT_LATENCY_S = 5e-3
 #: How every directed link is shaped unless asked otherwise (:data:`SHAPINGS`).
-DEFAULT_SHAPING = "tbf"
+DEFAULT_SHAPING = "ackfirst"
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
 #: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
