@@ -227,118 +227,31 @@ def run_local(
     ...
     ValueError: world_size must be >= 1, got 0
     """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    _check_launch(fn, world_size, timeout_s)
     child_env = {str(k): str(v) for k, v in (env or {}).items()}
 
     import torch.distributed as dist
 
     ctx = _context()
-    store = dist.TCPStore(
-        _HOST,
-        0,
-        world_size,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
     results = ctx.Queue()
     procs = [
         ctx.Process(
             target=_child,
-            args=(
-                r,
-                world_size,
-                store.port,
-                backend,
-                float(timeout_s),
-                child_env,
-                dict(os.environ),
-                fn,
-                tuple(args),
-                results,
-                os.getpid(),
-            ),
+            args=(r, world_size, store.port, backend, float(timeout_s), child_env,
+                  dict(os.environ), fn, tuple(args), results, os.getpid()),
             name=f"pathweave-rank{r}",
             daemon=True,
         )
         for r in range(world_size)
     ]
-    values: dict[int, Any] = {}
-    # rank -> (text, exception type, crashed, time stamp)
-    failed: dict[int, tuple[str, str, bool, float]] = {}
     patience_s = 0.0
-
-    def take(report: tuple[Any, ...]) -> None:
-        rank, ok, payload, exc_type, stamp = report
-        if ok:
-            values[rank] = payload
-        else:
-            failed[rank] = (payload, exc_type, False, stamp)
-
     try:
         for p in procs:
             p.start()
-        stop_at = time.time() + timeout_s
-        while len(values) + len(failed) < world_size and time.time() < stop_at:
-            try:
-                take(results.get(timeout=_POLL_S))
-            except queue_mod.Empty:
-                # A process gone without a report crashed (os._exit, a
-                # signal, the OOM killer); drain the pipe once more before
-                # saying so, as its report may still be in flight.
-                for r, p in enumerate(procs):
-                    if r in values or r in failed or p.exitcode is None:
-                        continue
-                    with contextlib.suppress(queue_mod.Empty):
-                        while True:
-                            take(results.get(timeout=0.2))
-                    if r not in values and r not in failed:
-                        text = f"rank {r} exited with code {p.exitcode} without a result"
-                        failed[r] = (text, "", True, time.time())
-            if failed:
-                stop_at = min(stop_at, min(f[3] for f in failed.values()) + grace_s)
-        failures = {r: f[0] for r, f in sorted(failed.items())}
-        first = None
-        if failed:
-            # The root cause: a crash if there was one (the others' errors
-            # follow from it), else the earliest exception.
-            first = min(failed, key=lambda r: (not failed[r][2], failed[r][3], r))
-        if first is None and len(values) < world_size:
-            missing = {
-                r: f"rank {r} did not finish within {timeout_s} s"
-                for r in range(world_size)
-                if r not in values
-            }
-            r0 = min(missing)
-            raise LaunchTimeoutError(
-                f"job of {world_size} ranks ran past {timeout_s} s; unfinished ranks: "
-                f"{sorted(missing)}; all processes were killed",
-                rank=r0,
-                traceback=missing[r0],
-                failures=missing,
-            )
-        if first is not None:
-            rank = first
-            text, exc_type = failed[rank][:2]
-            for r in range(world_size):
-                if r not in values and r not in failures:
-                    failures[r] = f"rank {r} was killed after rank {rank} failed"
-            others = sorted(r for r in failures if r != rank)
-            tail = text.strip().splitlines()[-1] if text.strip() else text
-            raise RankError(
-                f"rank {rank} failed: {tail}"
-                + (f" (ranks {others} failed too)" if others else "")
-                + f"\n--- remote traceback of rank {rank} ---\n{text}",
-                rank=rank,
-                traceback=text,
-                failures=failures,
-                exc_type=exc_type,
-            )
+        values, failed = _collect(procs, results, timeout_s, grace_s)
+        _raise_failures(world_size, values, failed, timeout_s)
         out = [values[r] for r in range(world_size)]
         patience_s = 5.0
         return out
@@ -348,6 +261,87 @@ def run_local(
         results.close()
         results.join_thread()
         del store
+
+
+def _check_launch(fn: Any, world_size: Any, timeout_s: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+
+
+#: A failed rank: (text, exception type name, crashed without a report, time stamp).
+_Failure = tuple[str, str, bool, float]
+
+
+def _collect(procs: list[Any], results: Any, timeout_s: float, grace_s: float
+             ) -> tuple[dict[int, Any], dict[int, _Failure]]:
+    """Every rank's report until all are in, the time is up, or the others' grace ends."""
+    world_size = len(procs)
+    values: dict[int, Any] = {}
+    failed: dict[int, _Failure] = {}
+
+    def take(report: tuple[Any, ...]) -> None:
+        rank, ok, payload, exc_type, stamp = report
+        if ok:
+            values[rank] = payload
+        else:
+            failed[rank] = (payload, exc_type, False, stamp)
+
+    stop_at = time.time() + timeout_s
+    while len(values) + len(failed) < world_size and time.time() < stop_at:
+        try:
+            take(results.get(timeout=_POLL_S))
+        except queue_mod.Empty:
+            # A process gone without a report crashed (os._exit, a
+            # signal, the OOM killer); drain the pipe once more before
+            # saying so, as its report may still be in flight.
+            for r, p in enumerate(procs):
+                if r in values or r in failed or p.exitcode is None:
+                    continue
+                with contextlib.suppress(queue_mod.Empty):
+                    while True:
+                        take(results.get(timeout=0.2))
+                if r not in values and r not in failed:
+                    text = f"rank {r} exited with code {p.exitcode} without a result"
+                    failed[r] = (text, "", True, time.time())
+        if failed:
+            stop_at = min(stop_at, min(f[3] for f in failed.values()) + grace_s)
+    return values, failed
+
+
+def _raise_failures(world_size: int, values: dict[int, Any], failed: dict[int, _Failure],
+                    timeout_s: float) -> None:
+    """Raise :class:`RankError` for the root failure, or :class:`LaunchTimeoutError`."""
+    failures = {r: f[0] for r, f in sorted(failed.items())}
+    if not failed:
+        if len(values) == world_size:
+            return
+        missing = {r: f"rank {r} did not finish within {timeout_s} s"
+                   for r in range(world_size) if r not in values}
+        r0 = min(missing)
+        raise LaunchTimeoutError(
+            f"job of {world_size} ranks ran past {timeout_s} s; unfinished ranks: "
+            f"{sorted(missing)}; all processes were killed",
+            rank=r0, traceback=missing[r0], failures=missing,
+        )
+    # The root cause: a crash if there was one (the others' errors follow
+    # from it), else the earliest exception.
+    rank = min(failed, key=lambda r: (not failed[r][2], failed[r][3], r))
+    text, exc_type = failed[rank][:2]
+    for r in range(world_size):
+        if r not in values and r not in failures:
+            failures[r] = f"rank {r} was killed after rank {rank} failed"
+    others = sorted(r for r in failures if r != rank)
+    tail = text.strip().splitlines()[-1] if text.strip() else text
+    raise RankError(
+        f"rank {rank} failed: {tail}"
+        + (f" (ranks {others} failed too)" if others else "")
+        + f"\n--- remote traceback of rank {rank} ---\n{text}",
+        rank=rank, traceback=text, failures=failures, exc_type=exc_type,
+    )
 
 
 def run_tool(
