@@ -114,7 +114,7 @@ class _Program:
     first_recvs: list[int]
     first_sends: list[int]
     streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
-    slots_per_stream: list[int]
+    after: list[list[int]]
 
     def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
               recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -172,7 +172,7 @@ def _compile(sched: RankSchedule) -> _Program:
         sched.copy_bytes)), strict=True))
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
     return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, df.first_sends,
-                    df.streams, df.slots)
+                    df.streams, df.after)
 
 
 class Handle:
@@ -598,27 +598,39 @@ class Transport:
             return final
         failed = threading.Event()
 
-        def stream(steps: list[tuple[tuple[int, ...], tuple[int, ...]]], slots: int) -> None:
-            rwork = {c: [posted[i] for i in steps[c][0]] for c in range(slots)}
+        def stream(steps: list[tuple[tuple[int, ...], tuple[int, ...]]], after: list[int]
+                   ) -> None:
+            n = len(steps)
+            nxt = next((j for j, a in enumerate(after) if a >= 0), n)
+            rwork = {j: [posted[i] for i in steps[j][0]] for j in range(nxt)}
             fwd: dict[int, list[Any]] = {}
+            freed = -1  # the forwards of steps up to this one are done
+
+            def free(upto: int) -> None:
+                # The forwards went out in step order on their links: once
+                # done, their slots take the steps waiting for them.
+                nonlocal freed, nxt
+                for j in range(freed + 1, upto + 1):
+                    _wait_all(fwd.pop(j), deadline, rank, "forwarding")
+                freed = max(freed, upto)
+                while nxt < n and after[nxt] <= freed:
+                    rwork[nxt] = [recv(i) for i in steps[nxt][0]]
+                    nxt += 1
+
             for c, (_, sends_c) in enumerate(steps):
                 if failed.is_set():
                     return
+                if c >= nxt:
+                    free(after[c])
                 _wait_all(rwork.pop(c), deadline, rank, "forwarding")
                 fwd[c] = [send(j) for j in sends_c]
-                # The forward of chunk c - 1 went out first on the same link:
-                # once it is done its slot takes chunk c - 1 + slots.
                 if c >= 1:
-                    _wait_all(fwd.pop(c - 1), deadline, rank, "forwarding")
-                    nxt = c - 1 + slots
-                    if nxt < len(steps):
-                        rwork[nxt] = [recv(i) for i in steps[nxt][0]]
-            for works in fwd.values():
-                _wait_all(works, deadline, rank, "forwarding")
+                    free(c - 1)
+            free(n - 1)
 
-        def guarded(steps: Any, slots: int) -> None:
+        def guarded(steps: Any, after: list[int]) -> None:
             try:
-                stream(steps, slots)
+                stream(steps, after)
             except CommError:
                 failed.set()
                 raise
@@ -626,7 +638,7 @@ class Transport:
                 failed.set()
                 raise _wrap(exc, rank, "forwarding") from exc
 
-        jobs = list(zip(prog.streams, prog.slots_per_stream, strict=True))
+        jobs = list(zip(prog.streams, prog.after, strict=True))
         pool = self._stream_pool()
         futures = [pool.submit(guarded, st, k) for st, k in jobs[:-1]]
         errors: list[BaseException] = []

@@ -1224,7 +1224,7 @@ class Orchestrator:
         )
         sched = build_schedule(
             segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
-            chunk_bytes=self.chunk_bytes, window=self.window,
+            chunk_bytes=self.chunk_bytes, window=self.window, frag_links=st.paths.links[fpath],
         )
         link_bytes = st.paths.link_load_bytes(fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
