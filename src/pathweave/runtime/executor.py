@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import operator
 import threading
 import time
 import weakref
@@ -101,11 +102,13 @@ class _Program:
     ``(group peer, tag offset, view)``, the view an index into the list that
     :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
     buffer (one C++ call for all of a buffer's pieces, half the host time of
-    slicing each). ``rounds`` holds each round's receives and sends as such
-    tuples; the stream steps hold operation indices.
+    slicing each; gaps between pieces are cut too, and only where there are
+    any). ``rounds`` holds each round's receives and sends as such tuples;
+    the stream steps hold operation indices.
     """
 
-    slots: list[tuple[int, int, list[int] | None, list[tuple[int, int]]]]
+    slots: list[tuple[int, int, list[int] | None, int, Callable[[Any], tuple[Any, ...]],
+                      list[tuple[int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
@@ -120,14 +123,19 @@ class _Program:
               recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Every operation's tensor for one call, in view-index order."""
         out: list[torch.Tensor] = []
-        for kind, b, sizes, ranges in self.slots:
+        for kind, b, sizes, end, pick, ranges in self.slots:
             t = staging if kind == _STAGE else (send_bufs if kind == _SEND else recv_bufs)[b]
             if sizes is None:
                 out += [t[o : o + n] for o, n in ranges]
             else:
-                pieces = t.split_with_sizes([*sizes, t.numel() - sum(sizes)])
-                out += pieces[1::2]  # sizes alternate gap, piece
+                rest = t.numel() - end
+                out += pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
         return out
+
+
+def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter`` of one index, returning a 1-tuple as it does for several."""
+    return lambda seq: (seq[i],)
 
 
 def _program(sched: RankSchedule) -> _Program:
@@ -155,13 +163,18 @@ def _compile(sched: RankSchedule) -> _Program:
             ranges[slot][r] = base + i
         base += len(rngs)
         apart = all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(rngs))
-        sizes = None
+        sizes, end, pick = None, 0, None
         if apart:
-            sizes, end = [], 0
+            # The pieces and the gaps between them (none where pieces abut).
+            sizes, at = [], []
             for o, n in rngs:
-                sizes += [o - end, n]
+                if o > end:
+                    sizes.append(o - end)
+                at.append(len(sizes))
+                sizes.append(n)
                 end = o + n
-        slots.append((slot[0], slot[1], sizes, rngs))
+            pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
+        slots.append((slot[0], slot[1], sizes, end, pick, rngs))
     recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
     sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
     rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
@@ -308,6 +321,22 @@ def _waiters() -> ThreadPoolExecutor:
     return _WAITERS[0]
 
 
+_TIMEOUTS: dict[int, datetime.timedelta] = {}
+
+
+def _timeout(left_s: float) -> datetime.timedelta:
+    """``left_s`` rounded up to whole seconds, as a ``timedelta`` made once per value.
+
+    A call waits for up to thousands of works; a ``timedelta`` made per work
+    cost 2.5-6 us each, a lookup a tenth of that.
+    """
+    key = int(left_s) + 1
+    td = _TIMEOUTS.get(key)
+    if td is None:
+        td = _TIMEOUTS[key] = datetime.timedelta(seconds=key)
+    return td
+
+
 def _wait_all(
     works: Sequence[Any], deadline: float, rank: int, what: str, *, host_wait: bool = True
 ) -> None:
@@ -316,20 +345,16 @@ def _wait_all(
     A timeout makes NCCL's ``wait`` block the host until the work is done;
     without one it only makes the current stream wait, and NCCL's own
     watchdog enforces the process group's timeout. The timeout handed to
-    ``wait`` is remade at most once a second (a call waits for thousands of
-    works at 256 ranks; making one per work cost 2.5 us each): a wait may
-    end up to a second past ``deadline``, and the next one raises.
+    ``wait`` is the time left rounded up to whole seconds (:func:`_timeout`):
+    a wait may end up to a second past ``deadline``, and the next one raises.
     """
-    td, fresh_until = None, 0.0
     for w in works:
         now = time.monotonic()
         if now >= deadline:
             raise CommError(f"rank {rank}: {what} ran past the timeout")
         try:
             if host_wait:
-                if now > fresh_until:
-                    td, fresh_until = datetime.timedelta(seconds=deadline - now), now + 1.0
-                w.wait(td)
+                w.wait(_timeout(deadline - now))
             else:
                 w.wait()
         except CommError:
