@@ -345,16 +345,20 @@ def _wait_all(
     A timeout makes NCCL's ``wait`` block the host until the work is done;
     without one it only makes the current stream wait, and NCCL's own
     watchdog enforces the process group's timeout. The timeout handed to
-    ``wait`` is the time left rounded up to whole seconds (:func:`_timeout`):
-    a wait may end up to a second past ``deadline``, and the next one raises.
+    ``wait`` is the time left rounded up to whole seconds (:func:`_timeout`),
+    looked up again once a second: a wait may end up to two seconds past
+    ``deadline``, and the next one raises.
     """
+    td, fresh_until = None, 0.0
     for w in works:
         now = time.monotonic()
         if now >= deadline:
             raise CommError(f"rank {rank}: {what} ran past the timeout")
         try:
             if host_wait:
-                w.wait(_timeout(deadline - now))
+                if now > fresh_until:
+                    td, fresh_until = _timeout(deadline - now), now + 1.0
+                w.wait(td)
             else:
                 w.wait()
         except CommError:
