@@ -737,3 +737,43 @@ def test_destroy_process_group_frees_the_group_and_a_new_one_gets_a_fresh_state(
         assert orch._state(None).transport.size == 4
     finally:
         dist.destroy_process_group()
+
+
+def test_a_programs_views_are_the_schedules_byte_ranges():
+    """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
+
+    Hand-made schedule: a relay receives two messages into staging slots
+    0-7 and 12-15 (a gap of 4 between them, none before) and forwards them,
+    a rank sends 3 + 5 abutting bytes of its input and 2 after a gap of 6.
+    """
+    from pathweave.runtime.executor import _program
+    from pathweave.runtime.schedule import STAGING, RankSchedule
+
+    z = np.zeros(0, dtype=np.int64)
+
+    def a(*v):
+        return np.array(v, dtype=np.int64)
+
+    sched = RankSchedule(
+        rank=0, num_rounds=2,
+        send_round=a(0, 0, 0, 1, 1), send_peer=a(1, 1, 2, 1, 1), send_order=a(0, 1, 0, 2, 3),
+        send_buf=a(0, 0, 0, STAGING, STAGING), send_off=a(0, 3, 14, 0, 12),
+        send_bytes=a(3, 5, 2, 8, 4),
+        recv_round=a(0, 0), recv_peer=a(2, 2), recv_order=a(1, 2), recv_buf=a(STAGING, STAGING),
+        recv_off=a(0, 12), recv_bytes=a(8, 4), send_ptr=a(0, 3, 5), recv_ptr=a(0, 2, 2),
+        copy_send_buf=z, copy_send_off=z, copy_recv_buf=z, copy_recv_off=z, copy_bytes=z,
+        staging_bytes=16, forwards=True, window=2, stream_window=a(2),
+        send_stream=a(-1, -1, -1, 0, 0), send_chunk=a(-1, -1, -1, 0, 1),
+        recv_stream=a(0, 0), recv_chunk=a(0, 1))
+    prog = _program(sched)
+    staging = torch.arange(16, dtype=torch.uint8)
+    inp = torch.arange(100, 120, dtype=torch.uint8)
+    views = prog.views(staging, [inp], [])
+    for ops, tables in ((prog.sends, ("send", sched.send_buf, sched.send_off, sched.send_bytes)),
+                        (prog.recvs, ("recv", sched.recv_buf, sched.recv_off, sched.recv_bytes))):
+        _, bufs, offs, nbytes = tables
+        for (_, _, v), b, off, nb in zip(ops, bufs.tolist(), offs.tolist(), nbytes.tolist(),
+                                         strict=True):
+            src = staging if b == STAGING else inp
+            assert views[v].tolist() == src[off : off + nb].tolist()
+            assert views[v].data_ptr() == src.data_ptr() + off  # a view, not a copy

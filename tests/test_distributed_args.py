@@ -433,3 +433,50 @@ def test_a_callers_config_fields_are_checked_on_every_rank():
         assert res["agree again"] == ("ok", True, 1)
         assert res["differ, exchanged"] == ("ValueError", msg, 1)
         assert res["differ, split_matrix"] == ("ValueError", msg, 1), (rank, res)
+
+
+def test_a_split_matrix_calls_checks_are_kept_only_for_the_very_same_facts():
+    """check_matrix_call returns its last result for the same facts; any change is checked."""
+    n, rank = 3, 1
+    rows = np.array([[0, 2, 1], [3, 0, 4], [1, 5, 0]])
+    words = V.fingerprint({"x": 1})
+    digests = np.full(n, V.fingerprint_digest(words), dtype=np.int64)
+    inp, out = torch.zeros(7, 2), torch.zeros(7, 2)  # sends 3 + 0 + 4, receives 2 + 0 + 5
+    send, recv = [3, 0, 4], [2, 0, 5]
+
+    def check(last, **kw):
+        args = {"output": out, "input": inp, "output_split_sizes": recv,
+                "input_split_sizes": send, "matrix": rows, "digests": digests, "words": words}
+        args.update(kw)
+        return V.check_matrix_call(last, args["output"], args["input"],
+                                   args["output_split_sizes"], args["input_split_sizes"], rank,
+                                   n, args["words"], args["matrix"], args["digests"])
+
+    first = check(None)
+    assert first.same_config and first.layout.row_bytes == 8
+    assert first.layout.pair_bytes.tolist() == (rows * 8).tolist()
+    again = check(first)
+    assert again is first and again.mkey is first.mkey
+    # The same values in new objects: kept too (facts, not identities).
+    assert check(first, matrix=rows.copy(), output_split_sizes=list(recv)) is first
+    # Each fact changed is checked again (and raises where it is wrong).
+    send[2] = 5  # the caller's list, changed in place: 8 rows for a 7-row input
+    with pytest.raises(ValueError, match="input"):
+        check(first)
+    send[2] = 4
+    bad = rows.copy()
+    bad[1, 2] = 9
+    with pytest.raises(ValueError, match=r"split_matrix\[1, 2\] = 9"):
+        check(first, matrix=bad)
+    with pytest.raises(ValueError, match=r"split_matrix\[1, 0\] = 2"):
+        check(first, matrix=rows.T.copy())
+    wider = check(first, input=torch.zeros(7, 3), output=torch.zeros(7, 3))
+    assert wider is not first and wider.layout.row_bytes == 12 and wider.mkey != first.mkey
+    other = V.fingerprint({"x": 2})
+    assert check(first, words=other, digests=None).mkey != first.mkey
+    differ = digests.copy()
+    differ[0] += 1
+    assert not check(first, digests=differ).same_config
+    # Splits given as a tensor are not kept: checked every time.
+    t = check(None, input_split_sizes=torch.tensor(send))
+    assert t.key is None and check(t, input_split_sizes=torch.tensor(send)) is not t

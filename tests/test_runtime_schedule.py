@@ -115,9 +115,10 @@ def run_streams(scheds, in_bufs, out_bufs, seed=0):
 
     Every rank posts its ``first_recvs`` and ``first_sends``; each forwarded
     stream is a thread doing what ``Transport._run_streams`` does (wait for
-    chunk c, post its forwards, wait for the forwards of chunk c - 1, post the
-    receives of chunk c - 1 + slots). A message completes, in random order,
-    once both ends are posted; its bytes are read from the sender and written
+    step j, first for the forwards up to ``after[j]`` if its receives are not
+    posted yet, post its forwards, wait for the forwards of step j - 1, post
+    the receives of every step whose ``after`` is done). A message completes,
+    in random order, once both ends are posted; its bytes are read from the sender and written
     to the receiver at that moment, so a slot re-used too early corrupts the
     output. Threads advance in random order too.
     """
@@ -143,20 +144,32 @@ def run_streams(scheds, in_bufs, out_bufs, seed=0):
         assert kind not in ends.get(k, {}), f"message {k} posted twice"
         ends.setdefault(k, {})[kind] = (rank, idx)
 
-    def thread(rank, steps, slots):
+    def thread(rank, steps, after):
+        n = len(steps)
+        nxt = next((j for j, a in enumerate(after) if a >= 0), n)
+        freed = -1
+
+        def free(upto):
+            nonlocal freed, nxt
+            for j in range(freed + 1, upto + 1):
+                for k in steps[j][1]:
+                    yield key(rank, "s", k)
+            freed = max(freed, upto)
+            while nxt < n and after[nxt] <= freed:
+                for i in steps[nxt][0]:
+                    post(rank, "r", i)
+                nxt += 1
+
         for c, (rs, ss) in enumerate(steps):
+            if c >= nxt:
+                yield from free(after[c])
             for i in rs:
                 yield key(rank, "r", i)
             for j in ss:
                 post(rank, "s", j)
             if c >= 1:
-                for j in steps[c - 1][1]:
-                    yield key(rank, "s", j)
-                if c - 1 + slots < len(steps):
-                    for i in steps[c - 1 + slots][0]:
-                        post(rank, "r", i)
-        for j in steps[-1][1]:
-            yield key(rank, "s", j)
+                yield from free(c - 1)
+        yield from free(n - 1)
 
     for r, df in enumerate(dfs):
         for i in df.first_recvs:
@@ -165,8 +178,8 @@ def run_streams(scheds, in_bufs, out_bufs, seed=0):
             post(r, "s", j)
     threads = []
     for r, df in enumerate(dfs):
-        for steps, slots in zip(df.streams, df.slots, strict=True):
-            gen = thread(r, steps, slots)
+        for steps, after in zip(df.streams, df.after, strict=True):
+            gen = thread(r, steps, after)
             threads.append([gen, next(gen, None)])
     total = sum(s.num_sends for s in scheds)
     while True:
@@ -439,27 +452,45 @@ def test_relay_stream_is_chunked_and_window_bounded():
         check_schedules(scheds, window)
         nchunks = -(-1000 // chunk)
         src, mid, dst = scheds[0], scheds[via], scheds[1]
-        # chunking: every hop carries each chunk once, in order, no piece larger than a chunk
-        assert src.num_sends == mid.num_sends == dst.num_recvs == nchunks
-        assert src.send_bytes.sum() == 1000 and src.send_bytes.max() <= chunk
-        assert src.send_order.tolist() == list(range(nchunks))
-        # window: the relay holds at most `window` chunks of the stream
-        assert mid.staging_bytes == min(window, nchunks) * min(chunk, 1000)
         # pipeline: R = ceil(k / (window // 2)) rounds, chunk c enters in
-        # round floor(c * R / k), hop h one round later
+        # round floor(c * R / k), hop h one round later; the chunks of one
+        # round travel as one message unless they wrap around the relay's
+        # slots (chunk c in slot c % w, w = min(window, k))
         rounds = -(-nchunks // max(1, window // 2))
-        assert src.send_round.tolist() == [c * rounds // nchunks for c in range(nchunks)]
-        assert mid.send_round.tolist() == [c * rounds // nchunks + 1 for c in range(nchunks)]
+        w = min(window, nchunks)
+        msgs = []  # (entry round, first chunk, last chunk)
+        for c in range(nchunks):
+            t = c * rounds // nchunks
+            if msgs and msgs[-1][0] == t and c % w != 0:
+                msgs[-1][2] = c
+            else:
+                msgs.append([t, c, c])
+        size = [min(chunk, 1000 - c * chunk) for c in range(nchunks)]
+        want_bytes = [sum(size[a : b + 1]) for _, a, b in msgs]
+        assert src.send_round.tolist() == [t for t, _, _ in msgs]
+        assert mid.send_round.tolist() == [t + 1 for t, _, _ in msgs]
+        assert src.send_bytes.tolist() == mid.send_bytes.tolist() == want_bytes
+        assert dst.recv_bytes.tolist() == want_bytes
+        assert src.send_off.tolist() == [a * chunk for _, a, _ in msgs]
+        assert mid.send_off.tolist() == [(a % w) * min(chunk, 1000) for _, a, _ in msgs]
+        assert src.send_order.tolist() == list(range(len(msgs)))
+        # window: the relay holds at most `window` chunks of the stream
+        assert mid.staging_bytes == w * min(chunk, 1000)
         assert run_async(scheds)
         rng = np.random.default_rng(chunk)
         ins, outs = random_bufs(rows, rng)
         got = run_rounds(scheds, ins, outs)
         assert np.array_equal(got[1][0], ins[0][0])
-        # per stream: the relay's one stream, chunk c in slot c % window
+        # per stream: the relay's one stream, a step per message (keyed by
+        # its last chunk); a step's slots are free once the step holding
+        # chunk last - w before them was forwarded
         df = mid.dataflow()
-        assert df.slots == [min(window, nchunks)] and len(df.streams[0]) == nchunks
-        assert [len(rs) for rs, _ in df.streams[0]] == [1] * nchunks
-        assert sorted(df.first_recvs) == list(range(min(window, nchunks)))
+        assert df.slots == [w] and len(df.streams[0]) == len(msgs)
+        assert [len(rs) for rs, _ in df.streams[0]] == [1] * len(msgs)
+        last = [b for _, _, b in msgs]
+        assert df.after == [[-1 if b < w else next(j for j, e in enumerate(last) if e >= b - w)
+                             for b in last]]
+        assert sorted(df.first_recvs) == [j for j, b in enumerate(last) if b < w]
         for seed in range(3):
             got = run_streams(scheds, ins, outs, seed)
             assert got is not None and np.array_equal(got[1][0], ins[0][0])
@@ -786,24 +817,101 @@ def test_a_call_beyond_the_tag_range_is_refused_before_any_message(monkeypatch):
                           [[0, 1]], chunk_bytes=2, window=2)
 
 
-def test_a_direct_fragments_chunks_of_one_round_travel_as_one_message():
+def _ops(s, kind):
+    rnd, peer, nb, off = (getattr(s, f"{kind}_{k}") for k in ("round", "peer", "bytes", "off"))
+    return list(zip(rnd.tolist(), peer.tolist(), nb.tolist(), off.tolist(), strict=True))
+
+
+def _moves_every_byte(scheds, rows, seed=0):
+    ins, outs = random_bufs(rows, np.random.default_rng(seed))
+    want = expected_a2a(rows, ins)
+    assert run_async(scheds)
+    for got in (run_rounds(scheds, ins, outs), run_streams(scheds, ins, outs, seed)):
+        assert got is not None
+        assert all(np.array_equal(got[d][0], want[d]) for d in range(rows.shape[0]))
+
+
+def test_a_fragments_chunks_of_one_round_travel_as_one_message():
     # Hand-computed: pair 0->2 of 26 bytes, 16 direct then 10 relayed via 1;
     # chunk 4, window 4: R = ceil(4 chunks / 2) = 2 rounds. The direct
     # fragment's chunks enter in rounds 0, 0, 1, 1 (two messages of 8 bytes);
-    # the relayed one's (forwarded, one message per chunk) in rounds 0, 0, 1
-    # on the first hop and 1, 1, 2 on the second.
-    seg = Segments.all_to_all(np.array([[0, 0, 26], [0, 0, 0], [0, 0, 0]]))
-    s0, s1, s2 = build_schedules(seg, [2, 2], [16, 10], [[0, 2, -1], [0, 1, 2]],
-                                 chunk_bytes=4, window=4)
-
-    def ops(s, kind):
-        rnd, peer, nb, off = (getattr(s, f"{kind}_{k}") for k in ("round", "peer", "bytes",
-                                                                   "off"))
-        return list(zip(rnd.tolist(), peer.tolist(), nb.tolist(), off.tolist(), strict=True))
-
-    assert ops(s0, "send") == [(0, 1, 4, 16), (0, 1, 4, 20), (0, 2, 8, 0), (1, 1, 2, 24),
-                               (1, 2, 8, 8)]
-    assert [(r, p, b) for r, p, b, _ in ops(s2, "recv")] == [
-        (0, 0, 8), (1, 0, 8), (1, 1, 4), (1, 1, 4), (2, 1, 2)]
-    assert [o for r, p, _, o in ops(s2, "recv") if p == 0] == [0, 8]
+    # the relayed one's 3 chunks (4, 4, 2 bytes; w = 3 slots at the relay)
+    # in rounds 0, 0, 1: chunks 0-1 as one message of 8 bytes (slots 0-1 at
+    # the relay), chunk 2 alone, on the first hop in rounds 0, 1 and on the
+    # second in rounds 1, 2.
+    rows = np.array([[0, 0, 26], [0, 0, 0], [0, 0, 0]])
+    s0, s1, s2 = build_schedules(Segments.all_to_all(rows), [2, 2], [16, 10],
+                                 [[0, 2, -1], [0, 1, 2]], chunk_bytes=4, window=4)
+    assert _ops(s0, "send") == [(0, 1, 8, 16), (0, 2, 8, 0), (1, 1, 2, 24), (1, 2, 8, 8)]
+    assert _ops(s1, "recv") == [(0, 0, 8, 0), (1, 0, 2, 8)]
+    assert _ops(s1, "send") == [(1, 2, 8, 0), (2, 2, 2, 8)]
+    assert s1.staging_bytes == 12
+    assert _ops(s2, "recv") == [(0, 0, 8, 0), (1, 0, 8, 8), (1, 1, 8, 16), (2, 1, 2, 24)]
     check_schedules([s0, s1, s2], window=4)
+    _moves_every_byte([s0, s1, s2], rows)
+
+
+def test_a_forwarded_rounds_chunks_split_where_the_slots_wrap():
+    # One relayed fragment 0->2 via 1 of 6 chunks of 4 bytes, window 5: R = 3
+    # rounds of 2 chunks (0-1, 2-3, 4-5); the relay's w = 5 slots hold chunk c
+    # in slot c % 5, so round 2's chunks 4 and 5 (slots 4 and 0) are two
+    # messages. Step j (last chunks 1, 3, 4, 5) may be received once the step
+    # holding chunk last - 5 was forwarded: only chunk 5, after step 0.
+    rows = np.array([[0, 0, 24], [0, 0, 0], [0, 0, 0]])
+    s0, s1, s2 = build_schedules(Segments.all_to_all(rows), [2], [24], [[0, 1, 2]],
+                                 chunk_bytes=4, window=5)
+    assert _ops(s0, "send") == [(0, 1, 8, 0), (1, 1, 8, 8), (2, 1, 4, 16), (2, 1, 4, 20)]
+    assert _ops(s1, "recv") == [(0, 0, 8, 0), (1, 0, 8, 8), (2, 0, 4, 16), (2, 0, 4, 0)]
+    assert _ops(s1, "send") == [(1, 2, 8, 0), (2, 2, 8, 8), (3, 2, 4, 16), (3, 2, 4, 0)]
+    assert s1.staging_bytes == 20
+    df = s1.dataflow()
+    assert df.slots == [5] and df.after == [[-1, -1, -1, 0]]
+    assert df.first_recvs == [0, 1, 2]
+    check_schedules([s0, s1, s2], window=5)
+    _moves_every_byte([s0, s1, s2], rows)
+
+
+def test_direct_fragments_no_forwarded_one_touches_go_whole_in_round_0():
+    # Ranks 0..4; chunk 4, window 2 (one chunk per round for the largest).
+    # A: 0->1, 16 bytes direct on link 0; B: 2->4 relayed via 3 (8 bytes,
+    # links 5, 6); D: 3->2, 8 bytes direct on link 7. A shares no link and no
+    # rank with B: whole, one message in round 0. D's ranks are B's, so it
+    # stays paced (R = 4 rounds from A's 4 chunks: its chunks enter in
+    # rounds 0 and 2), as B is (rounds 0, 2; forwarded in 1, 3).
+    def build(dst_d, links):
+        rows = np.zeros((5, 5), dtype=np.int64)
+        rows[0, 1], rows[2, 4], rows[3, dst_d] = 16, 8, 8
+        sch = build_schedules(Segments.all_to_all(rows), [1, 14, 15 + dst_d], [16, 8, 8],
+                              [[0, 1, -1], [2, 3, 4], [3, dst_d, -1]], chunk_bytes=4,
+                              window=2, frag_links=links)
+        check_schedules(sch, 2)
+        _moves_every_byte(sch, rows)
+        return sch
+
+    paced = [(t, 1, 4, 4 * t) for t in range(4)]
+    sch = build(2, [[0, -1], [5, 6], [7, -1]])
+    assert _ops(sch[0], "send") == [(0, 1, 16, 0)]
+    assert _ops(sch[1], "recv") == [(0, 0, 16, 0)]
+    assert _ops(sch[3], "send") == [(0, 2, 4, 0), (1, 4, 4, 0), (2, 2, 4, 4), (3, 4, 4, 4)]
+    assert _ops(sch[2], "send") == [(0, 3, 4, 0), (2, 3, 4, 4)]
+    # A sharing a link with B (link 5): paced, one chunk per round.
+    assert _ops(build(2, [[5, -1], [5, 6], [7, -1]])[0], "send") == paced
+    # D: 3->0 shares rank 0 with A and rank 3 with B: A is paced too (on NCCL
+    # rank 0's rounds run one after another, D's among them).
+    assert _ops(build(0, [[0, -1], [5, 6], [7, -1]])[0], "send") == paced
+    # No frag_links: every fragment paced, as before.
+    assert _ops(build(2, None)[0], "send") == paced
+    # A direct-only plan (pairs inside nodes and rail-matched ones): every
+    # pair one message, all in round 0.
+    s_, d_ = np.indices((8, 8))
+    demand = np.where((s_ != d_) & ((s_ // 4 == d_ // 4) | (s_ % 4 == d_ % 4)),
+                      1000 + 10 * s_ + d_, 0)
+    plan = forced_plan(FAB8, demand, ("direct", "matched"))
+    fp, fpath, fb = fragments_of(plan, demand)
+    sch = build_schedules(Segments.all_to_all(demand), fp, fb, ROUTES8[fpath], chunk_bytes=64,
+                          window=2, frag_links=PS8.links[fpath])
+    check_schedules(sch, 2)
+    assert all(s.num_rounds == 1 and s.num_sends == s.num_recvs == 4 for s in sch)
+    assert all(s.send_bytes.tolist() == demand[s.rank][demand[s.rank] > 0].tolist()
+               for s in sch)
+    _moves_every_byte(sch, demand)

@@ -10,6 +10,7 @@ exception with the same message on every rank, before any data moves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping
@@ -21,9 +22,10 @@ import numpy as np
 from pathweave import _check
 
 __all__ = [
-    "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "check_fingerprints",
-    "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint", "fingerprint_digest",
-    "raise_first_problem", "raise_problem", "same_digests", "type_code", "type_name",
+    "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "MatrixCall", "check_fingerprints",
+    "check_matrix_call", "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint",
+    "fingerprint_digest", "raise_first_problem", "raise_problem", "same_digests", "type_code",
+    "type_name",
 ]
 
 # ------------------------------------------------------------------ dtypes
@@ -393,8 +395,9 @@ class A2ALayout:
     in_rows: np.ndarray
     row_bytes: int
 
-    @property
+    @functools.cached_property
     def pair_bytes(self) -> np.ndarray:
+        """``int64[N, N]``: bytes of every pair (made once: a cached call reads it each time)."""
         return self.in_rows * self.row_bytes
 
 
@@ -519,6 +522,82 @@ def check_split_matrix(matrix: Any, row: np.ndarray, rank: int, num_ranks: int,
                          f"{int(outs[s])} rows but split_matrix[{s}, {rank}] = {int(m[s, rank])}")
     row_bytes = int(row[_IN_ES]) * int(row[_IN_ROWEL])
     return A2ALayout(np.ascontiguousarray(m, dtype=np.int64), row_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class MatrixCall:
+    """What a ``split_matrix`` call's local checks found (:func:`check_matrix_call`).
+
+    Attributes
+    ----------
+    key : tuple | None
+        The arguments' facts the checks read (``None``: not kept).
+    row, outs : int64 arrays
+        This rank's :func:`encode_a2a` row and output splits.
+    layout : A2ALayout
+    same_config : bool
+        Whether ``config_digests`` vouch for every rank's configuration.
+    mkey : bytes
+        The call's metadata key: all splits, the row size, the configuration.
+    """
+
+    key: tuple[Any, ...] | None
+    row: np.ndarray
+    outs: np.ndarray
+    layout: A2ALayout
+    same_config: bool
+    mkey: bytes
+
+
+def _matrix_call_key(output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
+                     words: np.ndarray, matrix: Any, digests: Any) -> tuple[Any, ...] | None:
+    """Every fact of a ``split_matrix`` call its checks read, or ``None`` where one is hard to
+    pin down cheaply (splits or matrix given as tensors, non-tensor buffers)."""
+    if not (_tensor(input) and _tensor(output)):
+        return None
+    facts: list[Any] = [input.dtype, input.shape, input.device, output.dtype, output.shape,
+                        output.device, words.tobytes()]
+    for splits in (input_split_sizes, output_split_sizes):
+        if splits is not None and not isinstance(splits, (list, tuple)):
+            return None
+        facts.append(None if splits is None else tuple(splits))
+    for arr in (matrix, digests):
+        if arr is not None and not isinstance(arr, np.ndarray):
+            return None
+        facts.append(None if arr is None else (arr.dtype.str, arr.shape, arr.tobytes()))
+    return tuple(facts)
+
+
+def check_matrix_call(
+    last: MatrixCall | None, output: Any, input: Any, output_split_sizes: Any,
+    input_split_sizes: Any, rank: int, num_ranks: int, words: np.ndarray, matrix: Any,
+    digests: Any, problem: ArgProblem | None = None,
+) -> MatrixCall:
+    """A ``split_matrix`` call's local checks (:func:`encode_a2a`,
+    :func:`check_split_matrix`, :func:`same_digests` if ``digests`` are given).
+
+    ``last``, the previous call's result: if this call's arguments hold the
+    same facts (dtypes, shapes, devices, splits, matrix, digests, the
+    configuration's ``words``) and no ``problem``, it passed these checks
+    already and is returned as it is, its ``mkey`` the very same object (a dictionary key
+    whose hash is kept). A cached MoE step calls with the same facts every
+    time; checking them again cost a fifth of the call's host work.
+    Raises as the checks do.
+    """
+    key = None if problem is not None else _matrix_call_key(
+        output, input, output_split_sizes, input_split_sizes, words, matrix, digests)
+    if key is not None and last is not None and last.key == key:
+        return last
+    outs = np.zeros(num_ranks, dtype=np.int64)
+    row = encode_a2a(output, input, output_split_sizes, input_split_sizes, num_ranks, words,
+                     problem, outs)
+    given = check_split_matrix(matrix, row, rank, num_ranks, outs)
+    same = digests is not None and same_digests(digests, words, rank)
+    # What every rank would have exchanged: all splits, the row size (dtype and
+    # row shape only enter through it), the configuration.
+    mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
+            + words.tobytes())
+    return MatrixCall(key, row, outs, given, same, mkey)
 
 
 # ---------------------------------------------------- configuration fingerprint

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import operator
 import threading
 import time
 import weakref
@@ -101,11 +102,13 @@ class _Program:
     ``(group peer, tag offset, view)``, the view an index into the list that
     :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
     buffer (one C++ call for all of a buffer's pieces, half the host time of
-    slicing each). ``rounds`` holds each round's receives and sends as such
-    tuples; the stream steps hold operation indices.
+    slicing each; gaps between pieces are cut too, and only where there are
+    any). ``rounds`` holds each round's receives and sends as such tuples;
+    the stream steps hold operation indices.
     """
 
-    slots: list[tuple[int, int, list[int] | None, list[tuple[int, int]]]]
+    slots: list[tuple[int, int, list[int] | None, int, Callable[[Any], tuple[Any, ...]],
+                      list[tuple[int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
@@ -114,20 +117,25 @@ class _Program:
     first_recvs: list[int]
     first_sends: list[int]
     streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
-    slots_per_stream: list[int]
+    after: list[list[int]]
 
     def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
               recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Every operation's tensor for one call, in view-index order."""
         out: list[torch.Tensor] = []
-        for kind, b, sizes, ranges in self.slots:
+        for kind, b, sizes, end, pick, ranges in self.slots:
             t = staging if kind == _STAGE else (send_bufs if kind == _SEND else recv_bufs)[b]
             if sizes is None:
                 out += [t[o : o + n] for o, n in ranges]
             else:
-                pieces = t.split_with_sizes([*sizes, t.numel() - sum(sizes)])
-                out += pieces[1::2]  # sizes alternate gap, piece
+                rest = t.numel() - end
+                out += pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
         return out
+
+
+def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter`` of one index, returning a 1-tuple as it does for several."""
+    return lambda seq: (seq[i],)
 
 
 def _program(sched: RankSchedule) -> _Program:
@@ -155,13 +163,18 @@ def _compile(sched: RankSchedule) -> _Program:
             ranges[slot][r] = base + i
         base += len(rngs)
         apart = all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(rngs))
-        sizes = None
+        sizes, end, pick = None, 0, None
         if apart:
-            sizes, end = [], 0
+            # The pieces and the gaps between them (none where pieces abut).
+            sizes, at = [], []
             for o, n in rngs:
-                sizes += [o - end, n]
+                if o > end:
+                    sizes.append(o - end)
+                at.append(len(sizes))
+                sizes.append(n)
                 end = o + n
-        slots.append((slot[0], slot[1], sizes, rngs))
+            pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
+        slots.append((slot[0], slot[1], sizes, end, pick, rngs))
     recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
     sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
     rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
@@ -172,7 +185,7 @@ def _compile(sched: RankSchedule) -> _Program:
         sched.copy_bytes)), strict=True))
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
     return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, df.first_sends,
-                    df.streams, df.slots)
+                    df.streams, df.after)
 
 
 class Handle:
@@ -308,6 +321,22 @@ def _waiters() -> ThreadPoolExecutor:
     return _WAITERS[0]
 
 
+_TIMEOUTS: dict[int, datetime.timedelta] = {}
+
+
+def _timeout(left_s: float) -> datetime.timedelta:
+    """``left_s`` rounded up to whole seconds, as a ``timedelta`` made once per value.
+
+    A call waits once per round (NCCL's posting) and at its end; a
+    ``timedelta`` made for each wait cost 6-14 us, a lookup a tenth of that.
+    """
+    key = int(left_s) + 1
+    td = _TIMEOUTS.get(key)
+    if td is None:
+        td = _TIMEOUTS[key] = datetime.timedelta(seconds=key)
+    return td
+
+
 def _wait_all(
     works: Sequence[Any], deadline: float, rank: int, what: str, *, host_wait: bool = True
 ) -> None:
@@ -316,9 +345,9 @@ def _wait_all(
     A timeout makes NCCL's ``wait`` block the host until the work is done;
     without one it only makes the current stream wait, and NCCL's own
     watchdog enforces the process group's timeout. The timeout handed to
-    ``wait`` is remade at most once a second (a call waits for thousands of
-    works at 256 ranks; making one per work cost 2.5 us each): a wait may
-    end up to a second past ``deadline``, and the next one raises.
+    ``wait`` is the time left rounded up to whole seconds (:func:`_timeout`),
+    looked up again once a second: a wait may end up to two seconds past
+    ``deadline``, and the next one raises.
     """
     td, fresh_until = None, 0.0
     for w in works:
@@ -328,7 +357,7 @@ def _wait_all(
         try:
             if host_wait:
                 if now > fresh_until:
-                    td, fresh_until = datetime.timedelta(seconds=deadline - now), now + 1.0
+                    td, fresh_until = _timeout(deadline - now), now + 1.0
                 w.wait(td)
             else:
                 w.wait()
@@ -598,27 +627,39 @@ class Transport:
             return final
         failed = threading.Event()
 
-        def stream(steps: list[tuple[tuple[int, ...], tuple[int, ...]]], slots: int) -> None:
-            rwork = {c: [posted[i] for i in steps[c][0]] for c in range(slots)}
+        def stream(steps: list[tuple[tuple[int, ...], tuple[int, ...]]], after: list[int]
+                   ) -> None:
+            n = len(steps)
+            nxt = next((j for j, a in enumerate(after) if a >= 0), n)
+            rwork = {j: [posted[i] for i in steps[j][0]] for j in range(nxt)}
             fwd: dict[int, list[Any]] = {}
+            freed = -1  # the forwards of steps up to this one are done
+
+            def free(upto: int) -> None:
+                # The forwards went out in step order on their links: once
+                # done, their slots take the steps waiting for them.
+                nonlocal freed, nxt
+                for j in range(freed + 1, upto + 1):
+                    _wait_all(fwd.pop(j), deadline, rank, "forwarding")
+                freed = max(freed, upto)
+                while nxt < n and after[nxt] <= freed:
+                    rwork[nxt] = [recv(i) for i in steps[nxt][0]]
+                    nxt += 1
+
             for c, (_, sends_c) in enumerate(steps):
                 if failed.is_set():
                     return
+                if c >= nxt:
+                    free(after[c])
                 _wait_all(rwork.pop(c), deadline, rank, "forwarding")
                 fwd[c] = [send(j) for j in sends_c]
-                # The forward of chunk c - 1 went out first on the same link:
-                # once it is done its slot takes chunk c - 1 + slots.
                 if c >= 1:
-                    _wait_all(fwd.pop(c - 1), deadline, rank, "forwarding")
-                    nxt = c - 1 + slots
-                    if nxt < len(steps):
-                        rwork[nxt] = [recv(i) for i in steps[nxt][0]]
-            for works in fwd.values():
-                _wait_all(works, deadline, rank, "forwarding")
+                    free(c - 1)
+            free(n - 1)
 
-        def guarded(steps: Any, slots: int) -> None:
+        def guarded(steps: Any, after: list[int]) -> None:
             try:
-                stream(steps, slots)
+                stream(steps, after)
             except CommError:
                 failed.set()
                 raise
@@ -626,7 +667,7 @@ class Transport:
                 failed.set()
                 raise _wrap(exc, rank, "forwarding") from exc
 
-        jobs = list(zip(prog.streams, prog.slots_per_stream, strict=True))
+        jobs = list(zip(prog.streams, prog.after, strict=True))
         pool = self._stream_pool()
         futures = [pool.submit(guarded, st, k) for st, k in jobs[:-1]]
         errors: list[BaseException] = []

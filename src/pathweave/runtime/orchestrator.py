@@ -402,6 +402,7 @@ class _GroupState:
         self.last_qkey: bytes | None = None
         # (metadata key, decoded layout, decision) of the last call of any op
         self.last_call: tuple[Any, ...] = (None, None, None)
+        self.matrix_call: Any = None  # _validate.check_matrix_call's last result
         self.next_ident = 1
         self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
         self.fingerprints = _LRU(cache_size)  # field values -> words
@@ -873,28 +874,28 @@ class Orchestrator:
         tr = st.transport
         deadline = time.monotonic() + self.timeout_s
         words = self._fingerprint(st, config)
-        outs = np.zeros(tr.size, dtype=np.int64)
-        row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size, words,
-                           problem, outs)
 
         def all_outs() -> np.ndarray:
             # Only when some rank's output-split digest disagrees: every rank is here.
             return tr.exchange(outs, deadline)
 
         if split_matrix is not None:
-            given = V.check_split_matrix(split_matrix, row, tr.rank, tr.size, outs)
-            if config_digests is None or not V.same_digests(config_digests, words, tr.rank):
+            # Checked once for the same arguments (_validate.check_matrix_call).
+            st.matrix_call = mc = V.check_matrix_call(
+                st.matrix_call, output, input, output_split_sizes, input_split_sizes, tr.rank,
+                tr.size, words, split_matrix, config_digests, problem)
+            row, outs, given, mkey = mc.row, mc.outs, mc.layout, mc.mkey
+            if not mc.same_config:
                 # Without digests, or with digests that differ (every rank holds the
                 # same ones, so every rank is here): the exchange checks, and names.
                 self._check_config(st, row, given, deadline, all_outs)
-            # The key stands for what every rank would have exchanged: all splits,
-            # the row size (dtype and row shape only enter through it), the config.
-            mkey = (b"M" + given.in_rows.tobytes() + given.row_bytes.to_bytes(8, "little")
-                    + words.tobytes())
 
             def decode() -> V.A2ALayout:
                 return given
         else:
+            outs = np.zeros(tr.size, dtype=np.int64)
+            row = V.encode_a2a(output, input, output_split_sizes, input_split_sizes, tr.size,
+                               words, problem, outs)
             meta = self._exchange_rows(st, row, deadline)
             mkey = b"A" + meta.tobytes()
 
@@ -1193,7 +1194,7 @@ class Orchestrator:
         )
         sched = build_schedule(
             segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
-            chunk_bytes=self.chunk_bytes, window=self.window,
+            chunk_bytes=self.chunk_bytes, window=self.window, frag_links=st.paths.links[fpath],
         )
         link_bytes = st.paths.link_load_bytes(fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))

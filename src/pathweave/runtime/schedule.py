@@ -23,9 +23,11 @@ Vocabulary
     A chunk, further cut where a segment ends (a piece has one source
     address and one destination address). Pieces of one chunk move together.
 *message*
-    One hop of one piece, except that a direct fragment's pieces of one
-    round within one segment travel as one message (they are contiguous at
-    both ends).
+    One hop of a fragment's pieces that move in the same round, lie in one
+    segment and, for a forwarded fragment, in consecutive staging slots (no
+    slot wrap): they are contiguous at both ends of every hop. A direct
+    fragment that rounds do not pace (:func:`unpaced_direct`) moves whole in
+    round 0, one message per segment.
 *round*
     Every round is a slice of the whole call: with ``R`` entry rounds (the
     largest fragment enters ``window // 2`` chunks per round), hop ``h`` of
@@ -76,6 +78,7 @@ __all__ = [
     "check_schedules",
     "path_routes",
     "split_fragments",
+    "unpaced_direct",
 ]
 
 #: Buffer codes in op tables: ``buf >= 0`` is a user buffer index, STAGING is the staging area.
@@ -191,7 +194,8 @@ class RankSchedule:
         every rank).
     send_stream, send_chunk, recv_stream, recv_chunk : int64[S], int64[S], int64[R], int64[R]
         For staged operations, the forwarded stream (a fragment id, the same on
-        every rank) and the chunk of it the operation carries; -1 for
+        every rank) and the last chunk of it the operation carries (a message
+        carries a stream's chunks of one round up to a slot wrap); -1 for
         operations on user buffers. Chunk ``c`` of stream ``f`` sits in slot
         ``c % stream_window[f]``.
     """
@@ -294,6 +298,7 @@ class Dataflow:
     first_sends: list[int]
     streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
     slots: list[int]
+    after: list[list[int]]
 
 
 def _dataflow(s: RankSchedule) -> Dataflow:
@@ -309,26 +314,33 @@ def _dataflow(s: RankSchedule) -> Dataflow:
         steps_s.setdefault(int(s.send_stream[j]), {}).setdefault(int(s.send_chunk[j]), []).append(j)
     if sorted(steps_r) != sorted(steps_s):
         raise ValueError(f"rank {s.rank}: staged receives and forwards are of different streams")
-    streams, slots = [], []
+    streams, slots, after = [], [], []
     first_recvs = [i for i, op in enumerate(recvs) if op[2] != STAGING]
     for f in sorted(steps_r):
         rs, ss = steps_r[f], steps_s[f]
-        n = len(rs)
-        if sorted(rs) != list(range(n)) or sorted(ss) != list(range(n)):
-            raise ValueError(f"rank {s.rank}: stream {f} has gaps in its chunks")
-        for c in range(n):
+        keys = sorted(rs)
+        if sorted(ss) != keys:
+            raise ValueError(f"rank {s.rank}: stream {f} forwards other chunks than it receives")
+        for c in keys:
             got = sorted((s.recv_off[i], s.recv_bytes[i]) for i in rs[c])
             put = sorted((s.send_off[j], s.send_bytes[j]) for j in ss[c])
             if got != put:
                 raise ValueError(f"rank {s.rank}: chunk {c} of stream {f} is forwarded "
                                  "with other bytes than it arrived with")
-        k = min(int(s.stream_window[f]), n)
-        streams.append([(tuple(rs[c]), tuple(ss[c])) for c in range(n)])
-        slots.append(k)
-        first_recvs += [i for c in range(k) for i in rs[c]]
+        w = int(s.stream_window[f])
+        # Step j (its last chunk keys[j]) fills slots that chunks up to
+        # keys[j] - w held: it may be received once the step carrying chunk
+        # keys[j] - w (the first step whose last chunk is at least that) was
+        # forwarded. A message spans at most w chunks, so that step is earlier.
+        need = np.searchsorted(keys, np.asarray(keys) - w, side="left")
+        dep = np.where(np.asarray(keys) - w < 0, -1, need).tolist()
+        streams.append([(tuple(rs[c]), tuple(ss[c])) for c in keys])
+        slots.append(min(w, keys[-1] + 1))
+        after.append(dep)
+        first_recvs += [i for c, d in zip(keys, dep, strict=True) if d < 0 for i in rs[c]]
     first_recvs.sort()
     first_sends = [j for j, op in enumerate(sends) if op[2] != STAGING]
-    return Dataflow(recvs, sends, first_recvs, first_sends, streams, slots)
+    return Dataflow(recvs, sends, first_recvs, first_sends, streams, slots, after)
 
 
 # ------------------------------------------------------------------- routes
@@ -504,6 +516,7 @@ def _global_hops(
     frag_route: np.ndarray,
     chunk_bytes: int,
     window: int,
+    frag_links: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The table of every message of the call: one row per (piece, hop)."""
     n = segments.num_ranks
@@ -514,6 +527,9 @@ def _global_hops(
     frag_pair, frag_bytes, route = frag_pair[keep], frag_bytes[keep], route[keep]
     nf = frag_pair.size
     hops = (route >= 0).sum(axis=1) - 1 if nf else np.zeros(0, dtype=np.int64)
+    whole = None
+    if frag_links is not None:
+        whole = unpaced_direct(route, np.asarray(frag_links, dtype=np.int64)[keep], n)
     # Fragment start inside its pair stream: running sum within each pair.
     csum = np.cumsum(frag_bytes) - frag_bytes
     first = np.r_[True, frag_pair[1:] != frag_pair[:-1]] if nf else np.zeros(0, bool)
@@ -561,19 +577,24 @@ def _global_hops(
     # chunks enters in round floor(c * R / k), so each fragment moves about
     # 1/R of its bytes per round and shares its links in proportion to them.
     rnd0 = (c * rounds) // np.maximum(nchunk[f], 1)
-    # A direct fragment's pieces of one round that lie in one segment are
-    # contiguous in the sender's and the receiver's buffer alike: one message
-    # carries them (the round's bytes on the link are the same; the host
-    # posts one operation instead of one per chunk).
+    if whole is not None:
+        rnd0 = np.where(whole[f], 0, rnd0)
+    # Pieces of one fragment that move in the same rounds, lie in one segment
+    # and are contiguous in staging (forwarded fragments: no slot wrap in
+    # between) are contiguous at every end of every hop: one message carries
+    # them (each link carries the same bytes in the same rounds; the host
+    # posts one operation instead of one per chunk). Such a message's
+    # ``chunk`` is the last chunk it carries.
+    slot_off = (c % stream_window[f]) * chunk_bytes + (p_lo - c_lo[ci])
     run = np.zeros(p_lo.size, dtype=bool)
-    run[1:] = ((hops[f[1:]] == 1) & (f[1:] == f[:-1]) & (rnd0[1:] == rnd0[:-1])
-               & (si[1:] == si[:-1]))
+    run[1:] = ((f[1:] == f[:-1]) & (rnd0[1:] == rnd0[:-1]) & (si[1:] == si[:-1])
+               & ((hops[f[1:]] == 1) | (slot_off[1:] == slot_off[:-1] + (p_hi - p_lo)[:-1])))
     if run.any():
         head = np.flatnonzero(~run)
-        p_hi = p_hi[np.r_[head[1:] - 1, p_lo.size - 1]]
-        p_pair, p_lo, ci, si, f, c, rnd0 = (a[head] for a in (p_pair, p_lo, ci, si, f, c, rnd0))
-    # Staging slot of each forwarded piece at every forwarding rank of its route.
-    slot_off = (c % stream_window[f]) * chunk_bytes + (p_lo - c_lo[ci])
+        tail = np.r_[head[1:] - 1, p_lo.size - 1]
+        p_hi, c = p_hi[tail], c[tail]
+        p_pair, p_lo, ci, si, f, rnd0, slot_off = (
+            a[head] for a in (p_pair, p_lo, ci, si, f, rnd0, slot_off))
     # Expand pieces into hops.
     h_n = hops[f]
     row = np.repeat(np.arange(p_lo.size), h_n)
@@ -624,6 +645,45 @@ def _global_hops(
         "frag_hops": hops,
         "stream_window": stream_window,
     }
+
+
+def unpaced_direct(routes: np.ndarray, links: np.ndarray, num_ranks: int) -> np.ndarray:
+    """``bool[F]``: the direct fragments that rounds need not pace, sent whole in round 0.
+
+    Fragments are connected where they share a fabric link (``links``,
+    ``int[F, K]`` padded with -1) or a rank of their route (``routes``). A
+    direct fragment whose connected set of fragments holds no forwarded one
+    is unpaced: every link it uses carries only such fragments, all whole in
+    round 0, so each moves its bytes in proportion to them there as in every
+    paced round (and nothing else is posted on its ranks, which on NCCL run a
+    rank's rounds one after another).
+
+    Examples
+    --------
+    >>> routes = np.array([[0, 1, -1], [2, 3, -1], [2, 0, 3]])
+    >>> unpaced_direct(routes, np.array([[0], [1], [2]]), 4).tolist()
+    [False, False, False]
+    >>> unpaced_direct(routes[:2], np.array([[0], [1]]), 4).tolist()
+    [True, True]
+    >>> unpaced_direct(routes[[0, 2]], np.array([[0], [0]]), 5).tolist()
+    [False, False]
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    nf = routes.shape[0]
+    if nf == 0:
+        return np.zeros(0, dtype=bool)
+    num_links = int(links.max(initial=-1)) + 1
+    res = np.concatenate([links, np.where(routes >= 0, routes + num_links, -1)], axis=1)
+    fi, col = np.nonzero(res >= 0)
+    m = nf + num_links + num_ranks
+    graph = coo_matrix((np.ones(fi.size), (fi, nf + res[fi, col])), shape=(m, m))
+    _, comp = connected_components(graph, directed=False)
+    forwarded = (routes >= 0).sum(axis=1) > 2
+    tainted = np.zeros(m, dtype=bool)
+    tainted[comp[:nf][forwarded]] = True
+    return ~forwarded & ~tainted[comp[:nf]]
 
 
 def _pacing(nchunk: np.ndarray, window: int) -> tuple[int, np.ndarray]:
@@ -769,6 +829,7 @@ def build_schedules(
     chunk_bytes: int,
     window: int,
     ranks: list[int] | None = None,
+    frag_links: np.ndarray | None = None,
 ) -> list[RankSchedule]:
     """Schedules of ``ranks`` (default all) for one call.
 
@@ -788,6 +849,10 @@ def build_schedules(
         Staging slots of the largest forwarded stream at each forwarding rank
         (>= 2); the call's largest fragment enters ``window // 2`` chunks per
         round, and smaller ones in proportion (module docstring).
+    frag_links
+        ``int[F, K]``: each fragment's fabric links (its path's, padded with
+        -1). Given, a direct fragment that rounds do not pace goes whole in
+        round 0 (:func:`unpaced_direct`); ``None``: every fragment is paced.
 
     Examples
     --------
@@ -798,7 +863,8 @@ def build_schedules(
     ([4, 4, 2], [4, 4, 2], 3)
     """
     _check_args(segments, chunk_bytes, window)
-    g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window)
+    g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window,
+                     frag_links)
     _check_messages(g, chunk_bytes)
     todo = range(segments.num_ranks) if ranks is None else ranks
     return [_rank_schedule(g, segments, int(r), window, chunk_bytes) for r in todo]
@@ -813,6 +879,7 @@ def build_schedule(
     rank: int,
     chunk_bytes: int,
     window: int,
+    frag_links: np.ndarray | None = None,
 ) -> RankSchedule:
     """The schedule of one rank (see :func:`build_schedules`)."""
     return build_schedules(
@@ -823,6 +890,7 @@ def build_schedule(
         chunk_bytes=chunk_bytes,
         window=window,
         ranks=[rank],
+        frag_links=frag_links,
     )[0]
 
 
