@@ -360,7 +360,7 @@ def test_direct_and_relayed_parts_are_both_chunked():
     seg = Segments.all_to_all(rows)
     routes = [[0, 1, -1], [0, 2, 1]]
     ins, outs = random_bufs(rows, np.random.default_rng(7))
-    for chunk in (1, 999, 1000, 1 << 20):
+    for chunk in (9, 999, 1000, 1 << 20):  # 9: a chunk that divides neither part
         scheds = build_schedules(seg, [1, 1], [7000, 3000], routes, chunk_bytes=chunk, window=2)
         check_schedules(scheds, 2)
         src, dst = scheds[0], scheds[1]
