@@ -298,7 +298,10 @@ def job_path_kinds(rank: int, world: int, demand: list, policies: list[str]) -> 
     out = torch.zeros(int(d[:, rank].sum()), dtype=torch.uint8)
     kinds = {}
     # Each policy's orchestrator as the emulator's ranks build it (its time model included).
-    spec = {"chunk_bytes": CHUNK, "window": 4, "min_split_bytes": MIN_SPLIT, "timeout_s": 60}
+    from pathweave.emulate._predict import rank_config
+
+    spec = {"config": rank_config(fab, chunk_bytes=CHUNK, window=4, min_split_bytes=MIN_SPLIT,
+                                  timeout_s=60.0).to_dict()}
     for p in policies:
         orch = _orchestrator(fab, p, spec)
         orch.all_to_all_single(out, inp, d[:, rank].tolist(), d[rank].tolist())

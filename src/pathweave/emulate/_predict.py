@@ -64,6 +64,32 @@ def emulator_model(fabric: Fabric | None = None, pipeline_bytes: int = 0) -> Any
     return SimModel.ideal(relay_setup_s=delay)
 
 
+def rank_config(fabric: Fabric, *, chunk_bytes: int, window: int, min_split_bytes: int,
+                timeout_s: float) -> Any:
+    """The :class:`~pathweave.runtime.Config` every emulated rank's data plane runs with.
+
+    Multi-path always on (the emulator compares plans; ``auto`` would send
+    small cases to torch), the given chunk, window, threshold and time limit,
+    and this emulator's time model (:func:`emulator_model`), so what the
+    ranks decide with is what :func:`predict` simulates. The ranks set the
+    policy and ``adapt`` of each run and their fabric; the config goes to
+    them whole, as data (:meth:`~pathweave.runtime.Config.to_dict`).
+
+    >>> import pathweave as pw
+    >>> from pathweave.emulate import scale_fabric
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> cfg = rank_config(fab, chunk_bytes=1 << 20, window=4, min_split_bytes=1 << 16,
+    ...                   timeout_s=60.0)
+    >>> cfg.enabled, cfg.window, round(cfg.model.relay_setup_s, 4)
+    (True, 4, 0.0874)
+    """
+    from pathweave.runtime.config import Config
+
+    return Config(enabled=True, chunk_bytes=chunk_bytes, window=window,
+                  min_split_bytes=min_split_bytes, timeout_s=timeout_s,
+                  model=emulator_model(fabric, chunk_bytes))
+
+
 def forward_delay_s(fabric: Fabric, pipeline_bytes: int) -> float:
     """Time one pipeline unit takes over the slowest node-local hop out of a GPU.
 

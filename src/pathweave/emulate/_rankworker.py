@@ -65,19 +65,16 @@ def _orchestrator(fab: Any, pol: str, spec: dict[str, Any]) -> Any:
     over); the warm-up call plans and every timed call hits the plan cache,
     as in a training loop.
     """
-    from pathweave.emulate._predict import emulator_model
-    from pathweave.runtime.orchestrator import Orchestrator
+    from pathweave.runtime import Config, Orchestrator
 
     if pol == "torch":
         return None
-    # The time model of this hardware, the emulator: what the ranks decide with
-    # is what emulate.predict simulates (one model, as on a real cluster).
-    return Orchestrator(
-        fab, policy=pol.removesuffix(ADAPT_SUFFIX), enabled=True,
-        adapt=pol.endswith(ADAPT_SUFFIX), chunk_bytes=spec["chunk_bytes"],
-        window=spec["window"], min_split_bytes=spec["min_split_bytes"],
-        timeout_s=spec["timeout_s"], model=emulator_model(fab, spec["chunk_bytes"]),
-    )
+    # The run's config, whole (emulate._predict.rank_config: the emulator's time
+    # model included, so what the ranks decide with is what predict simulates);
+    # this run's policy, adaptation and the rank's fabric on top.
+    cfg = Config.from_dict(spec["config"]).replace(
+        fabric=fab, policy=pol.removesuffix(ADAPT_SUFFIX), adapt=pol.endswith(ADAPT_SUFFIX))
+    return Orchestrator(config=cfg)
 
 
 def _stats(fab: Any, orch: Any, calls: int) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from pathweave.emulate._predict import (
     emulator_model,
     forward_delay_s,
     predict,
+    rank_config,
 )
 from pathweave.emulate._probe import probe_transfer
 from pathweave.emulate._rankworker import expected_bytes
@@ -368,10 +369,11 @@ def run_workloads(
         emu.__enter__()  # raises (not root, tools missing) before anything is said or made
         say(f"emulator up: {fab.name} x {scale:g} ({len(emu.layout.namespaces)} namespaces, "
             f"{len(emu.layout.shaped)} shaped links)")
+    cfg = rank_config(sfab, chunk_bytes=int(chunk_bytes), window=int(window),
+                      min_split_bytes=int(min_split_bytes), timeout_s=float(timeout_s))
     spec = {
         "demands": [d.tolist() for d in mats], "policies": pols, "repeat": int(repeat),
-        "warmup": int(warmup), "chunk_bytes": int(chunk_bytes), "window": int(window),
-        "min_split_bytes": int(min_split_bytes), "timeout_s": float(timeout_s),
+        "warmup": int(warmup), "timeout_s": float(timeout_s), "config": cfg.to_dict(),
         # Twice the slowest bucket's refill before each timed call (_timed_call).
         "settle_s": 2 * emu.layout.refill_s(),
     }
