@@ -11,7 +11,6 @@ from pathweave.runtime.telemetry import (
     LinkEstimator,
     SwitchPolicy,
     adapt_auto,
-    adapt_default,
     decode_times,
     encode_times,
     link_ratios,
@@ -412,6 +411,11 @@ def test_adapt_auto_learns_only_where_ranks_span_hosts():
 
 
 def test_adapt_default_and_auto_rule():
+    from pathweave.runtime import Config
+
+    def adapt_default(env):
+        return Config.from_env(env).adapt
+
     assert adapt_default({}) == "auto" and adapt_default({"PATHWEAVE_ADAPT": " Auto "}) == "auto"
     assert adapt_default({"PATHWEAVE_ADAPT": "off"}) is False
     assert adapt_default({"PATHWEAVE_ADAPT": "YES"}) is True

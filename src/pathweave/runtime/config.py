@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pathweave.fabric import Fabric, resolve
 from pathweave.runtime import _validate as V
+from pathweave.sim.modelfile import MODEL_ENV
 
 __all__ = ["ADAPT_ENV", "FABRIC_ENV", "MAX_WINDOW", "MIN_CHUNK_BYTES", "MODEL_ENV",
            "MULTIPATH_ENV", "POLICY_ENV", "Config"]
@@ -60,8 +61,6 @@ POLICY_ENV = "PATHWEAVE_POLICY"
 MULTIPATH_ENV = "PATHWEAVE_MULTIPATH"
 #: Environment variable turning live adaptation on or off (``adapt``).
 ADAPT_ENV = "PATHWEAVE_ADAPT"
-#: Environment variable naming a calibrated model file (``model``).
-MODEL_ENV = "PATHWEAVE_MODEL"
 
 #: Smallest forwarding chunk: smaller ones cost more in per-message overhead
 #: than they gain in pipelining.

@@ -37,12 +37,10 @@ import numpy as np
 from pathweave.fabric import Fabric
 
 __all__ = [
-    "ADAPT_ENV",
     "Adaptation",
     "LinkEstimator",
     "SwitchPolicy",
     "adapt_auto",
-    "adapt_default",
     "decode_times",
     "encode_times",
     "host_word",
@@ -452,38 +450,6 @@ def stream_times(into: Sequence[np.ndarray], words: np.ndarray) -> dict[int, flo
         t = decode_times(w[d, : keys.size])
         out.update((int(k), float(x)) for k, x in zip(keys, t, strict=True) if np.isfinite(x))
     return out
-
-
-#: ``PATHWEAVE_ADAPT``: ``1``/``0`` turn live adaptation on/off for orchestrators
-#: that do not say; unset (or ``auto``): on where the links are real (:func:`adapt_auto`).
-ADAPT_ENV = "PATHWEAVE_ADAPT"
-
-_ADAPT_WORDS = {"auto": "auto", **dict.fromkeys(("1", "true", "yes", "on"), True),
-                **dict.fromkeys(("0", "false", "no", "off"), False)}
-
-
-def adapt_default(environ: dict[str, str] | None = None) -> bool | str:
-    """The ``adapt`` of an orchestrator built without one: ``True``, ``False`` or ``"auto"``.
-
-    ``PATHWEAVE_ADAPT`` = ``1``/``true``/``yes``/``on`` or
-    ``0``/``false``/``no``/``off``; unset, empty or ``auto``: ``"auto"``
-    (:func:`adapt_auto` decides per process group).
-
-    Examples
-    --------
-    >>> [adapt_default(e) for e in ({}, {"PATHWEAVE_ADAPT": "0"}, {"PATHWEAVE_ADAPT": "on"})]
-    ['auto', False, True]
-    >>> adapt_default({"PATHWEAVE_ADAPT": "sometimes"})
-    Traceback (most recent call last):
-    ...
-    ValueError: PATHWEAVE_ADAPT='sometimes' is not one of auto, 1/true/yes/on, 0/false/no/off
-    """
-    import os
-
-    from pathweave._check import env_choice
-
-    return env_choice(os.environ if environ is None else environ, ADAPT_ENV, _ADAPT_WORDS,
-                      "auto", choices="auto, 1/true/yes/on, 0/false/no/off")
 
 
 def host_word() -> int:

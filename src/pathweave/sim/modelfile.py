@@ -9,8 +9,8 @@
 ``model`` holds :class:`SimModel` fields (any subset; the rest keep their
 defaults, so a file written before a field existed, e.g. ``round_s``, loads
 with its default: 0); ``calibration`` is free-form (what was measured, the
-fit, its residuals) and is not read back. :func:`load_model` is the one reader: the
-Orchestrator reads ``PATHWEAVE_MODEL`` through :func:`model_from_env`.
+fit, its residuals) and is not read back. :func:`load_model` is the one reader; the
+file ``PATHWEAVE_MODEL`` names is read by :meth:`pathweave.runtime.Config.from_env`.
 
 Examples
 --------
@@ -33,7 +33,7 @@ from typing import Any
 from pathweave.errors import InputError
 from pathweave.sim.model import SimModel
 
-__all__ = ["MODEL_ENV", "load_model", "model_from_env", "save_model"]
+__all__ = ["MODEL_ENV", "load_model", "save_model"]
 
 #: Environment variable naming a model file the Orchestrator plans and decides with.
 MODEL_ENV = "PATHWEAVE_MODEL"
@@ -89,11 +89,3 @@ def load_model(path: str | os.PathLike[str]) -> SimModel:
         return SimModel(**values)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{where}: {exc}") from None
-
-
-def model_from_env() -> SimModel | None:
-    """The model of the file ``PATHWEAVE_MODEL`` names, or None where it is unset."""
-    path = os.environ.get(MODEL_ENV, "").strip()
-    if not path:
-        return None
-    return load_model(path)
