@@ -82,15 +82,23 @@ NIMBLE_NVLINK_PAIR_Bps = 120e9
 NIMBLE_MEASURED_RAIL_Bps = 45.1e9
 
 
-def _fit_sockets(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
-    """A node of fewer GPUs than sockets keeps one socket per GPU unless ``sockets`` was given.
+def _fit_tree(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """A node smaller than the preset's keeps its PCIe tree's shape as far as it can.
 
-    The presets' two sockets hold one PCIe switch (GPU + NIC) each at least;
-    a one-GPU node (``dgx-h100:gpus_per_node=1``, a one-rank default fabric)
-    has one switch, hence one socket.
+    A preset that names its PCIe switches keeps the most of them, up to its own
+    count, that divide the GPUs and the NICs (``dgx-a100:gpus_per_node=2``);
+    the others have one switch per GPU. Sockets follow the switches: each holds
+    one at least, so a one-GPU node (``dgx-h100:gpus_per_node=1``, a one-rank
+    default fabric) has one socket. What ``kw`` sets is kept.
     """
+    gpus = int(params["gpus_per_node"])
+    if "pcie_switches" in params and "pcie_switches" not in kw:
+        nics = int(params.get("rails", gpus))
+        params["pcie_switches"] = max(k for k in range(1, int(params["pcie_switches"]) + 1)
+                                      if gpus % k == 0 and nics % k == 0)
     if "sockets" not in kw:
-        params["sockets"] = max(1, min(params["sockets"], int(params["gpus_per_node"])))
+        switches = int(params.get("pcie_switches") or gpus)
+        params["sockets"] = max(1, min(params["sockets"], switches))
     return params
 
 
@@ -108,7 +116,7 @@ def _h100_2x4(**kw: Any) -> Fabric:
         "name": "h100-2x4",
     }
     params.update(kw)
-    _fit_sockets(params, kw)
+    _fit_tree(params, kw)
     return cluster(
         **params,
         meta={
@@ -133,7 +141,7 @@ def _dgx(preset: str, gpu: str, **kw: Any) -> Fabric:
         "intersocket_Bps": UPI2_SPR_Bps,
     }
     params.update(kw)
-    _fit_sockets(params, kw)
+    _fit_tree(params, kw)
     params.setdefault("name", f"{preset}-{params['nodes']}n")
     return cluster(
         **params,
@@ -153,22 +161,6 @@ def _dgx_h200(**kw: Any) -> Fabric:
     return _dgx("dgx-h200", "H200", **kw)
 
 
-def _fit_switches(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
-    """The most PCIe switches, up to the preset's, that divide the GPUs and the NICs.
-
-    A node of fewer GPUs (``dgx-a100:gpus_per_node=2``) keeps the preset's
-    shape as far as it can; sockets then follow the switches.
-    """
-    if "pcie_switches" not in kw:
-        gpus = int(params["gpus_per_node"])
-        nics = int(params.get("rails", gpus))
-        params["pcie_switches"] = max(k for k in range(1, int(params["pcie_switches"]) + 1)
-                                      if gpus % k == 0 and nics % k == 0)
-    if "sockets" not in kw:
-        params["sockets"] = max(1, min(params["sockets"], int(params["pcie_switches"])))
-    return params
-
-
 def _dgx_a100(**kw: Any) -> Fabric:
     params: dict[str, Any] = {
         "nodes": 2,
@@ -184,7 +176,7 @@ def _dgx_a100(**kw: Any) -> Fabric:
         "intersocket_Bps": XGMI2_ROME_Bps,
     }
     params.update(kw)
-    _fit_switches(params, kw)
+    _fit_tree(params, kw)
     params.setdefault("name", f"dgx-a100-{params['nodes']}n")
     return cluster(
         **params,
