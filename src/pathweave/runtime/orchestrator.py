@@ -504,6 +504,20 @@ def split_options(policy: str, min_split_bytes: int, chunk_bytes: int, *,
     return {k: v for k, v in mine.items() if k in opts and k not in (set_already or {})}
 
 
+class _Setting:
+    """An :class:`Orchestrator` setting: reads its :class:`Config` field; setting it replaces
+    the config with one that has the new value (checked as any config)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.config, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.config = obj.config.replace(**{self.name: value})
+
+
 class Orchestrator:
     """Runs skewed exchanges over many paths on ``torch.distributed``.
 
@@ -581,6 +595,20 @@ class Orchestrator:
     ValueError: chunk_bytes must be >= 4096, got 3
     """
 
+    fabric = _Setting()
+    policy = _Setting()
+    policy_options = _Setting()
+    min_split_bytes = _Setting()
+    chunk_bytes = _Setting()
+    window = _Setting()
+    hysteresis = _Setting()
+    enabled = _Setting()
+    timeout_s = _Setting()
+    min_gain = _Setting()
+    cache_size = _Setting()
+    adapt = _Setting()
+    model = _Setting()
+
     def __init__(
         self,
         fabric: Fabric | str | None = None,
@@ -608,21 +636,11 @@ class Orchestrator:
                             f"{type(config).__name__}")
         elif given != Config():
             raise TypeError("pass the settings either as config= or as arguments, not both")
-        #: Every setting, checked once; adapt and model filled from the environment.
-        self.config = cfg = config.with_env_defaults()
-        self.fabric: Fabric | None = cfg.fabric  # type: ignore[assignment]
-        self.policy = cfg.policy
-        self.policy_options = dict(cfg.policy_options)
-        self.min_split_bytes = cfg.min_split_bytes
-        self.chunk_bytes = cfg.chunk_bytes
-        self.window = cfg.window
-        self.hysteresis = cfg.hysteresis
-        self.enabled = cfg.enabled
-        self.timeout_s = cfg.timeout_s
-        self.min_gain = cfg.min_gain
-        self.cache_size = cfg.cache_size
-        self.adapt: bool | str = cfg.adapt  # type: ignore[assignment]
-        self.model = _runtime_model(cfg)
+        cfg = config.with_env_defaults()
+        #: Every setting, checked once; adapt and model filled from the environment, the
+        #: model counting rounds as this executor runs them. The settings below read it,
+        #: and setting one replaces it (checked again), so the two never disagree.
+        self.config: Config = cfg.replace(model=_runtime_model(cfg))
         # Keyed by the process group itself (the default group's object, not
         # None) and weakly, so that a destroyed group is freed at once (its
         # backend's threads stopped before interpreter exit) and a group made
