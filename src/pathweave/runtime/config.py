@@ -171,11 +171,11 @@ class Config:
         for var, key in ((POLICY_ENV, "policy"), (FABRIC_ENV, "fabric")):
             value = env.get(var, "").strip()
             if value:
-                try:
-                    (_checked_policy(value, {}) if key == "policy" else resolve(value))
+                try:  # checked here to name the variable; the fabric built once
+                    found[key] = (_checked_policy(value, {}) if key == "policy"
+                                  else resolve(value))
                 except ValueError as exc:
                     raise type(exc)(f"{var}={value!r}: {exc}") from None
-                found[key] = value
         path = env.get(MODEL_ENV, "").strip()
         if path:
             from pathweave.sim.modelfile import load_model
