@@ -606,62 +606,103 @@ def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
 
 
 # ------------------------------------------- the executor's rounds (round_s)
-def _schedule_rounds(n, frag_pair, frag_bytes, routes, chunk_bytes, window):
+def _schedule_rounds(n, frag_pair, frag_bytes, routes, chunk_bytes, window, frag_links=None):
     """``num_rounds`` of the data plane's own schedule of these fragments (the reference)."""
     from pathweave.runtime.schedule import Segments, build_schedule
 
     pair_bytes = np.bincount(frag_pair, weights=frag_bytes, minlength=n * n)
     segs = Segments.all_to_all(pair_bytes.astype(np.int64).reshape(n, n))
+    return build_schedule(segs, frag_pair, frag_bytes, _padded(routes), rank=0,
+                          chunk_bytes=chunk_bytes, window=window,
+                          frag_links=frag_links).num_rounds
+
+
+def _padded(routes):
     width = max(len(r) for r in routes) if len(routes) else 2
-    route = np.array([list(r) + [-1] * (width - len(r)) for r in routes]).reshape(-1, width)
-    return build_schedule(segs, frag_pair, frag_bytes, route, rank=0,
-                          chunk_bytes=chunk_bytes, window=window).num_rounds
+    return np.array([list(r) + [-1] * (width - len(r)) for r in routes],
+                    dtype=np.int64).reshape(-1, width)
 
 
-@pytest.mark.parametrize(("frags", "chunk", "window", "want"), [
-    # (route, bytes) per fragment on 4 ranks; want: rounds counted by hand.
-    ([((0, 1), 10)], 4, 2, 3),  # 3 chunks, one a round
+@pytest.mark.parametrize(("frags", "chunk", "window", "want", "want_linked"), [
+    # (route, bytes) per fragment on 6 ranks; want: rounds counted by hand, every
+    # fragment paced; want_linked: with each hop a link, so that unpaced direct
+    # fragments (sharing no link or rank with a forwarded one) go whole in round 0.
+    ([((0, 1), 10)], 4, 2, 3, 1),  # 3 chunks, one a round; unpaced: all in round 0
     # R = 16 / 2 = 8: the direct one ends in round 7, the relayed one's last
     # chunk (3) enters in round 3 * 8 // 4 = 6 and takes 2 hops: rounds 6, 7.
-    ([((0, 1), 16 * 4096), ((0, 2, 1), 4 * 4096)], 4096, 4, 8),
+    # The direct one shares rank 0 with the relayed one: paced either way.
+    ([((0, 1), 16 * 4096), ((0, 2, 1), 4 * 4096)], 4096, 4, 8, 8),
     # The relayed fragment is the largest: its last chunk enters in round 7, leaves in 8.
-    ([((0, 2, 1), 16 * 4096), ((0, 1), 4096)], 4096, 4, 9),
+    ([((0, 2, 1), 16 * 4096), ((0, 1), 4096)], 4096, 4, 9, 9),
     # Three hops, 5 chunks, 4 a round: R = 2, the last chunk enters in round 4 * 2 // 5 = 1.
-    ([((0, 2, 3, 1), 5 * 4096), ((2, 3), 1)], 4096, 8, 4),
-    ([], 4096, 4, 0),
+    ([((0, 2, 3, 1), 5 * 4096), ((2, 3), 1)], 4096, 8, 4, 4),
+    # R = 8 from the direct fragment (rounds 0-7 paced); the relayed one of one
+    # chunk takes rounds 0 and 1. They share nothing: unpaced, the direct one
+    # goes whole in round 0, and the relayed one's 2 rounds are the call's.
+    ([((0, 1), 16 * 4096), ((2, 4, 3), 4096)], 4096, 4, 8, 2),
+    ([], 4096, 4, 0, 0),
 ])
-def test_executor_rounds_by_hand_equal_the_schedules(frags, chunk, window, want):
+def test_executor_rounds_by_hand_equal_the_schedules(frags, chunk, window, want, want_linked):
     from pathweave.plan.timemodel import executor_rounds
 
-    n = 4
+    n = 6
     pair = np.array([r[0] * n + r[-1] for r, _ in frags], dtype=np.int64)
     nbytes = np.array([b for _, b in frags], dtype=np.int64)
-    hops = np.array([len(r) - 1 for r, _ in frags], dtype=np.int64)
-    assert executor_rounds(nbytes, hops, chunk, window) == want
+    routes = _padded([r for r, _ in frags])
+    # One link per directed hop (a * n + b), padded with -1 like a path set's.
+    links = np.where(routes[:, 1:] >= 0, routes[:, :-1] * n + routes[:, 1:], -1)
+    assert executor_rounds(nbytes, routes, chunk, window) == want
     assert _schedule_rounds(n, pair, nbytes, [r for r, _ in frags], chunk, window) == want
+    assert executor_rounds(nbytes, routes, chunk, window, links) == want_linked
+    assert _schedule_rounds(n, pair, nbytes, [r for r, _ in frags], chunk, window,
+                            links) == want_linked
+
+
+def test_executor_rounds_of_a_direct_only_plan_are_its_one_round():
+    # Two pairs of 8 MiB on h100-2x4, static (direct NVLink): the schedule
+    # sends each whole in round 0 (1 round); the model counted 8 chunks at 2 a
+    # round (4) before it applied the unpaced rule.
+    from pathweave.plan.rounds import route_ranks
+    from pathweave.plan.timemodel import executor_rounds, round_cost_s
+
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[0, 1] = D[2, 3] = 8 << 20
+    plan = pw.plan.make(H100, D, "static")
+    keep = plan.flow_bytes > 0
+    fp, fb = plan.flow_path[keep], plan.flow_bytes[keep].astype(np.int64)
+    routes = route_ranks(plan.paths)[fp]
+    pair = routes[:, 0].astype(np.int64) * 8 + plan.paths.dst[fp]
+    links = plan.paths.links[fp]
+    assert _schedule_rounds(8, pair, fb, [r[r >= 0].tolist() for r in routes], 1 << 20, 4,
+                            links) == 1
+    assert executor_rounds(fb, routes, 1 << 20, 4, links) == 1
+    assert executor_rounds(fb, routes, 1 << 20, 4) == 4
+    m = SimModel(round_s=1e-3, chunk_bytes=1 << 20, window=4)
+    assert round_cost_s(plan.paths, plan.flow_path, plan.flow_bytes, m) == pytest.approx(1e-3)
 
 
 @pytest.mark.parametrize("fab", [H100, DGX2, pw.fabric.preset("cluster", nodes=2,
                                                               gpus_per_node=4, rails=2)],
                          ids=lambda f: f.name)
 def test_executor_rounds_equal_the_schedules_on_random_plans(fab):
-    # Every executable policy's plan, its fragments as given and as the
-    # Orchestrator splits them (split_fragments, with a size threshold), at
-    # random chunks and windows: the count is the schedule's, exactly.
+    # Every policy's plan, its fragments as given and as the Orchestrator
+    # splits them (split_fragments, with a size threshold), at random chunks
+    # and windows, paced and with the paths' links (the Orchestrator's): the
+    # count is the schedule's, exactly.
+    from pathweave.plan.rounds import route_ranks
     from pathweave.plan.timemodel import executor_rounds
-    from pathweave.runtime.schedule import path_routes, split_fragments
+    from pathweave.runtime.schedule import split_fragments
 
     rng = np.random.default_rng(5)
     n = fab.num_ranks
-    for name in pw.plan.policies(executable_only=True):
+    for name in pw.plan.policies():
         D = rng.integers(0, 300_000, size=(n, n))
-        D[rng.random((n, n)) < 0.3] = 0
+        D[rng.random((n, n)) < rng.choice([0.3, 0.9])] = 0
         np.fill_diagonal(D, 0)
         plan = pw.plan.make(fab, D, name)
-        routes = path_routes(plan.paths)
-        hops_of_path = path_costs(plan.paths).relays + 1
+        routes = route_ranks(plan.paths)
         # A route's ranks less one: the time model's hops (forwarding GPUs + 1).
-        assert np.array_equal(hops_of_path, (routes >= 0).sum(axis=1) - 1)
+        assert np.array_equal(path_costs(plan.paths).relays + 1, (routes >= 0).sum(axis=1) - 1)
         pair = plan.paths.src[plan.flow_path].astype(np.int64) * n + plan.paths.dst[plan.flow_path]
         whole = plan.demand.astype(np.int64)
         split = split_fragments(pair, plan.flow_path, plan.flow_bytes, whole,
@@ -671,10 +712,12 @@ def test_executor_rounds_equal_the_schedules_on_random_plans(fab):
             fpair, fpath, fbytes = fpair[keep], fpath[keep], fbytes[keep].astype(np.int64)
             chunk = int(rng.choice([4096, 16384, 65536, 1 << 20]))
             window = int(rng.integers(2, 9))
-            want = _schedule_rounds(n, fpair, fbytes, [r[r >= 0].tolist() for r in routes[fpath]],
-                                    chunk, window)
-            assert executor_rounds(fbytes, hops_of_path[fpath], chunk, window) == want, (
-                name, chunk, window)
+            for links in (None, plan.paths.links[fpath]):
+                want = _schedule_rounds(n, fpair, fbytes,
+                                        [r[r >= 0].tolist() for r in routes[fpath]],
+                                        chunk, window, links)
+                got = executor_rounds(fbytes, routes[fpath], chunk, window, links)
+                assert got == want, (name, chunk, window, links is None)
 
 
 @pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
@@ -690,9 +733,12 @@ def test_round_s_adds_its_rounds_to_prediction_and_simulation(policy):
     fp = plan.flow_path[keep]
     pair = plan.paths.src[fp].astype(np.int64) * 8 + plan.paths.dst[fp]
     routes = path_routes(plan.paths)[fp]
+    # The Orchestrator gives the schedule the paths' links (unpaced direct
+    # fragments go whole in round 0): a direct-only plan is one round.
     rounds = _schedule_rounds(8, pair, plan.flow_bytes[keep].astype(np.int64),
-                              [r[r >= 0].tolist() for r in routes], m.chunk_bytes, m.window)
-    assert rounds > 1
+                              [r[r >= 0].tolist() for r in routes], m.chunk_bytes, m.window,
+                              plan.paths.links[fp])
+    assert rounds >= 1
     grew = predict_time(plan, m) - predict_time(plan)
     assert grew == pytest.approx(48e-6 * rounds, rel=1e-9)
     sim_grew = pw.sim.simulate(H100, plan, m).makespan_s - pw.sim.simulate(H100, plan).makespan_s

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -228,22 +230,28 @@ def test_two_hop_pipeline_fill(h100):
 
 
 def test_round_s_is_serial_host_time_on_top_of_the_transfer(h100):
-    # One direct 120 MB fragment at 512 KiB chunks, window 4: 229 chunks, two
-    # entering a round, so R = 115 rounds (the last chunk, 228, enters in round
-    # 228 * 115 // 229 = 114), each costing the host 48 us after the
-    # 20 us set-up + 1 ms + 1 us hop of the bytes themselves.
+    # One direct 120 MB fragment at 512 KiB chunks, window 4, with a
+    # forwarded 1-chunk fragment 0 -> 2 -> 1 beside it (so the direct one is
+    # paced, not sent whole in round 0): 229 chunks, two entering a round, so
+    # R = 115 rounds (the last chunk, 228, enters in round 228 * 115 // 229 =
+    # 114), each costing the host 48 us. The plan alone, direct only, is one
+    # round: 48 us after the 20 us set-up + 1 ms + 1 us hop of the bytes.
     ps = pw.fabric.candidate_paths(h100)
     direct = [p for p in ps.pair_paths(0, 1) if ps.via[p] < 0]
     plan = _plan(h100, 0, 1, direct, [120_000_000])
     m = SimModel(round_s=48e-6, chunk_bytes=512 * 1024, window=4)
-    want = 20e-6 + 1e-3 + 1e-6 + 115 * 48e-6
+    base = 20e-6 + 1e-3 + 1e-6
     res = simulate(h100, plan, m)
-    assert res.makespan_s == pytest.approx(want, rel=1e-12)
-    assert res.pair_finish_s[0, 1] == pytest.approx(want, rel=1e-12)
-    assert pw.plan.predict_time(plan, m) == pytest.approx(want, rel=1e-12)
-    # A wider window halves the rounds: 229 chunks, four a round, R = 58.
-    wide = simulate(h100, plan, SimModel(round_s=48e-6, window=8)).makespan_s
-    assert wide == pytest.approx(20e-6 + 1e-3 + 1e-6 + 58 * 48e-6, rel=1e-12)
+    assert res.makespan_s == pytest.approx(base + 48e-6, rel=1e-12)
+    assert res.pair_finish_s[0, 1] == pytest.approx(base + 48e-6, rel=1e-12)
+    assert pw.plan.predict_time(plan, m) == pytest.approx(base + 48e-6, rel=1e-12)
+    relay = [p for p in ps.pair_paths(0, 1) if ps.via[p] == 2]
+    both = _plan(h100, 0, 1, direct + relay, [120_000_000, 1000])
+    for model, rounds in ((m, 115), (SimModel(round_s=48e-6, window=8), 58)):
+        # A wider window halves the rounds: 229 chunks, four a round, R = 58.
+        grew = (simulate(h100, both, model).makespan_s
+                - simulate(h100, both, replace(model, round_s=0.0)).makespan_s)
+        assert grew == pytest.approx(rounds * 48e-6, rel=1e-9)
 
 
 def test_relay_efficiency_caps_forwarded_flows(h100):

@@ -90,7 +90,8 @@ class SimModel:
         a plan's time grows by ``round_s`` times the rounds the executor
         runs for it (:func:`pathweave.plan.timemodel.executor_rounds`:
         every fragment cut into ``chunk_bytes`` chunks, the largest entering
-        ``window // 2`` per round, plus one round per further hop). 0 by
+        ``window // 2`` per round, plus one round per further hop; a direct
+        fragment no forwarded one touches goes whole in round 0). 0 by
         default; ``pathweave calibrate`` fits it. Needs ``chunk_bytes >= 1``
         where it is above 0 (rounds are counted in chunks).
     window

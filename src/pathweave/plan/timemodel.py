@@ -33,9 +33,9 @@ serial with the transfers and so added to both terms::
     host:   round_s * rounds(plan)
 
 ``rounds(plan)`` (:func:`executor_rounds`) is what the executor's schedule
-runs for the plan's fragments (:mod:`pathweave.runtime.schedule`): exact
-for the fragments as given, counted at the model's ``chunk_bytes`` and
-``window``.
+runs for the plan's fragments (:mod:`pathweave.runtime.schedule`; both use
+:mod:`pathweave.plan.rounds`' rule): exact for the fragments as given,
+counted at the model's ``chunk_bytes`` and ``window``.
 
 The first is the congestion bound over the effective links, started once,
 each link followed by its *tail*: the largest fill of the fragments on it
@@ -84,6 +84,7 @@ from pathweave.plan._stripe_kernel import (
     intra_tables,
 )
 from pathweave.plan.model import SimModel
+from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_direct
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -640,35 +641,62 @@ def tail_slack_s(paths: PathSet, model: SimModel | None = None) -> float:
 
 
 def executor_rounds(
-    frag_bytes: np.ndarray, frag_hops: np.ndarray, chunk_bytes: int, window: int
+    frag_bytes: np.ndarray,
+    frag_routes: np.ndarray,
+    chunk_bytes: int,
+    window: int,
+    frag_links: np.ndarray | None = None,
 ) -> int:
     """Rounds the data plane's schedule runs for these fragments.
 
-    :mod:`pathweave.runtime.schedule`'s rule: a fragment of ``b > 0`` bytes
-    is ``k = ceil(b / chunk_bytes)`` chunks; the largest (``k_max``) enters
-    ``window // 2`` a round, so the call has ``R = max(1, ceil(k_max /
-    (window // 2)))`` entry rounds, and hop ``h`` of chunk ``c`` moves in
-    round ``floor(c * R / k) + h``. The last round is the last chunk's last
-    hop: ``max_f floor((k_f - 1) * R / k_f) + hops_f`` rounds in all (0
-    without bytes), the schedule's ``num_rounds`` exactly for the same
-    fragments (``hops_f``: the ranks on the fragment's route less one).
+    The schedule's rule (:mod:`pathweave.plan.rounds`, which
+    :mod:`pathweave.runtime.schedule` builds with): a fragment of ``b > 0``
+    bytes is ``k = ceil(b / chunk_bytes)`` chunks; ``R`` entry rounds
+    (:func:`~pathweave.plan.rounds.pacing`); hop ``h`` of chunk ``c`` moves in
+    round ``entry_round(c) + h``, 0 for a direct fragment the rounds do not
+    pace (:func:`~pathweave.plan.rounds.unpaced_direct`, applied where
+    ``frag_links`` is given, as the Orchestrator does). The last round is
+    the last chunk's last hop: ``max_f entry_round(k_f - 1) + hops_f``
+    rounds in all (0 without bytes), the schedule's ``num_rounds`` exactly
+    for the same fragments.
+
+    Parameters
+    ----------
+    frag_bytes
+        ``int[F]``: each fragment's bytes.
+    frag_routes
+        ``int[F, K]``: each fragment's route as ranks, padded with -1
+        (:func:`~pathweave.plan.rounds.route_ranks`); its hops are its ranks less one.
+    chunk_bytes, window
+        The executor's chunk and window.
+    frag_links
+        ``int[F, K']``: each fragment's fabric links, padded with -1; ``None``:
+        every fragment is paced.
 
     Examples
     --------
     >>> import numpy as np
-    >>> executor_rounds(np.array([10]), np.array([1]), 4, 2)   # 3 chunks, one a round
+    >>> executor_rounds(np.array([10]), np.array([[0, 1]]), 4, 2)   # 3 chunks, one a round
     3
-    >>> executor_rounds(np.array([4 << 20, 4 << 20]), np.array([1, 2]), 1 << 20, 4)
+    >>> executor_rounds(np.array([4 << 20, 4 << 20]), np.array([[0, 1, -1], [0, 2, 1]]),
+    ...                 1 << 20, 4)
     3
+    >>> executor_rounds(np.array([10]), np.array([[0, 1]]), 4, 2, np.array([[0]]))  # unpaced
+    1
     """
     b = np.asarray(frag_bytes, dtype=np.int64)
     live = b > 0
     if not live.any():
         return 0
+    routes = np.asarray(frag_routes, dtype=np.int64)[live]
     k = -(-b[live] // int(chunk_bytes))
-    hops = np.asarray(frag_hops, dtype=np.int64)[live]
-    rounds = max(1, -(-int(k.max()) // max(1, int(window) // 2)))
-    return int(((k - 1) * rounds // k + hops).max())
+    hops = (routes >= 0).sum(axis=1) - 1
+    whole = None
+    if frag_links is not None:
+        n = int(routes.max()) + 1
+        whole = unpaced_direct(routes, np.asarray(frag_links, dtype=np.int64)[live], n)
+    rounds, _ = pacing(k, window)
+    return int((entry_round(k - 1, k, rounds, whole) + hops).max())
 
 
 def round_cost_s(
@@ -676,16 +704,17 @@ def round_cost_s(
 ) -> float:
     """``round_s * rounds``: the host cost of the executor's rounds for these fragments.
 
-    The fragments' hops are their paths' forwarding GPUs plus one (a
-    route's ranks: the source, the forwarding GPUs, the destination).
+    The fragments' routes are their paths' ranks (:func:`pathweave.plan.rounds.route_ranks`:
+    the source, the forwarding GPUs, the destination) and their links the
+    paths' links, which the Orchestrator gives the schedule too.
     The simulator adds the same (:func:`pathweave.sim.simulate`).
     """
     m = default_model() if model is None else model
     if m.round_s <= 0:
         return 0.0
     fp = np.asarray(flow_path, dtype=np.int64)
-    hops = path_costs(paths, m).relays[fp] + 1
-    return m.round_s * executor_rounds(flow_bytes, hops, m.chunk_bytes, m.window)
+    return m.round_s * executor_rounds(flow_bytes, route_ranks(paths)[fp], m.chunk_bytes,
+                                       m.window, paths.links[fp])
 
 
 def time_terms(

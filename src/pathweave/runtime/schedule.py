@@ -26,8 +26,9 @@ Vocabulary
     One hop of a fragment's pieces that move in the same round, lie in one
     segment and, for a forwarded fragment, in consecutive staging slots (no
     slot wrap): they are contiguous at both ends of every hop. A direct
-    fragment that rounds do not pace (:func:`unpaced_direct`) moves whole in
-    round 0, one message per segment.
+    fragment that rounds do not pace
+    (:func:`pathweave.plan.rounds.unpaced_direct`) moves whole in round 0,
+    one message per segment.
 *round*
     Every round is a slice of the whole call: with ``R`` entry rounds (the
     largest fragment enters ``window // 2`` chunks per round), hop ``h`` of
@@ -68,6 +69,7 @@ import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import PathKind, PathSet
+from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_direct
 
 __all__ = [
     "Dataflow",
@@ -78,7 +80,6 @@ __all__ = [
     "check_schedules",
     "path_routes",
     "split_fragments",
-    "unpaced_direct",
 ]
 
 #: Buffer codes in op tables: ``buf >= 0`` is a user buffer index, STAGING is the staging area.
@@ -189,7 +190,7 @@ class RankSchedule:
     window : int
         Staging slots of the call's largest forwarded stream.
     stream_window : int64[F]
-        Staging slots of each fragment's stream (:func:`_pacing`: in
+        Staging slots of each fragment's stream (:func:`pathweave.plan.rounds.pacing`: in
         proportion to its chunks, at least 2 or all of them; the same on
         every rank).
     send_stream, send_chunk, recv_stream, recv_chunk : int64[S], int64[S], int64[R], int64[R]
@@ -345,11 +346,11 @@ def _dataflow(s: RankSchedule) -> Dataflow:
 
 # ------------------------------------------------------------------- routes
 def path_routes(paths: PathSet) -> np.ndarray:
-    """``int32[num_paths, K]``: the ranks along each path (its GPU vertices), padded with -1.
+    """``int32[num_paths, K]``: the ranks along each path, for paths the data plane runs.
 
-    NIC, switch and host vertices involve no process, so a rail path from
-    ``s`` to ``d`` via forwarding GPUs ``x`` and ``y`` is ``[s, x, y, d]``
-    and a spine path is ``[s, d]``. Kept with the path set.
+    The routes are :func:`pathweave.plan.rounds.route_ranks` (the GPU
+    vertices of each path: ``[s, x, y, d]`` for a rail path via forwarding
+    GPUs ``x`` and ``y``, ``[s, d]`` for a spine path), checked.
 
     A route is all the data plane controls: a send ``[s, d]`` takes the
     transport's route. So a path set whose paths the data plane cannot
@@ -371,6 +372,11 @@ def path_routes(paths: PathSet) -> np.ndarray:
     """
     from pathweave.fabric.paths import MODEL_KINDS
 
+    def build() -> np.ndarray:
+        out = route_ranks(paths)
+        _refuse_shared_spine_routes(paths, out)
+        return out
+
     model = {"pcie": paths.kind == PathKind.PCIE,
              "ecmp": (paths.kind == PathKind.SPINE) & ("ecmp" in paths.kinds)}
     for rule, bad in model.items():
@@ -378,23 +384,6 @@ def path_routes(paths: PathSet) -> np.ndarray:
             raise PlanError(f"{int(bad.sum())} {PathKind(paths.kind[bad][0]).label!r} paths of "
                             f"rule {rule!r} (kinds {paths.kinds}): the data plane cannot run "
                             f"them ({MODEL_KINDS[rule]})")
-
-    def build() -> np.ndarray:
-        fab = paths.fabric
-        links = paths.links
-        pad = links < 0
-        safe = np.where(pad, 0, links)
-        heads = np.where(pad, -1, fab.link_dst[safe])
-        verts = np.concatenate([fab.link_src[safe[:, :1]], heads], axis=1)
-        ranks = np.where(verts >= 0, fab.vertex_rank[np.maximum(verts, 0)], -1)
-        # Keep GPU vertices in order: a stable sort pushes the -1 holes to the end.
-        key = np.argsort(ranks < 0, axis=1, kind="stable")
-        out = np.take_along_axis(ranks, key, axis=1)
-        width = int((out >= 0).sum(axis=1).max()) if out.size else 2
-        out = np.ascontiguousarray(out[:, :width]).astype(np.int32)
-        _refuse_shared_spine_routes(paths, out)
-        out.setflags(write=False)
-        return out
 
     return paths.derived("runtime.path_routes", build)
 
@@ -539,7 +528,7 @@ def _global_hops(
     fwd = hops > 1
     step = np.full(nf, chunk_bytes, dtype=np.int64)
     nchunk = -(-frag_bytes // step)
-    rounds, stream_window = _pacing(nchunk, window)
+    rounds, stream_window = pacing(nchunk, window)
     cf = np.repeat(np.arange(nf), nchunk)
     cidx = np.arange(cf.size) - np.repeat(np.cumsum(nchunk) - nchunk, nchunk)
     c_lo = frag_start[cf] + cidx * step[cf]
@@ -576,9 +565,7 @@ def _global_hops(
     # Every round is a slice of the whole call: chunk c of a fragment of k
     # chunks enters in round floor(c * R / k), so each fragment moves about
     # 1/R of its bytes per round and shares its links in proportion to them.
-    rnd0 = (c * rounds) // np.maximum(nchunk[f], 1)
-    if whole is not None:
-        rnd0 = np.where(whole[f], 0, rnd0)
+    rnd0 = entry_round(c, nchunk[f], rounds, None if whole is None else whole[f])
     # Pieces of one fragment that move in the same rounds, lie in one segment
     # and are contiguous in staging (forwarded fragments: no slot wrap in
     # between) are contiguous at every end of every hop: one message carries
@@ -645,73 +632,6 @@ def _global_hops(
         "frag_hops": hops,
         "stream_window": stream_window,
     }
-
-
-def unpaced_direct(routes: np.ndarray, links: np.ndarray, num_ranks: int) -> np.ndarray:
-    """``bool[F]``: the direct fragments that rounds need not pace, sent whole in round 0.
-
-    Fragments are connected where they share a fabric link (``links``,
-    ``int[F, K]`` padded with -1) or a rank of their route (``routes``). A
-    direct fragment whose connected set of fragments holds no forwarded one
-    is unpaced: every link it uses carries only such fragments, all whole in
-    round 0, so each moves its bytes in proportion to them there as in every
-    paced round (and nothing else is posted on its ranks, which on NCCL run a
-    rank's rounds one after another).
-
-    Examples
-    --------
-    >>> routes = np.array([[0, 1, -1], [2, 3, -1], [2, 0, 3]])
-    >>> unpaced_direct(routes, np.array([[0], [1], [2]]), 4).tolist()
-    [False, False, False]
-    >>> unpaced_direct(routes[:2], np.array([[0], [1]]), 4).tolist()
-    [True, True]
-    >>> unpaced_direct(routes[[0, 2]], np.array([[0], [0]]), 5).tolist()
-    [False, False]
-    """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    nf = routes.shape[0]
-    if nf == 0:
-        return np.zeros(0, dtype=bool)
-    num_links = int(links.max(initial=-1)) + 1
-    res = np.concatenate([links, np.where(routes >= 0, routes + num_links, -1)], axis=1)
-    fi, col = np.nonzero(res >= 0)
-    m = nf + num_links + num_ranks
-    graph = coo_matrix((np.ones(fi.size), (fi, nf + res[fi, col])), shape=(m, m))
-    _, comp = connected_components(graph, directed=False)
-    forwarded = (routes >= 0).sum(axis=1) > 2
-    tainted = np.zeros(m, dtype=bool)
-    tainted[comp[:nf][forwarded]] = True
-    return ~forwarded & ~tainted[comp[:nf]]
-
-
-def _pacing(nchunk: np.ndarray, window: int) -> tuple[int, np.ndarray]:
-    """``(R, w)``: the call's entry rounds and each fragment's staging window.
-
-    ``R = max_f ceil(k_f / (window // 2))``: the largest fragment enters
-    ``window // 2`` chunks per round, as a lone forwarded stream always did;
-    a fragment of ``k_f`` chunks enters ``k_f / R`` per round. Its window
-    ``w_f = min(k_f, max(2, ceil(window * k_f / k_max)))`` follows its bytes
-    (chunks in flight per round in proportion to the chunks it moves per
-    round), and is large enough for slot re-use: chunk ``c + w_f`` enters
-    ``floor(w_f * R / k_f) >= window / (window // 2) >= 2`` rounds after
-    chunk ``c``, so after chunk ``c`` was forwarded (one round after it
-    arrived).
-
-    Examples
-    --------
-    >>> R, w = _pacing(np.array([16, 4, 1]), 4)
-    >>> R, w.tolist()
-    (8, [4, 2, 1])
-    """
-    if nchunk.size == 0:
-        return 1, np.zeros(0, dtype=np.int64)
-    per_round = max(1, window // 2)
-    kmax = int(nchunk.max())
-    rounds = max(1, -(-kmax // per_round))
-    want = -(-(window * nchunk) // max(kmax, 1))
-    return rounds, np.minimum(nchunk, np.maximum(2, want)).astype(np.int64)
 
 
 def _locate(
@@ -852,7 +772,7 @@ def build_schedules(
     frag_links
         ``int[F, K]``: each fragment's fabric links (its path's, padded with
         -1). Given, a direct fragment that rounds do not pace goes whole in
-        round 0 (:func:`unpaced_direct`); ``None``: every fragment is paced.
+        round 0 (:func:`pathweave.plan.rounds.unpaced_direct`); ``None``: every fragment is paced.
 
     Examples
     --------
