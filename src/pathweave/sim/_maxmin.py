@@ -214,47 +214,35 @@ def maxmin_on_incidence(
         link_share = hkey[0] if size > 0 else np.inf
         if cap_share == np.inf and link_share == np.inf:
             break  # only unconstrained flows remain
-        ndirty = 0
+        # The bottleneck's flows: the capped flow alone, or the flows of the link.
         if cap_share <= link_share:
-            ndirty = _freeze_flow(
-                cap_order[cp],
-                cap_share,
-                flow_ptr,
-                flow_links,
-                flow_weight,
-                rate_Bps,
-                state,
-                weight,
-                count,
-                remaining,
-                dirty,
-                dirty_list,
-                ndirty,
-            )
-            left -= 1
+            level = cap_share
+            bottleneck = cap_order[cp : cp + 1]
             cp += 1
         else:
+            level = link_share
             e0 = hid[0]
             size = _heap_pop(hkey, hid, hver, size)
-            for i in range(lptr[e0], lptr[e0 + 1]):
-                f = lflow[i]
-                if state[f] == 1:
-                    ndirty = _freeze_flow(
-                        f,
-                        link_share,
-                        flow_ptr,
-                        flow_links,
-                        flow_weight,
-                        rate_Bps,
-                        state,
-                        weight,
-                        count,
-                        remaining,
-                        dirty,
-                        dirty_list,
-                        ndirty,
-                    )
-                    left -= 1
+            bottleneck = lflow[lptr[e0] : lptr[e0 + 1]]
+        ndirty = 0
+        for f in bottleneck:
+            if state[f] == 1:
+                ndirty = _freeze_flow(
+                    f,
+                    level,
+                    flow_ptr,
+                    flow_links,
+                    flow_weight,
+                    rate_Bps,
+                    state,
+                    weight,
+                    count,
+                    remaining,
+                    dirty,
+                    dirty_list,
+                    ndirty,
+                )
+                left -= 1
         # Re-key each touched link once per bottleneck, not once per crossing.
         for i in range(ndirty):
             e = dirty_list[i]
