@@ -33,6 +33,7 @@ from pathweave.cli._common import (
     fmt_duration,
     fmt_ms,
     fmt_time,
+    groups_option,
     handles_user_errors,
     human_console,
     load_fabric,
@@ -41,8 +42,12 @@ from pathweave.cli._common import (
     out_image,
     parse_bytes,
     parse_policies,
+    policy_option,
+    quick_option,
+    repeat_option,
     rule,
     workload_header,
+    workload_option,
     write_json,
     wrote,
 )
@@ -164,16 +169,13 @@ def topo_validate(fabric: FabricArg) -> None:
 def plan_cmd(
     fabric: FabricSpec,
     workload: Annotated[
-        str, typer.Option("--workload", "-w", metavar="SPEC",
-                          help="Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
-                          "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
-                          "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
-                          "sender, bytes).",
-                          show_default=False)
+        str, workload_option("Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
+                             "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
+                             "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
+                             "sender, bytes).")
     ],
     policy: Annotated[
-        str, typer.Option("--policy", "-p", metavar="P[,P...]",
-                          help="Policies to compare, comma-separated, or 'all'.")
+        str, policy_option("Policies to compare, comma-separated, or 'all'.")
     ] = "all",
     bytes_per_rank: BytesPerRank = "256M",
     time_limit: Annotated[
@@ -185,10 +187,8 @@ def plan_cmd(
                            "it needs ~16 GB and minutes.")
     ] = False,
     groups: Annotated[
-        str | None, typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
-                                 help="Concurrent groups, each running the workload on its own "
-                                 "ranks (layout=block|strided): plan every group alone and "
-                                 "all jointly, side by side.", show_default=False)
+        str | None, groups_option("(layout=block|strided): plan every group alone and all "
+                                  "jointly, side by side.")
     ] = None,
     json_out: JsonOut = None,
     png: Annotated[
@@ -240,13 +240,11 @@ def plan_cmd(
 @handles_user_errors
 def bench_planner(
     quick: Annotated[
-        bool, typer.Option("--quick", help="Skip the 1024-GPU fabric and the LP at 256 GPUs.")
+        bool, quick_option("Skip the 1024-GPU fabric and the LP at 256 GPUs.")
     ] = False,
     repeat: Annotated[
-        int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats per policy and case "
-                                 "(default: 200/20/5/3 at 8/64/256/1024 GPUs).",
-                                 show_default=False)
+        int | None, repeat_option("Timing repeats per policy and case "
+                                  "(default: 200/20/5/3 at 8/64/256/1024 GPUs).")
     ] = None,
     bytes_per_rank: BytesPerRank = "256M",
     time_limit: Annotated[
@@ -328,18 +326,14 @@ def _bench_scale(ranks_text: str, json_out: Path | None) -> None:
 @bench_app.command("sim")
 @handles_user_errors
 def bench_sim(
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Only 64, 128 and 256 GPUs.")
-    ] = False,
+    quick: Annotated[bool, quick_option("Only 64, 128 and 256 GPUs.")] = False,
     ranks: Annotated[
         str | None, typer.Option("--ranks", metavar="N,N,...",
                                  help="GPU counts, multiples of 8 (default: 64,128,256,512,1024).",
                                  show_default=False)
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).",
-                                 show_default=False)
+        int | None, repeat_option("Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).")
     ] = None,
     json_out: JsonOut = None,
 ) -> None:

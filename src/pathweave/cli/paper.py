@@ -30,6 +30,7 @@ from pathweave.cli._common import (
     human_console,
     json_option,
     out_folder,
+    quick_option,
     rule,
     write_json,
     wrote,
@@ -208,7 +209,7 @@ def bench_paper(
                            help="Where to write <name>.csv and .png.")
     ] = Path("pathweave-paper"),
     quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer points and repeats: a first look in seconds.")
+        bool, quick_option("Fewer points and repeats: a first look in seconds.")
     ] = False,
     json_out: Annotated[
         Path | None, json_option("Write rows, comparisons and failures as JSON (- for stdout).")
