@@ -207,6 +207,16 @@ def json_option(help: str = "Write the records as JSON (- for stdout).") -> Any:
     return typer.Option("--json", metavar="FILE", callback=out_file, help=help)
 
 
+def out_dir_option(help: str) -> Any:
+    """The ``--out DIR`` option of a command that writes files into a folder."""
+    return typer.Option("--out", metavar="DIR", callback=out_folder, help=help)
+
+
+def time_limit_option(help: str) -> Any:
+    """The ``--time-limit SECONDS`` option of the LP optimum (HiGHS)."""
+    return typer.Option("--time-limit", min=0.001, metavar="SECONDS", help=help)
+
+
 def quick_option(help: str) -> Any:
     """The ``--quick`` flag of a command with a smaller run; ``help`` says what it keeps."""
     return typer.Option("--quick", help=help)

@@ -23,7 +23,7 @@ from pathweave.cli._common import (
     human_console,
     json_option,
     load_fabric,
-    out_folder,
+    out_dir_option,
     parse_bytes,
     parse_policies,
     quick_option,
@@ -280,9 +280,7 @@ def bench_emulate(
     quick: Annotated[
         bool, quick_option("Ratios 0, 0.5, 0.9 and the extra workloads, once each.")
     ] = False,
-    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                                        help="Where CSV/PNG go.")]
-    = Path("bench-results"),
+    out_dir: Annotated[Path, out_dir_option("Where CSV/PNG go.")] = Path("bench-results"),
     prefix: PrefixOpt = "pw",
     background: Annotated[str | None, typer.Option(
         "--background", metavar="LINK",

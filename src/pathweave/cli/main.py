@@ -38,7 +38,7 @@ from pathweave.cli._common import (
     human_console,
     load_fabric,
     ordered_policies,
-    out_folder,
+    out_dir_option,
     out_image,
     parse_bytes,
     parse_policies,
@@ -46,6 +46,7 @@ from pathweave.cli._common import (
     quick_option,
     repeat_option,
     rule,
+    time_limit_option,
     workload_header,
     workload_option,
     write_json,
@@ -178,10 +179,7 @@ def plan_cmd(
         str, policy_option("Policies to compare, comma-separated, or 'all'.")
     ] = "all",
     bytes_per_rank: BytesPerRank = "256M",
-    time_limit: Annotated[
-        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
-                            help="HiGHS time limit for the LP optimum.")
-    ] = 120.0,
+    time_limit: Annotated[float, time_limit_option("HiGHS time limit for the LP optimum.")] = 120.0,
     no_lp: Annotated[
         bool, typer.Option("--no-lp", help="Skip the LP optimum (no 'x optimal'); at 1024 GPUs "
                            "it needs ~16 GB and minutes.")
@@ -247,10 +245,7 @@ def bench_planner(
                                   "(default: 200/20/5/3 at 8/64/256/1024 GPUs).")
     ] = None,
     bytes_per_rank: BytesPerRank = "256M",
-    time_limit: Annotated[
-        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
-                            help="HiGHS time limit per LP.")
-    ] = 120.0,
+    time_limit: Annotated[float, time_limit_option("HiGHS time limit per LP.")] = 120.0,
     lp_max_ranks: Annotated[
         int, typer.Option("--lp-max-ranks", min=2, metavar="N",
                           help="Skip the LP on fabrics with more GPUs than N. At 1024 GPUs "
@@ -259,8 +254,7 @@ def bench_planner(
     ] = 256,
     json_out: JsonOut = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
-                                  help="Write bench_planner.png (ratio to optimal) here.")
+        Path | None, out_dir_option("Write bench_planner.png (ratio to optimal) here.")
     ] = None,
     scale: Annotated[
         bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-8192 GPUs "
@@ -438,10 +432,7 @@ def _bench_table(records: list[dict]) -> Table:
 @app.command("demo")
 @handles_user_errors
 def demo(
-    out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                           help="Where to write the plots.")
-    ] = Path("pathweave-demo"),
+    out_dir: Annotated[Path, out_dir_option("Where to write the plots.")] = Path("pathweave-demo"),
     no_emulate: Annotated[
         bool, typer.Option("--no-emulate", help="Leave out the emulator step (it needs root "
                            "and takes under a minute).")

@@ -29,7 +29,7 @@ from pathweave.cli._common import (
     handles_user_errors,
     human_console,
     json_option,
-    out_folder,
+    out_dir_option,
     quick_option,
     rule,
     write_json,
@@ -205,8 +205,7 @@ def bench_paper(
                             show_default=False)
     ],
     out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                           help="Where to write <name>.csv and .png.")
+        Path, out_dir_option("Where to write <name>.csv and .png.")
     ] = Path("pathweave-paper"),
     quick: Annotated[
         bool, quick_option("Fewer points and repeats: a first look in seconds.")
