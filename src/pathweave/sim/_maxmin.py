@@ -46,21 +46,23 @@ def _less(ka, ia, kb, ib):
     return ka < kb or (ka == kb and ia < ib)
 
 
+@njit(cache=True, inline="always")
+def _heap_set(hkey, hid, hver, i, key, ident, ver):
+    hkey[i] = key
+    hid[i] = ident
+    hver[i] = ver
+
+
 @njit(cache=True)
 def _heap_push(hkey, hid, hver, size, key, ident, ver):
     i = size
     while i > 0:
         parent = (i - 1) >> 1
-        if _less(key, ident, hkey[parent], hid[parent]):
-            hkey[i] = hkey[parent]
-            hid[i] = hid[parent]
-            hver[i] = hver[parent]
-            i = parent
-        else:
+        if not _less(key, ident, hkey[parent], hid[parent]):
             break
-    hkey[i] = key
-    hid[i] = ident
-    hver[i] = ver
+        _heap_set(hkey, hid, hver, i, hkey[parent], hid[parent], hver[parent])
+        i = parent
+    _heap_set(hkey, hid, hver, i, key, ident, ver)
     return size + 1
 
 
@@ -80,16 +82,11 @@ def _heap_pop(hkey, hid, hver, size):
             break
         if c + 1 < size and _less(hkey[c + 1], hid[c + 1], hkey[c], hid[c]):
             c += 1
-        if _less(hkey[c], hid[c], key, ident):
-            hkey[i] = hkey[c]
-            hid[i] = hid[c]
-            hver[i] = hver[c]
-            i = c
-        else:
+        if not _less(hkey[c], hid[c], key, ident):
             break
-    hkey[i] = key
-    hid[i] = ident
-    hver[i] = ver
+        _heap_set(hkey, hid, hver, i, hkey[c], hid[c], hver[c])
+        i = c
+    _heap_set(hkey, hid, hver, i, key, ident, ver)
     return size
 
 
