@@ -198,6 +198,22 @@ class _Exact:
         dist.all_to_all_single(recv_cnt, torch.from_numpy(cnt.ravel()))
         return plan, cnt, recv_cnt.numpy().reshape(n, L)
 
+    def _padded_all_to_all(self, name: str, src: Any, rows: Any, starts: np.ndarray,
+                           pad: int) -> Any:
+        """Send ``src[rows[starts[q]:starts[q + 1]]]`` to each rank ``q`` in a block of ``pad``
+        rows; the ``[n, pad, H]`` blocks received (buffers ``name + "send"/"recv"``)."""
+        import torch
+        import torch.distributed as dist
+
+        n, H = starts.size - 1, src.shape[1]
+        send = self._buf(name + "send", n * pad, H, src.dtype).view(n, pad, H)
+        for q in range(n):
+            a, b = starts[q], starts[q + 1]
+            torch.index_select(src, 0, rows[a:b], out=send[q, : b - a])
+        recv = self._buf(name + "recv", n * pad, H, src.dtype).view(n, pad, H)
+        dist.all_to_all_single(recv.view(n * pad, H), send.view(n * pad, H))
+        return recv
+
     def round_trip(self, x: Any, idx: Any, w: Any) -> tuple[Any, int]:
         """Dispatch ``x`` and combine it back unchanged; returns (out, bytes sent)."""
         import torch
@@ -223,22 +239,12 @@ class _Exact:
         ret = self._buf("ret", int(send_rows.sum()), H, x.dtype)
         if self.padded:
             # Every pair block is `pad` rows; only the first `count` rows carry tokens.
-            send = self._buf("send", n * pad, H, x.dtype).view(n, pad, H)
-            for q in range(n):
-                a, b = starts_out[q], starts_out[q + 1]
-                torch.index_select(x, 0, tok[a:b], out=send[q, : b - a])
-            recv = self._buf("recv", n * pad, H, x.dtype).view(n, pad, H)
-            dist.all_to_all_single(recv.view(n * pad, H), send.view(n * pad, H))
+            recv = self._padded_all_to_all("", x, tok, starts_out, pad)
             for s_ in range(n):
                 a, b = starts_in[s_], starts_in[s_ + 1]
                 flat.index_copy_(0, pos[a:b], recv[s_, : b - a])
             # Combine: the same rows back, padded the same way.
-            csend = self._buf("csend", n * pad, H, x.dtype).view(n, pad, H)
-            for s_ in range(n):
-                a, b = starts_in[s_], starts_in[s_ + 1]
-                torch.index_select(flat, 0, pos[a:b], out=csend[s_, : b - a])
-            crecv = self._buf("crecv", n * pad, H, x.dtype).view(n, pad, H)
-            dist.all_to_all_single(crecv.view(n * pad, H), csend.view(n * pad, H))
+            crecv = self._padded_all_to_all("c", flat, pos, starts_in, pad)
             for q in range(n):
                 a, b = starts_out[q], starts_out[q + 1]
                 ret[a:b].copy_(crecv[q, : b - a])

@@ -207,6 +207,43 @@ def json_option(help: str = "Write the records as JSON (- for stdout).") -> Any:
     return typer.Option("--json", metavar="FILE", callback=out_file, help=help)
 
 
+def out_dir_option(help: str) -> Any:
+    """The ``--out DIR`` option of a command that writes files into a folder."""
+    return typer.Option("--out", metavar="DIR", callback=out_folder, help=help)
+
+
+def time_limit_option(help: str) -> Any:
+    """The ``--time-limit SECONDS`` option of the LP optimum (HiGHS)."""
+    return typer.Option("--time-limit", min=0.001, metavar="SECONDS", help=help)
+
+
+def quick_option(help: str) -> Any:
+    """The ``--quick`` flag of a command with a smaller run; ``help`` says what it keeps."""
+    return typer.Option("--quick", help=help)
+
+
+def repeat_option(help: str) -> Any:
+    """The ``--repeat N`` option of a benchmark whose default repeats depend on the case."""
+    return typer.Option("--repeat", min=1, metavar="N", help=help, show_default=False)
+
+
+def workload_option(help: str) -> Any:
+    """The required ``--workload SPEC`` option (:func:`pathweave.traffic.parse_workload`)."""
+    return typer.Option("--workload", "-w", metavar="SPEC", help=help, show_default=False)
+
+
+def policy_option(help: str) -> Any:
+    """The ``--policy P[,P...]`` option: policy names, comma-separated, or ``all``."""
+    return typer.Option("--policy", "-p", metavar="P[,P...]", help=help)
+
+
+def groups_option(what: str) -> Any:
+    """The ``--groups COUNTxSIZE`` option (:mod:`pathweave.cli._groups`); ``what`` ends its help."""
+    lead = "Concurrent groups, each running the workload on its own ranks "
+    return typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
+                        help=lead + what, show_default=False)
+
+
 # Options several commands share, declared once (typer reads them from the
 # annotations: ``json_out: JsonOut = None``).
 JsonOut = Annotated[Path | None, json_option()]

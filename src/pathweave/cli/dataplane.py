@@ -27,6 +27,8 @@ from pathweave.cli._common import (
     handles_user_errors,
     human_console,
     parse_bytes,
+    quick_option,
+    repeat_option,
     write_json,
     wrote,
 )
@@ -167,14 +169,10 @@ def overhead_note() -> str:
 
 def bench_dataplane(
     json_out: JsonOut = None,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Sizes up to 4 MiB per pair only.")
-    ] = False,
+    quick: Annotated[bool, quick_option("Sizes up to 4 MiB per pair only.")] = False,
     repeat: Annotated[
-        int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats per case (default: 21 up to 16 MiB per "
-                                 "pair, 7 above, 100 for the overhead rows).",
-                                 show_default=False)
+        int | None, repeat_option("Timing repeats per case (default: 21 up to 16 MiB per "
+                                  "pair, 7 above, 100 for the overhead rows).")
     ] = None,
     ranks: Annotated[
         int, typer.Option("--ranks", min=2, metavar="N",

@@ -23,9 +23,10 @@ from pathweave.cli._common import (
     human_console,
     json_option,
     load_fabric,
-    out_folder,
+    out_dir_option,
     parse_bytes,
     parse_policies,
+    quick_option,
     write_json,
     wrote,
 )
@@ -276,11 +277,10 @@ def bench_emulate(
     repeat: Annotated[int | None, typer.Option(
         "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5; "
         "3 with --background).")] = None,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="Ratios 0, 0.5, 0.9 and the extra workloads, once each.")] = False,
-    out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                                        help="Where CSV/PNG go.")]
-    = Path("bench-results"),
+    quick: Annotated[
+        bool, quick_option("Ratios 0, 0.5, 0.9 and the extra workloads, once each.")
+    ] = False,
+    out_dir: Annotated[Path, out_dir_option("Where CSV/PNG go.")] = Path("bench-results"),
     prefix: PrefixOpt = "pw",
     background: Annotated[str | None, typer.Option(
         "--background", metavar="LINK",

@@ -33,16 +33,22 @@ from pathweave.cli._common import (
     fmt_duration,
     fmt_ms,
     fmt_time,
+    groups_option,
     handles_user_errors,
     human_console,
     load_fabric,
     ordered_policies,
-    out_folder,
+    out_dir_option,
     out_image,
     parse_bytes,
     parse_policies,
+    policy_option,
+    quick_option,
+    repeat_option,
     rule,
+    time_limit_option,
     workload_header,
+    workload_option,
     write_json,
     wrote,
 )
@@ -164,31 +170,23 @@ def topo_validate(fabric: FabricArg) -> None:
 def plan_cmd(
     fabric: FabricSpec,
     workload: Annotated[
-        str, typer.Option("--workload", "-w", metavar="SPEC",
-                          help="Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
-                          "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
-                          "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
-                          "sender, bytes).",
-                          show_default=False)
+        str, workload_option("Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
+                             "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
+                             "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
+                             "sender, bytes).")
     ],
     policy: Annotated[
-        str, typer.Option("--policy", "-p", metavar="P[,P...]",
-                          help="Policies to compare, comma-separated, or 'all'.")
+        str, policy_option("Policies to compare, comma-separated, or 'all'.")
     ] = "all",
     bytes_per_rank: BytesPerRank = "256M",
-    time_limit: Annotated[
-        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
-                            help="HiGHS time limit for the LP optimum.")
-    ] = 120.0,
+    time_limit: Annotated[float, time_limit_option("HiGHS time limit for the LP optimum.")] = 120.0,
     no_lp: Annotated[
         bool, typer.Option("--no-lp", help="Skip the LP optimum (no 'x optimal'); at 1024 GPUs "
                            "it needs ~16 GB and minutes.")
     ] = False,
     groups: Annotated[
-        str | None, typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
-                                 help="Concurrent groups, each running the workload on its own "
-                                 "ranks (layout=block|strided): plan every group alone and "
-                                 "all jointly, side by side.", show_default=False)
+        str | None, groups_option("(layout=block|strided): plan every group alone and all "
+                                  "jointly, side by side.")
     ] = None,
     json_out: JsonOut = None,
     png: Annotated[
@@ -240,19 +238,14 @@ def plan_cmd(
 @handles_user_errors
 def bench_planner(
     quick: Annotated[
-        bool, typer.Option("--quick", help="Skip the 1024-GPU fabric and the LP at 256 GPUs.")
+        bool, quick_option("Skip the 1024-GPU fabric and the LP at 256 GPUs.")
     ] = False,
     repeat: Annotated[
-        int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats per policy and case "
-                                 "(default: 200/20/5/3 at 8/64/256/1024 GPUs).",
-                                 show_default=False)
+        int | None, repeat_option("Timing repeats per policy and case "
+                                  "(default: 200/20/5/3 at 8/64/256/1024 GPUs).")
     ] = None,
     bytes_per_rank: BytesPerRank = "256M",
-    time_limit: Annotated[
-        float, typer.Option("--time-limit", min=0.001, metavar="SECONDS",
-                            help="HiGHS time limit per LP.")
-    ] = 120.0,
+    time_limit: Annotated[float, time_limit_option("HiGHS time limit per LP.")] = 120.0,
     lp_max_ranks: Annotated[
         int, typer.Option("--lp-max-ranks", min=2, metavar="N",
                           help="Skip the LP on fabrics with more GPUs than N. At 1024 GPUs "
@@ -261,8 +254,7 @@ def bench_planner(
     ] = 256,
     json_out: JsonOut = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", metavar="DIR", callback=out_folder,
-                                  help="Write bench_planner.png (ratio to optimal) here.")
+        Path | None, out_dir_option("Write bench_planner.png (ratio to optimal) here.")
     ] = None,
     scale: Annotated[
         bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-8192 GPUs "
@@ -328,18 +320,14 @@ def _bench_scale(ranks_text: str, json_out: Path | None) -> None:
 @bench_app.command("sim")
 @handles_user_errors
 def bench_sim(
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Only 64, 128 and 256 GPUs.")
-    ] = False,
+    quick: Annotated[bool, quick_option("Only 64, 128 and 256 GPUs.")] = False,
     ranks: Annotated[
         str | None, typer.Option("--ranks", metavar="N,N,...",
                                  help="GPU counts, multiples of 8 (default: 64,128,256,512,1024).",
                                  show_default=False)
     ] = None,
     repeat: Annotated[
-        int | None, typer.Option("--repeat", min=1, metavar="N",
-                                 help="Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).",
-                                 show_default=False)
+        int | None, repeat_option("Timing repeats (default: 5/3/1 at <=64/<=256/more GPUs).")
     ] = None,
     json_out: JsonOut = None,
 ) -> None:
@@ -444,10 +432,7 @@ def _bench_table(records: list[dict]) -> Table:
 @app.command("demo")
 @handles_user_errors
 def demo(
-    out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                           help="Where to write the plots.")
-    ] = Path("pathweave-demo"),
+    out_dir: Annotated[Path, out_dir_option("Where to write the plots.")] = Path("pathweave-demo"),
     no_emulate: Annotated[
         bool, typer.Option("--no-emulate", help="Leave out the emulator step (it needs root "
                            "and takes under a minute).")

@@ -22,7 +22,14 @@ from rich import box
 from rich.table import Table
 
 from pathweave._files import atomic_write
-from pathweave.cli._common import console, fail, fmt_bytes, fmt_ms, handles_user_errors
+from pathweave.cli._common import (
+    console,
+    fail,
+    fmt_bytes,
+    fmt_ms,
+    handles_user_errors,
+    quick_option,
+)
 
 __all__ = ["EXIT_MISMATCH", "bench_moe", "moe_table", "moe_train_table"]
 
@@ -109,9 +116,7 @@ def bench_moe(
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
     ] = None,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="128 and 1024 tokens, hidden 1024 only.")
-    ] = False,
+    quick: Annotated[bool, quick_option("128 and 1024 tokens, hidden 1024 only.")] = False,
     ranks: Annotated[int, typer.Option("--ranks", min=2, metavar="N",
                                        help="Local gloo processes.")] = 4,
     experts: Annotated[int, typer.Option("--experts", min=1, metavar="E",

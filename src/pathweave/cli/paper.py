@@ -29,7 +29,8 @@ from pathweave.cli._common import (
     handles_user_errors,
     human_console,
     json_option,
-    out_folder,
+    out_dir_option,
+    quick_option,
     rule,
     write_json,
     wrote,
@@ -204,11 +205,10 @@ def bench_paper(
                             show_default=False)
     ],
     out_dir: Annotated[
-        Path, typer.Option("--out", metavar="DIR", callback=out_folder,
-                           help="Where to write <name>.csv and .png.")
+        Path, out_dir_option("Where to write <name>.csv and .png.")
     ] = Path("pathweave-paper"),
     quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer points and repeats: a first look in seconds.")
+        bool, quick_option("Fewer points and repeats: a first look in seconds.")
     ] = False,
     json_out: Annotated[
         Path | None, json_option("Write rows, comparisons and failures as JSON (- for stdout).")

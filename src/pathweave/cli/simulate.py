@@ -18,6 +18,7 @@ from pathweave.cli._common import (
     JsonOut,
     Steps,
     fmt_time,
+    groups_option,
     handles_user_errors,
     human_console,
     load_fabric,
@@ -25,7 +26,9 @@ from pathweave.cli._common import (
     out_image,
     parse_bytes,
     parse_policies,
+    policy_option,
     workload_header,
+    workload_option,
     write_json,
     wrote,
 )
@@ -62,13 +65,10 @@ def simulation_table(
 def simulate_cmd(
     fabric: FabricSpec,
     workload: Annotated[
-        str, typer.Option("--workload", "-w", metavar="SPEC",
-                          help="Workload spec: hotspot:0.8, moe:..., uniform, ...",
-                          show_default=False)
+        str, workload_option("Workload spec: hotspot:0.8, moe:..., uniform, ...")
     ],
     policy: Annotated[
-        str, typer.Option("--policy", "-p", metavar="P[,P...]",
-                          help="Policies to simulate, comma-separated, or 'all'.")
+        str, policy_option("Policies to simulate, comma-separated, or 'all'.")
     ] = DEFAULT_POLICIES,
     bytes_per_rank: BytesPerRank = "256M",
     json_out: JsonOut = None,
@@ -78,11 +78,8 @@ def simulate_cmd(
                                   "- for a PNG on stdout).")
     ] = None,
     groups: Annotated[
-        str | None, typer.Option("--groups", "-g", metavar="COUNTxSIZE[:layout=...,stagger=S]",
-                                 help="Concurrent groups, each running the workload on its own "
-                                 "ranks (layout=block|strided, stagger: seconds between group "
-                                 "starts): simulate per-group and joint plans side by side.",
-                                 show_default=False)
+        str | None, groups_option("(layout=block|strided, stagger: seconds between group "
+                                  "starts): simulate per-group and joint plans side by side.")
     ] = None,
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""

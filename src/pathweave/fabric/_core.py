@@ -14,7 +14,15 @@ import numpy as np
 from pathweave.errors import FabricError
 
 
-class VertexKind(IntEnum):
+class Kind(IntEnum):
+    """An enumeration of kinds whose :attr:`label` (the lower-case name) files and messages use."""
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class VertexKind(Kind):
     """What a vertex of the fabric is."""
 
     GPU = 0
@@ -25,21 +33,13 @@ class VertexKind(IntEnum):
     HOST = 5  # a PCIe root complex / CPU socket: the top of a node's PCIe tree
     PCIE_SWITCH = 6  # a PCIe switch between devices (GPUs, NICs) and a root complex
 
-    @property
-    def label(self) -> str:
-        return self.name.lower()
 
-
-class LinkKind(IntEnum):
+class LinkKind(Kind):
     """The technology of a link: it decides which path rules may use it."""
 
     NVLINK = 0
     PCIE = 1
     NETWORK = 2
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
 
 
 #: Vertex kinds that belong to a node (the others are shared switches).

@@ -66,27 +66,23 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from enum import IntEnum
 from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
 
 from pathweave import _check as _args
+from pathweave._cache import Cache
 from pathweave.errors import FabricError
-from pathweave.fabric._core import Fabric, LinkKind, VertexKind
+from pathweave.fabric._core import Fabric, Kind, LinkKind, VertexKind
 
 
-class PathKind(IntEnum):
+class PathKind(Kind):
     DIRECT = 0
     RELAY = 1
     RAIL = 2
     SPINE = 3
     PCIE = 4
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
 
 
 ALL_KINDS = ("direct", "relay", "rail", "spine", "ecmp", "pcie")
@@ -106,6 +102,11 @@ MODEL_KINDS: dict[str, str] = {
 }
 
 T = TypeVar("T")
+
+#: Planner tables a path set keeps (:meth:`PathSet.derived`), most recently used.
+DERIVED_ENTRIES = 64
+#: Path sets a fabric keeps (:func:`fabric_path_cache`), most recently used.
+PATH_SETS = 16
 
 #: Path roles: the kind, with rail paths split as in the h-score blog.
 ROLES = ("direct", "relay", "matched", "rd", "dr", "drd", "spine", "pcie")
@@ -190,12 +191,11 @@ class PathSet:
         """``build()`` once per ``key``, then kept with this path set.
 
         Planners keep their per-fabric tables here (read-only arrays), so a
-        repeated plan on the same fabric pays no set-up.
+        repeated plan on the same fabric pays no set-up. The
+        :data:`DERIVED_ENTRIES` most recently used keys are kept
+        (:class:`pathweave._cache.Cache`).
         """
-        cache = self.__dict__.setdefault("_derived", {})
-        if key not in cache:
-            cache[key] = build()
-        return cache[key]
+        return Cache.on(self, "_derived", DERIVED_ENTRIES).get_or_build(key, build)
 
     @cached_property
     def first_rail(self) -> np.ndarray:
@@ -868,10 +868,20 @@ def candidate_paths(
 ) -> PathSet:
     """Cached :func:`compile_paths`: a fabric compiles each rule set once."""
     key = (tuple(sorted(set(kinds))), max_hops)
-    cache = fab.__dict__.setdefault("_path_cache", {})
-    if key not in cache:
+
+    def build() -> PathSet:
         from pathweave.fabric._limits import check_fabric
 
         check_fabric(fab)  # refuse a path set larger than memory before building it
-        cache[key] = compile_paths(fab, kinds, max_hops)
-    return cache[key]
+        return compile_paths(fab, kinds, max_hops)
+
+    return fabric_path_cache(fab).get_or_build(key, build)  # type: ignore[no-any-return]
+
+
+def fabric_path_cache(fab: Fabric) -> Cache[Any]:
+    """The path sets kept with ``fab`` (:func:`candidate_paths`'s, groups' subset paths).
+
+    The :data:`PATH_SETS` most recently used are kept: a path set of a large
+    fabric takes much memory.
+    """
+    return Cache.on(fab, "_path_cache", PATH_SETS)

@@ -58,6 +58,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +103,28 @@ def _fit_tree(params: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _h100_2x4(**kw: Any) -> Fabric:
-    params: dict[str, Any] = {
+@dataclass(frozen=True)
+class _TreePreset:
+    """A preset built by :func:`cluster` with a PCIe tree: its parameters, name and sources.
+
+    Calling it builds the fabric: ``kw`` overrides ``params``, the tree is fitted
+    to a smaller node (:func:`_fit_tree`), and ``name`` (``{nodes}`` filled in)
+    is the fabric's name unless ``kw`` gives one.
+    """
+
+    params: dict[str, Any]
+    name: str
+    meta: dict[str, Any]
+
+    def __call__(self, **kw: Any) -> Fabric:
+        params = {**self.params, **kw}
+        _fit_tree(params, kw)
+        params.setdefault("name", self.name.format(nodes=params["nodes"]))
+        return cluster(**params, meta=dict(self.meta))
+
+
+_H100_2X4 = _TreePreset(
+    params={
         "nodes": 2,
         "gpus_per_node": 4,
         "node_kind": "nvlink-mesh",
@@ -113,38 +134,32 @@ def _h100_2x4(**kw: Any) -> Fabric:
         "pcie_tree": True,
         "sockets": 2,
         "intersocket_Bps": UPI2_SPR_Bps,
-        "name": "h100-2x4",
-    }
-    params.update(kw)
-    _fit_tree(params, kw)
-    return cluster(
-        **params,
-        meta={
-            "preset": "h100-2x4",
-            "source": "NIMBLE paper Sec. V-A/V-B: 120 GB/s direct NVLink peak, NDR400 rails, "
-                      "2 x Xeon Platinum 8470, one HCA per GPU",
-            "measured_rail_Bps": NIMBLE_MEASURED_RAIL_Bps,
+    },
+    name="h100-2x4",
+    meta={
+        "preset": "h100-2x4",
+        "source": "NIMBLE paper Sec. V-A/V-B: 120 GB/s direct NVLink peak, NDR400 rails, "
+                  "2 x Xeon Platinum 8470, one HCA per GPU",
+        "measured_rail_Bps": NIMBLE_MEASURED_RAIL_Bps,
+    },
+)
+
+
+def _dgx_h(preset: str, gpu: str) -> _TreePreset:
+    # DGX H100 and H200 share the NVLink 4 NVSwitch fabric, NICs and PCIe tree.
+    return _TreePreset(
+        params={
+            "nodes": 2,
+            "gpus_per_node": 8,
+            "node_kind": "nvswitch",
+            "nvlink_Bps": NVSWITCH_H100_GPU_Bps,
+            "nic_Bps": NDR400_Bps,
+            "pcie_Bps": PCIE_GEN5_X16_Bps,
+            "pcie_tree": True,
+            "sockets": 2,
+            "intersocket_Bps": UPI2_SPR_Bps,
         },
-    )
-
-
-def _dgx(preset: str, gpu: str, **kw: Any) -> Fabric:
-    params: dict[str, Any] = {
-        "nodes": 2,
-        "gpus_per_node": 8,
-        "node_kind": "nvswitch",
-        "nvlink_Bps": NVSWITCH_H100_GPU_Bps,
-        "nic_Bps": NDR400_Bps,
-        "pcie_Bps": PCIE_GEN5_X16_Bps,
-        "pcie_tree": True,
-        "sockets": 2,
-        "intersocket_Bps": UPI2_SPR_Bps,
-    }
-    params.update(kw)
-    _fit_tree(params, kw)
-    params.setdefault("name", f"{preset}-{params['nodes']}n")
-    return cluster(
-        **params,
+        name=preset + "-{nodes}n",
         meta={
             "preset": preset,
             "source": f"DGX {gpu}: 18 x NVLink4 (25 GB/s) per GPU via NVSwitch, 8 x 400 Gb/s "
@@ -153,16 +168,8 @@ def _dgx(preset: str, gpu: str, **kw: Any) -> Fabric:
     )
 
 
-def _dgx_h100(**kw: Any) -> Fabric:
-    return _dgx("dgx-h100", "H100", **kw)
-
-
-def _dgx_h200(**kw: Any) -> Fabric:
-    return _dgx("dgx-h200", "H200", **kw)
-
-
-def _dgx_a100(**kw: Any) -> Fabric:
-    params: dict[str, Any] = {
+_DGX_A100 = _TreePreset(
+    params={
         "nodes": 2,
         "gpus_per_node": 8,
         "node_kind": "nvswitch",
@@ -174,20 +181,16 @@ def _dgx_a100(**kw: Any) -> Fabric:
         "pcie_switches": 4,
         "sockets": 2,
         "intersocket_Bps": XGMI2_ROME_Bps,
-    }
-    params.update(kw)
-    _fit_tree(params, kw)
-    params.setdefault("name", f"dgx-a100-{params['nodes']}n")
-    return cluster(
-        **params,
-        meta={
-            "preset": "dgx-a100",
-            "gpu": "a100",
-            "source": "DGX A100 user guide: 8 x A100 SXM4 (12 x NVLink3, 25 GB/s) on 6 NVSwitches, "
-                      "8 x 200 Gb/s ConnectX-6, 4 Gen4 PCIe switches (2 GPUs + 2 NICs each), "
-                      "2 x EPYC 7742",
-        },
-    )
+    },
+    name="dgx-a100-{nodes}n",
+    meta={
+        "preset": "dgx-a100",
+        "gpu": "a100",
+        "source": "DGX A100 user guide: 8 x A100 SXM4 (12 x NVLink3, 25 GB/s) on 6 NVSwitches, "
+                  "8 x 200 Gb/s ConnectX-6, 4 Gen4 PCIe switches (2 GPUs + 2 NICs each), "
+                  "2 x EPYC 7742",
+    },
+)
 
 
 def _gb200_nvl72(**kw: Any) -> Fabric:
@@ -213,10 +216,10 @@ def _cluster(**kw: Any) -> Fabric:
 
 
 PRESETS: dict[str, Callable[..., Fabric]] = {
-    "h100-2x4": _h100_2x4,
-    "dgx-h100": _dgx_h100,
-    "dgx-h200": _dgx_h200,
-    "dgx-a100": _dgx_a100,
+    "h100-2x4": _H100_2X4,
+    "dgx-h100": _dgx_h("dgx-h100", "H100"),
+    "dgx-h200": _dgx_h("dgx-h200", "H200"),
+    "dgx-a100": _DGX_A100,
     "gb200-nvl72": _gb200_nvl72,
     "cluster": _cluster,
 }
@@ -227,12 +230,10 @@ _COUNT_KEYS = {"nodes": 1, "gpus_per_node": 1, "rails": 0, "spines": 0, "nics_pe
                "sockets": 1, "pcie_tree": 0, "pcie_switches": 1, "gpus_per_cpu": 1,
                "nics_per_cpu": 1}
 _TEXT_KEYS = ("node_kind", "name", "gpu", "nvlink_kind")
-#: Shape defaults of each preset, for the size check made before building.
+#: Shape defaults of each preset, for the size check made before building (the
+#: PCIe-tree presets' own parameters).
 _SHAPES = {
-    "h100-2x4": {"nodes": 2, "gpus_per_node": 4, "node_kind": "nvlink-mesh", "pcie_tree": 1},
-    "dgx-h100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
-    "dgx-h200": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
-    "dgx-a100": {"nodes": 2, "gpus_per_node": 8, "node_kind": "nvswitch", "pcie_tree": 1},
+    **{name: p.params for name, p in PRESETS.items() if isinstance(p, _TreePreset)},
     "gb200-nvl72": {"nodes": 1, "gpus_per_node": 72, "node_kind": "nvswitch", "pcie_tree": 1,
                     "sockets": 1},
     "cluster": {"gpus_per_node": 8, "node_kind": "nvswitch"},

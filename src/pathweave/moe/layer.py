@@ -46,6 +46,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from pathweave import _check
+from pathweave._cache import Cache
 from pathweave.moe import _checks as C
 from pathweave.moe import _lowlat as LL
 from pathweave.moe import _pack as P
@@ -224,7 +225,7 @@ class MoEAllToAll:
             "cap": self.expert_capacity,
         }
         self._pool = Pool()
-        self._dev_tables: dict[Any, Any] = {}
+        self._dev_tables: Cache[Any] = Cache(8)  # per device: its tables, its grid
         # Every parameter that shapes the exchange: checked across ranks once per layer
         # (a fingerprint has a fixed width, so a rank with another num_experts cannot
         # desize the gather), then its digest rides in every call's row.
@@ -312,26 +313,19 @@ class MoEAllToAll:
 
     def _tables(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Placement, local index and expert order as ``int64`` tensors on ``dev`` (cached)."""
-        t = self._dev_tables.get(dev)
-        if t is None:
-            t = tuple(
+        return self._dev_tables.get_or_build(  # type: ignore[no-any-return]
+            dev, lambda: tuple(
                 torch.from_numpy(np.array(a, dtype=np.int64)).to(dev)
                 for a in (self.placement, self.local_index, R.expert_order(self.placement))
-            )
-            self._dev_tables[dev] = t
-        return t  # type: ignore[return-value]
+            ))
 
     def _grid(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Token and slot of every entry of a ``[max_num_tokens, k]`` table on ``dev`` (cached;
         :func:`~pathweave.moe.routing.flat_pairs`)."""
-        key = (dev, "grid")
-        g = self._dev_tables.get(key)
-        if g is None:
-            m, k = self.max_num_tokens, self.experts_per_token
-            g = (torch.arange(m, device=dev).repeat_interleave(k),
-                 torch.arange(k, device=dev).repeat(m))
-            self._dev_tables[key] = g
-        return g
+        m, k = self.max_num_tokens, self.experts_per_token
+        return self._dev_tables.get_or_build(  # type: ignore[no-any-return]
+            (dev, "grid"), lambda: (torch.arange(m, device=dev).repeat_interleave(k),
+                                    torch.arange(k, device=dev).repeat(m)))
 
     def _local_plan(
         self, x: torch.Tensor, topk_idx: torch.Tensor

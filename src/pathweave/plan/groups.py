@@ -54,7 +54,7 @@ import numpy as np
 
 from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathKind, PathSet, VertexKind
-from pathweave.fabric.paths import DEFAULT_KINDS, candidate_paths
+from pathweave.fabric.paths import DEFAULT_KINDS, candidate_paths, fabric_path_cache
 from pathweave.fabric.presets import resolve
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import (
@@ -201,10 +201,8 @@ def group_paths(
     placed = tuple(tuple(int(r) for r in g) for g in ranks)
     check_placement(fab.num_ranks, placed)
     key = ("groups", placed, kinds_t, max_hops)
-    cache = fab.__dict__.setdefault("_path_cache", {})
-    if key not in cache:
-        cache[key] = _build_group_paths(fab, placed, kinds_t, max_hops)
-    return cache[key]  # type: ignore[no-any-return]
+    return fabric_path_cache(fab).get_or_build(  # type: ignore[no-any-return]
+        key, lambda: _build_group_paths(fab, placed, kinds_t, max_hops))
 
 
 def _build_group_paths(fab: Fabric, placed: tuple[tuple[int, ...], ...],

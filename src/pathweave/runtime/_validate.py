@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pathweave import _check
+from pathweave._cache import Cache
 
 __all__ = [
     "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "MatrixCall", "check_fingerprints",
@@ -36,35 +37,22 @@ _DTYPE_NAMES = (
 )  # fmt: skip
 
 
-def _dtype_tables() -> tuple[dict[Any, int], list[str]]:
-    import torch
-
-    codes: dict[Any, int] = {}
-    names = []
-    for i, name in enumerate(_DTYPE_NAMES):
-        dt = getattr(torch, name, None)
-        if dt is not None:
-            codes[dt] = i + 1
-        names.append(name)
-    return codes, names
-
-
-_CODES: dict[Any, int] | None = None
-_NAMES: list[str] = []
+#: Code of each dtype name (its place in ``_DTYPE_NAMES`` plus one; 0: unknown).
+_DTYPE_CODES = {name: i + 1 for i, name in enumerate(_DTYPE_NAMES)}
 
 
 def dtype_code(dtype: Any) -> int:
     """A small integer naming ``dtype``, the same in every process (0: unknown)."""
-    global _CODES, _NAMES
-    if _CODES is None:
-        _CODES, _NAMES = _dtype_tables()
-    return _CODES.get(dtype, 0)
+    # By name: a torch.dtype prints as "torch.<name>" (an alias such as torch.half
+    # as its canonical name), so no table of torch's objects is built and kept.
+    kind = type(dtype)
+    if kind.__name__ != "dtype" or kind.__module__ != "torch":
+        return 0
+    return _DTYPE_CODES.get(str(dtype).removeprefix("torch."), 0)
 
 
 def dtype_name(code: int) -> str:
-    if _CODES is None:
-        dtype_code(None)
-    return _NAMES[code - 1] if 0 < code <= len(_NAMES) else f"<dtype code {code}>"
+    return _DTYPE_NAMES[code - 1] if 0 < code <= len(_DTYPE_NAMES) else f"<dtype code {code}>"
 
 
 # ------------------------------------------------- rank-consistent errors
@@ -247,7 +235,8 @@ def meta_width(num_ranks: int) -> int:
     return _HEADER + num_ranks + _OUT_DIGEST + FP_WORDS
 
 
-_DIGEST_WEIGHTS: dict[int, np.ndarray] = {}
+#: Digest weights per group size (deterministic; kept for the hot path).
+_DIGEST_WEIGHTS: Cache[np.ndarray] = Cache(16)
 
 
 def split_digests(splits: np.ndarray) -> np.ndarray:
@@ -263,10 +252,8 @@ def split_digests(splits: np.ndarray) -> np.ndarray:
     True
     """
     n = splits.shape[0]
-    w = _DIGEST_WEIGHTS.get(n)
-    if w is None:
-        w = np.random.default_rng(0x9E3779B9).integers(0, 2**63, n, dtype=np.uint64) * 2 + 1
-        _DIGEST_WEIGHTS[n] = w
+    w = _DIGEST_WEIGHTS.get_or_build(
+        n, lambda: np.random.default_rng(0x9E3779B9).integers(0, 2**63, n, dtype=np.uint64) * 2 + 1)
     u = np.ascontiguousarray(splits, dtype=np.int64).view(np.uint64)
     with np.errstate(over="ignore"):
         d = (u.T * w).sum(axis=-1, dtype=np.uint64) if u.ndim == 2 else (u * w).sum(

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from pathweave._cache import Cache
 from pathweave.fabric import Fabric
 
 __all__ = [
@@ -517,7 +519,8 @@ class Adaptation:
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         # plan key -> [stream links, streams into each rank, this rank's stream -> word,
         # calls of the plan before this one], for the last few plans
-        self._plans: dict[bytes, list] = {}
+        # the last 16 plans' streams: calls that alternate plans keep theirs
+        self._plans: Cache[list[Any]] = Cache(16)
         self._plan: list = [{}, [], {}, 0]
 
     @property
@@ -554,9 +557,8 @@ class Adaptation:
             streams = stream_links(self.paths, fpath, self.n)
             into = streams_into(streams, self.n)
             pos = {int(k) // self.n: i for i, k in enumerate(into[self.rank])}
-            plan = self._plans[key] = [streams, into, pos, -1]
-            if len(self._plans) > 16:  # calls that alternate plans keep theirs
-                del self._plans[next(iter(self._plans))]
+            plan = [streams, into, pos, -1]
+            self._plans.put(key, plan)
         plan[3] += 1
         self._plan = plan
         if plan[3] >= self.FIRST_SAMPLES and plan[3] % self.SAMPLE_EVERY:

@@ -46,21 +46,23 @@ def _less(ka, ia, kb, ib):
     return ka < kb or (ka == kb and ia < ib)
 
 
+@njit(cache=True, inline="always")
+def _heap_set(hkey, hid, hver, i, key, ident, ver):
+    hkey[i] = key
+    hid[i] = ident
+    hver[i] = ver
+
+
 @njit(cache=True)
 def _heap_push(hkey, hid, hver, size, key, ident, ver):
     i = size
     while i > 0:
         parent = (i - 1) >> 1
-        if _less(key, ident, hkey[parent], hid[parent]):
-            hkey[i] = hkey[parent]
-            hid[i] = hid[parent]
-            hver[i] = hver[parent]
-            i = parent
-        else:
+        if not _less(key, ident, hkey[parent], hid[parent]):
             break
-    hkey[i] = key
-    hid[i] = ident
-    hver[i] = ver
+        _heap_set(hkey, hid, hver, i, hkey[parent], hid[parent], hver[parent])
+        i = parent
+    _heap_set(hkey, hid, hver, i, key, ident, ver)
     return size + 1
 
 
@@ -80,16 +82,11 @@ def _heap_pop(hkey, hid, hver, size):
             break
         if c + 1 < size and _less(hkey[c + 1], hid[c + 1], hkey[c], hid[c]):
             c += 1
-        if _less(hkey[c], hid[c], key, ident):
-            hkey[i] = hkey[c]
-            hid[i] = hid[c]
-            hver[i] = hver[c]
-            i = c
-        else:
+        if not _less(hkey[c], hid[c], key, ident):
             break
-    hkey[i] = key
-    hid[i] = ident
-    hver[i] = ver
+        _heap_set(hkey, hid, hver, i, hkey[c], hid[c], hver[c])
+        i = c
+    _heap_set(hkey, hid, hver, i, key, ident, ver)
     return size
 
 
@@ -214,47 +211,35 @@ def maxmin_on_incidence(
         link_share = hkey[0] if size > 0 else np.inf
         if cap_share == np.inf and link_share == np.inf:
             break  # only unconstrained flows remain
-        ndirty = 0
+        # The bottleneck's flows: the capped flow alone, or the flows of the link.
         if cap_share <= link_share:
-            ndirty = _freeze_flow(
-                cap_order[cp],
-                cap_share,
-                flow_ptr,
-                flow_links,
-                flow_weight,
-                rate_Bps,
-                state,
-                weight,
-                count,
-                remaining,
-                dirty,
-                dirty_list,
-                ndirty,
-            )
-            left -= 1
+            level = cap_share
+            bottleneck = cap_order[cp : cp + 1]
             cp += 1
         else:
+            level = link_share
             e0 = hid[0]
             size = _heap_pop(hkey, hid, hver, size)
-            for i in range(lptr[e0], lptr[e0 + 1]):
-                f = lflow[i]
-                if state[f] == 1:
-                    ndirty = _freeze_flow(
-                        f,
-                        link_share,
-                        flow_ptr,
-                        flow_links,
-                        flow_weight,
-                        rate_Bps,
-                        state,
-                        weight,
-                        count,
-                        remaining,
-                        dirty,
-                        dirty_list,
-                        ndirty,
-                    )
-                    left -= 1
+            bottleneck = lflow[lptr[e0] : lptr[e0 + 1]]
+        ndirty = 0
+        for f in bottleneck:
+            if state[f] == 1:
+                ndirty = _freeze_flow(
+                    f,
+                    level,
+                    flow_ptr,
+                    flow_links,
+                    flow_weight,
+                    rate_Bps,
+                    state,
+                    weight,
+                    count,
+                    remaining,
+                    dirty,
+                    dirty_list,
+                    ndirty,
+                )
+                left -= 1
         # Re-key each touched link once per bottleneck, not once per crossing.
         for i in range(ndirty):
             e = dirty_list[i]
