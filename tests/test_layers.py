@@ -12,8 +12,8 @@ and its imports of pathweave are checked against three rules:
 - **Private names stay home.** A module of one unit does not import a private
   module (a path component starting with ``_``) or a private name of another
   unit, nor read ``module._name`` of a module of another unit it imported. The
-  bottom modules ``_check``, ``_files``, ``_spec``, ``_log`` and ``_cache`` are private to
-  the distribution, not to a unit: every unit of ``pathweave`` shares them.
+  bottom modules ``_check``, ``_files``, ``_spec``, ``_log``, ``_cache`` and ``_registry`` are
+  private to the distribution, not to a unit: every unit of ``pathweave`` shares them.
 - **No circles.** The graph of module-level imports (run when the module is
   imported) has no cycle. Imports inside functions are left out: they run
   after every module has loaded, which is how the torch layers (``runtime``,
@@ -51,7 +51,7 @@ PACKAGE = SRC / "pathweave"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "errors _check _files _spec _log _cache",
+        "errors _check _files _spec _log _cache _registry",
         "fabric",
         "traffic",
         "plan",
@@ -68,7 +68,7 @@ LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 #: The torch layers, loaded on first use (imports of them inside functions).
 TORCH = frozenset({"runtime", "distributed", "nn", "moe", "emulate"})
 #: Private to the distribution, shared by every unit.
-SHARED = frozenset({"_check", "_files", "_spec", "_log", "_cache"})
+SHARED = frozenset({"_check", "_files", "_spec", "_log", "_cache", "_registry"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,108 @@
+"""pathweave._registry.Registry against hand-written expectations."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from pathweave._registry import Registry
+from pathweave.errors import FabricError, InputError, PlanError, WorkloadError
+
+
+def test_duplicate_name_is_refused_with_the_registry_error():
+    r = Registry("widget", error=PlanError)
+    r.add("a", 1)
+    with pytest.raises(PlanError, match=r"^widget 'a' is already registered$"):
+        r.add("a", 2)
+    assert r["a"] == 1  # the first stays
+    one = object()
+    r.add("b", one)
+    assert r.add("b", one) is one  # the same entry again (a module imported twice): kept once
+    assert list(r) == ["a", "b"]
+    with pytest.raises(InputError, match="name must be a non-empty string"):
+        Registry("widget").add("", 3)
+
+
+def test_unknown_name_lists_known_and_suggests_the_closest():
+    r = Registry("fabric preset", plural="presets", error=FabricError)
+    for name in ("h100-2x4", "dgx-h100", "dgx-a100"):
+        r.add(name, name)
+    with pytest.raises(FabricError) as exc:
+        r["dgx_h100"]  # '_' and '-' count as the same
+    assert str(exc.value) == ("unknown fabric preset 'dgx_h100' (did you mean 'dgx-h100'?); "
+                              "known presets: h100-2x4, dgx-h100, dgx-a100")
+    with pytest.raises(FabricError) as exc:
+        r["zzz"]
+    assert str(exc.value) == ("unknown fabric preset 'zzz'; "
+                              "known presets: h100-2x4, dgx-h100, dgx-a100")
+    with pytest.raises(FabricError, match=r"unknown fabric preset \['x'\]"):
+        r[["x"]]  # unhashable: still the registry's error
+    assert r.get("zzz") is None and r.get(["x"], 5) == 5
+    assert "zzz" not in r and ["x"] not in r
+
+
+def test_order_is_registration_order_or_the_declared_modules():
+    r = Registry("thing")
+    for name in ("c", "a", "b"):
+        r.add(name, 0)
+    assert r.names() == list(r) == list(r.keys()) == ["c", "a", "b"]
+    assert len(r) == 3 and dict(r.items()) == {"c": 0, "a": 0, "b": 0}
+    # Declared modules fix the order whatever order they were imported in.
+    m = Registry("thing", modules=("m.one", "m.two"))
+    m.add("late", 0, module="m.two")
+    m.add("x", 0, module=None)
+    m.add("first", 0, module="m.one")
+    m.add("second", 0, module="m.one")
+    m._loaded = True  # the modules are stand-ins: nothing to import here
+    assert m.names() == ["first", "second", "late", "x"]
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """A package ``regplug`` of three entry modules that register into ``regplug.REG``."""
+    pkg = tmp_path / "regplug"
+    (pkg / "entries").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from pathweave._registry import Registry
+        from pathweave.errors import WorkloadError
+        REG = Registry("entry", plural="entries", error=WorkloadError, package="regplug.entries",
+                       modules=("regplug.zfirst",))
+        IMPORTED = []
+    """))
+    (pkg / "zfirst.py").write_text("import regplug\nregplug.IMPORTED.append('zfirst')\n"
+                                   "regplug.REG.add('z', 26, module=__name__)\n")
+    (pkg / "entries" / "__init__.py").write_text("")
+    for stem, name in (("bee", "b"), ("ant", "a")):
+        (pkg / "entries" / f"{stem}.py").write_text(
+            f"import regplug\nregplug.IMPORTED.append({stem!r})\n"
+            f"@regplug.REG.register({name!r})\ndef f():\n    return {name!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for mod in [m for m in sys.modules if m == "regplug" or m.startswith("regplug.")]:
+        del sys.modules[mod]
+
+
+@pytest.mark.usefixtures("plugins")
+def test_entry_modules_load_lazily_on_first_read():
+    import regplug
+
+    assert regplug.IMPORTED == []  # creating the registry imports nothing
+    assert regplug.REG["a"]() == "a"
+    # The declared module first, then the package's modules sorted by file name.
+    assert regplug.IMPORTED == ["zfirst", "ant", "bee"]
+    assert list(regplug.REG) == ["z", "a", "b"]
+    with pytest.raises(WorkloadError, match=r"unknown entry 'c'.*known entries: z, a, b"):
+        regplug.REG["c"]
+    assert regplug.IMPORTED == ["zfirst", "ant", "bee"]  # loaded once
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_broken_entry_module_fails_each_read(tmp_path):
+    import regplug
+
+    (tmp_path / "regplug" / "entries" / "cat.py").write_text("raise RuntimeError('broken')\n")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="broken"):
+            regplug.REG.names()
