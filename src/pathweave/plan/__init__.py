@@ -9,15 +9,14 @@ Examples
 'mintime'
 """
 
-# isort: off
-# Importing the planners registers them; this order is the order of policies().
-from pathweave.plan import static, deepep, multirail, mwu, optimal, hscore, mintime  # noqa: F401
-# isort: on
+# A policy is one module that registers itself; registry.POLICIES names the
+# modules (in the order of policies()) and imports them when first read.
 from pathweave.plan._plan import Plan, Route
 from pathweave.plan.mintime import replan
 from pathweave.plan.pinned import pinned
 from pathweave.plan.registry import (
     DEFAULT_POLICY,
+    POLICIES,
     Policy,
     baselines,
     make,
@@ -28,6 +27,6 @@ from pathweave.plan.registry import (
 from pathweave.plan.timemodel import predict_time
 
 __all__ = [
-    "DEFAULT_POLICY", "Plan", "Policy", "Route", "baselines", "make", "pinned", "policies",
-    "policy_info", "predict_time", "register", "replan",
+    "DEFAULT_POLICY", "POLICIES", "Plan", "Policy", "Route", "baselines", "make", "pinned",
+    "policies", "policy_info", "predict_time", "register", "replan",
 ]

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pathweave._registry import Registry
 from pathweave.errors import PlanError, WorkloadError
 from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
 from pathweave.fabric.paths import DEFAULT_KINDS, MODEL_KINDS, check_rules
@@ -73,7 +74,15 @@ class Policy:
     below: Callable[..., Plan | None] | None = None
 
 
-_REGISTRY: dict[str, Policy] = {}
+#: Every policy, in the order of its module here (then of registration within
+#: one): the order of :func:`policies`. A policy is one module that registers
+#: itself with :func:`register`; its module is imported when the registry is
+#: first read.
+POLICIES: Registry[Policy] = Registry(
+    "policy", plural="policies", error=PlanError,
+    modules=tuple(f"pathweave.plan.{m}" for m in (
+        "static", "deepep", "multirail", "mwu", "optimal", "hscore", "mintime")),
+)
 
 
 def register(
@@ -92,13 +101,12 @@ def register(
     its default: declared once, in the signature (:func:`signature_options`).
     ``check(**options)``, if given, validates every option's value without
     planning, so a bad value fails where it is set (:func:`check_options`).
+    A name already taken raises :class:`~pathweave.errors.PlanError`.
     """
 
     def deco(func: Planner) -> Planner:
-        if name in _REGISTRY:
-            raise PlanError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = Policy(name, func, signature_options(func), summary, baseline, check,
-                                 stripes, executable, below)
+        POLICIES.add(name, Policy(name, func, signature_options(func), summary, baseline, check,
+                                  stripes, executable, below), module=func.__module__)
         return func
 
     return deco
@@ -134,7 +142,7 @@ def policies(*, executable_only: bool = False) -> list[str]:
     ``executable_only``: only those whose plans the data plane runs
     (:attr:`Policy.executable`; not a model of a peer's own routing).
     """
-    return [n for n, p in _REGISTRY.items() if p.executable or not executable_only]
+    return [n for n, p in POLICIES.items() if p.executable or not executable_only]
 
 
 def baselines(*, executable_only: bool = False) -> list[str]:
@@ -151,17 +159,28 @@ def baselines(*, executable_only: bool = False) -> list[str]:
     >>> baselines(executable_only=True)
     ['static', 'deepep', 'hscore']
     """
-    return [p.name for p in _REGISTRY.values()
+    return [p.name for p in POLICIES.values()
             if p.baseline and (p.executable or not executable_only)]
 
 
 def policy_info(name: str) -> Policy:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise PlanError(
-            f"unknown policy {name!r}; known policies: {', '.join(_REGISTRY)}"
-        ) from None
+    """The registered policy ``name``.
+
+    Raises
+    ------
+    PlanError
+        No policy has that name; the message names the closest and lists every one.
+
+    Examples
+    --------
+    >>> policy_info("optimal").baseline
+    False
+    >>> policy_info("mwu-time")
+    Traceback (most recent call last):
+    ...
+    pathweave.errors.PlanError: unknown policy 'mwu-time' (did you mean 'mwu_time'?); known ...
+    """
+    return POLICIES[name]
 
 
 def check_options(policy: str, options: dict[str, Any], *, execute: bool = True) -> None:
@@ -215,7 +234,7 @@ def check_options(policy: str, options: dict[str, Any], *, execute: bool = True)
         raise PlanError(
             f"policy {policy!r} models a peer's routing that pathweave's data plane cannot "
             f"run ({pol.summary.split(':')[0]}); simulate it or compare against it, and run "
-            "one of " + ", ".join(n for n, p in _REGISTRY.items() if p.executable)
+            "one of " + ", ".join(policies(executable_only=True))
         )
     model = [k for k in MODEL_KINDS if k in kinds]
     if model:
