@@ -25,8 +25,9 @@ nimble-online the link counters.
 
 Adding a policy is one file in this package: subclass
 :class:`DynamicPolicy`, set ``name``, ``summary`` and ``options`` (defaults),
-and decorate it with :func:`register`. Every module here is imported when the
-package is, so the policy is then known by name. Randomness comes only from
+and decorate it with :func:`register` (:data:`POLICIES`, a
+:class:`~pathweave._registry.Registry`, imports every module here when first
+read), so the policy is then known by name. Randomness comes only from
 ``ctx.rng`` (a seeded ``numpy`` Generator), so runs are deterministic.
 
 Examples
@@ -38,8 +39,6 @@ Examples
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -47,12 +46,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pathweave import _check
+from pathweave._registry import Registry
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
 from pathweave.sim._queue import path_sums
 from pathweave.traffic.trace import FlowTrace
 
 __all__ = [
+    "POLICIES",
     "DynamicPolicy",
     "Observation",
     "PathChoice",
@@ -305,22 +306,22 @@ class DynamicPolicy:
         return out
 
 
-_REGISTRY: dict[str, type[DynamicPolicy]] = {}
+#: Every dynamic policy: each module of this package registers one, imported
+#: (sorted by file name) when the registry is first read.
+POLICIES: Registry[type[DynamicPolicy]] = Registry(
+    "dynamic policy", plural="dynamic policies", error=PlanError, package=__name__)
 
 
 def register(cls: type[DynamicPolicy]) -> type[DynamicPolicy]:
-    """Class decorator: make ``cls`` known by ``cls.name``."""
+    """Class decorator: make ``cls`` known by ``cls.name`` (taken by another class: PlanError)."""
     if not cls.name:
         raise PlanError(f"{cls.__qualname__} has no name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise PlanError(f"dynamic policy {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return POLICIES.add(cls.name, cls, module=cls.__module__)
 
 
 def policies() -> list[str]:
     """Names of the registered dynamic policies, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(POLICIES)
 
 
 def policy_info(name: str) -> type[DynamicPolicy]:
@@ -329,14 +330,9 @@ def policy_info(name: str) -> type[DynamicPolicy]:
     Raises
     ------
     PlanError
-        No dynamic policy has that name; the message lists the known ones.
+        No dynamic policy has that name; the message names the closest and lists every one.
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise PlanError(
-            f"unknown dynamic policy {name!r}; known: {', '.join(policies())}"
-        ) from None
+    return POLICIES[name]
 
 
 def make(policy: str | type[DynamicPolicy], ctx: PolicyContext, **options: Any) -> DynamicPolicy:
@@ -346,9 +342,3 @@ def make(policy: str | type[DynamicPolicy], ctx: PolicyContext, **options: Any) 
     if not isinstance(policy, str):
         raise TypeError(f"policy must be a name or a DynamicPolicy subclass, got {policy!r}")
     return policy_info(policy)(ctx, **options)
-
-
-# Import every policy module of this package (sorted, so registration order is
-# fixed): a new policy is one new file.
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_mod}")
