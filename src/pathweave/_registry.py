@@ -10,18 +10,33 @@ when the registry is first read, so a new entry is one new file.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from pathweave import _spec
 from pathweave.errors import InputError
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "did_you_mean"]
 
 T = TypeVar("T")
 E = TypeVar("E")
+
+
+def did_you_mean(given: str, valid: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``valid`` to ``given``, else ``""``.
+
+    ``-`` and ``_`` count as the same, as they do in spec names.
+
+    >>> did_you_mean("dgx_h100", ["h100-2x4", "dgx-h100"])
+    " (did you mean 'dgx-h100'?)"
+    >>> did_you_mean("zzz", ["uniform"])
+    ''
+    """
+    folded = {v.replace("_", "-").lower(): v for v in valid}
+    close = difflib.get_close_matches(given.replace("_", "-").lower(), list(folded), n=1)
+    return f" (did you mean {folded[close[0]]!r}?)" if close else ""
 
 
 class Registry(Mapping[str, T]):
@@ -147,9 +162,13 @@ class Registry(Mapping[str, T]):
     def unknown(self, name: Any) -> Exception:
         """The error for ``name``, not registered: the closest name and every known one."""
         known = self.names()
-        hint = _spec.did_you_mean(name, known) if isinstance(name, str) else ""
+        hint = did_you_mean(name, known) if isinstance(name, str) else ""
         return self.error(f"unknown {self.what} {name!r}{hint}; known {self.plural}: "
                           f"{', '.join(known)}")
+
+    def suggest(self, name: str) -> str:
+        """`` (did you mean 'x'?)`` for the closest registered name to ``name``, else ``""``."""
+        return did_you_mean(name, self.names())
 
     def get(self, name: str, default: Any = None) -> Any:
         """The entry ``name``, or ``default`` when none is registered."""

@@ -30,30 +30,14 @@ ValueError: spec 'x:a=1,a=2': a given twice
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 #: ``(canonical key, key as written or None for a bare value, value text)``
 Item = tuple[str, "str | None", str]
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
-
-
-def did_you_mean(given: str, valid: Sequence[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``valid`` to ``given``, else ``""``.
-
-    ``-`` and ``_`` count as the same, as they do in spec names.
-
-    >>> did_you_mean("dgx_h100", ["h100-2x4", "dgx-h100"])
-    " (did you mean 'dgx-h100'?)"
-    >>> did_you_mean("zzz", ["uniform"])
-    ''
-    """
-    folded = {v.replace("_", "-").lower(): v for v in valid}
-    close = difflib.get_close_matches(given.replace("_", "-").lower(), list(folded), n=1)
-    return f" (did you mean {folded[close[0]]!r}?)" if close else ""
 
 
 def split(spec: str, label: str) -> tuple[str, str | None]:

@@ -222,7 +222,8 @@ def bench_paper(
     elif name in paper.FIGURES:
         names = [name]
     else:
-        fail(f"unknown figure {name!r}; known figures: {', '.join(paper.FIGURES)}, or 'all'")
+        fail(f"unknown figure {name!r}{paper.FIGURES.suggest(name)}; known figures: "
+             f"{', '.join(paper.FIGURES)}, or 'all'")
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=console(stderr=True), transient=True,

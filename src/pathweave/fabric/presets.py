@@ -54,6 +54,7 @@ content. Sizes are checked before anything is built (see
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import warnings
@@ -63,7 +64,9 @@ from pathlib import Path
 from typing import Any
 
 from pathweave import _spec
+from pathweave._registry import Registry
 from pathweave.errors import FabricError
+from pathweave.fabric import discovery, io
 from pathweave.fabric._core import Fabric
 from pathweave.fabric._limits import check_fabric, check_physical, check_size
 from pathweave.fabric.builders import (
@@ -215,14 +218,13 @@ def _cluster(**kw: Any) -> Fabric:
     return cluster(**kw)
 
 
-PRESETS: dict[str, Callable[..., Fabric]] = {
-    "h100-2x4": _H100_2X4,
-    "dgx-h100": _dgx_h("dgx-h100", "H100"),
-    "dgx-h200": _dgx_h("dgx-h200", "H200"),
-    "dgx-a100": _DGX_A100,
-    "gb200-nvl72": _gb200_nvl72,
-    "cluster": _cluster,
-}
+#: Every preset: name -> ``build(**params) -> Fabric``, in the order listed.
+PRESETS: Registry[Callable[..., Fabric]] = Registry("fabric preset", plural="presets",
+                                                    error=FabricError)
+for _name, _build in (("h100-2x4", _H100_2X4), ("dgx-h100", _dgx_h("dgx-h100", "H100")),
+                      ("dgx-h200", _dgx_h("dgx-h200", "H200")), ("dgx-a100", _DGX_A100),
+                      ("gb200-nvl72", _gb200_nvl72), ("cluster", _cluster)):
+    PRESETS.add(_name, _build, module=__name__)
 
 
 #: Integer parameters of the presets and the least value each may take.
@@ -238,16 +240,6 @@ _SHAPES = {
                     "sockets": 1},
     "cluster": {"gpus_per_node": 8, "node_kind": "nvswitch"},
 }
-#: Options of topology files (NCCL XML, ``nvidia-smi topo -m``), as spec keys.
-DISCOVERY_KEYS = {
-    "nccl-xml": ("nodes", "gpu", "nvlink_kind", "nvlink_Bps_per_link", "nic_Bps", "pcie_Bps",
-                 "name"),
-    "nvidia-smi": ("nodes", "gpu", "nvlink_kind", "nvlink_Bps_per_link", "nic_Bps", "pcie_Bps",
-                   "nics_per_gpu", "name"),
-    "fabric": (),
-}
-
-
 def _parse_value(where: str, key: str, text: str) -> Any:
     if key in _TEXT_KEYS:
         return text
@@ -309,34 +301,69 @@ def preset(name: str, **params: Any) -> Fabric:
     32
     """
     base, rest = _spec.split(name, "fabric spec")
-    if base not in PRESETS:
-        raise FabricError(f"unknown fabric preset {base!r}{_spec.did_you_mean(base, list(PRESETS))}"
-                          f"; known presets: {', '.join(PRESETS)}")
+    build = PRESETS[base]  # an unknown name raises, naming the closest and every preset
     kw = parse_options(name, rest or "")
     kw.update(params)
     try:
         _check_shape(name, base, kw)
-        fab = PRESETS[base](**kw)
+        fab = build(**kw)
     except TypeError as exc:
         raise FabricError(f"fabric preset {base!r}: {exc}") from None
     check_physical(fab, name)
     return fab
 
 
+@dataclass(frozen=True)
+class TopologyFormat:
+    """A topology file format: how its content is told apart, and its reader.
+
+    ``detect(raw)``: whether the file's bytes are in this format (formats are
+    tried in :data:`FORMATS`' order; the last, ``fabric``, takes any file).
+    ``reader(path, nodes, **options)``: the fabric of ``nodes`` identical
+    nodes; ``nodes`` and its keyword-only parameters are the format's spec
+    keys (:attr:`keys`, declared once, in the signature). None: a pathweave
+    fabric file (:func:`pathweave.fabric.io.load`), which takes no options.
+    """
+
+    name: str
+    detect: Callable[[bytes], bool]
+    reader: Callable[..., Fabric] | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The spec keys the format takes: ``nodes`` and the reader's options, in order.
+
+        >>> FORMATS["nvidia-smi"].keys[:3], FORMATS["fabric"].keys
+        (('nodes', 'gpu', 'nvlink_kind'), ())
+        """
+        if self.reader is None:
+            return ()
+        params = inspect.signature(self.reader).parameters.values()
+        return ("nodes", *(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY))
+
+
+#: Topology file formats, in the order they are tried on a file's content
+#: (:func:`sniff`); adding one is one entry here and its reader.
+FORMATS: Registry[TopologyFormat] = Registry("topology file format", error=FabricError)
+for _fmt in (
+    TopologyFormat("nccl-xml", lambda raw: raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<"),
+                   discovery.from_nccl_xml),
+    TopologyFormat("nvidia-smi", lambda raw: bool(re.search(rb"^[ \t]*GPU0[ \t]+\S", raw, re.M)),
+                   discovery.from_nvidia_smi),
+    TopologyFormat("fabric", lambda raw: True),
+):
+    FORMATS.add(_fmt.name, _fmt, module=__name__)
+
+
 def sniff(raw: bytes) -> str:
-    r"""What a topology file holds, by its content: ``nccl-xml``, ``nvidia-smi`` or ``fabric``.
+    r"""What a topology file holds, by its content: the first of :data:`FORMATS` that detects it.
 
     >>> sniff(b"<system version='1'/>"), sniff(b"\tGPU0\tGPU1\nGPU0\t X \tNV18\n")
     ('nccl-xml', 'nvidia-smi')
     >>> sniff(b"format: pathweave-fabric")
     'fabric'
     """
-    head = raw.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if head.startswith(b"<"):
-        return "nccl-xml"
-    if re.search(rb"^[ \t]*GPU0[ \t]+\S", raw, re.M):
-        return "nvidia-smi"
-    return "fabric"
+    return next(f.name for f in FORMATS.values() if f.detect(raw))
 
 
 def load_topology(path: str | os.PathLike[str], label: str | None = None,
@@ -364,7 +391,6 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
     """
     from pathweave._files import read_input
     from pathweave.errors import FabricFileError, InputError
-    from pathweave.fabric import discovery, io
 
     label = label or os.fspath(path)
     try:
@@ -373,18 +399,18 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
         raise FabricFileError(f"cannot read: {exc.strerror or exc}", path=os.fspath(path)) from None
     except InputError as exc:
         raise FabricFileError(str(exc)) from None
-    kind = sniff(raw)
-    bad = [k for k in options if k not in DISCOVERY_KEYS[kind]]
+    fmt = FORMATS[sniff(raw)]
+    bad = [k for k in options if k not in fmt.keys]
     if bad:
-        allowed = ", ".join(DISCOVERY_KEYS[kind]) or "none"
-        raise FabricError(f"{label}: option {bad[0]!r} does not apply to a {kind} file "
+        allowed = ", ".join(fmt.keys) or "none"
+        raise FabricError(f"{label}: option {bad[0]!r} does not apply to a {fmt.name} file "
                           f"(options: {allowed})")
-    if kind == "fabric":
+    reader = fmt.reader
+    if reader is None:
         fab = io.load(path)
         check_fabric(fab, label)
         check_physical(fab, label)
         return fab
-    reader = discovery.from_nccl_xml if kind == "nccl-xml" else discovery.from_nvidia_smi
     nodes = int(options.pop("nodes", 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", discovery.DiscoveryWarning)
@@ -431,6 +457,6 @@ def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
     if found is None:
         raise FabricError(
             f"fabric {text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
-            + _spec.did_you_mean(base, list(PRESETS))
+            + PRESETS.suggest(base)
         )
     return load_topology(found[0], text, **found[1])

@@ -47,6 +47,7 @@ from functools import cached_property
 import numpy as np
 
 from pathweave import _spec
+from pathweave._registry import did_you_mean
 from pathweave.errors import WorkloadError
 
 from .io import validate_demand
@@ -175,7 +176,7 @@ def placement(num_ranks: int, count: int, size: int, layout: str = "block"
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise WorkloadError(f"groups: {label}={v!r} must be a positive integer")
     if layout not in LAYOUTS:
-        hint = _spec.did_you_mean(str(layout), LAYOUTS)
+        hint = did_you_mean(str(layout), LAYOUTS)
         raise WorkloadError(f"groups: unknown layout {layout!r}{hint}; valid: {', '.join(LAYOUTS)}")
     if count * size > num_ranks:
         raise WorkloadError(f"groups: {count}x{size} = {count * size} ranks, but the fabric has "
@@ -227,14 +228,14 @@ def parse_groups(spec: str) -> GroupsSpec:
             layout = text.lower()
             if layout not in LAYOUTS:
                 raise WorkloadError(f"{where}: layout={text!r} is not one of "
-                                    f"{', '.join(LAYOUTS)}{_spec.did_you_mean(text, LAYOUTS)}")
+                                    f"{', '.join(LAYOUTS)}{did_you_mean(text, LAYOUTS)}")
         elif key == "stagger":
             stagger = _spec.number(text, f"{where}: stagger={text!r}", WorkloadError)
             if stagger < 0:
                 raise WorkloadError(f"{where}: stagger={text!r} must be >= 0 seconds")
         else:
             raise WorkloadError(f"{where}: unknown key {written!r}"
-                                f"{_spec.did_you_mean(str(written), ['layout', 'stagger'])}; "
+                                f"{did_you_mean(str(written), ['layout', 'stagger'])}; "
                                 "valid: layout, stagger")
     return GroupsSpec(count, size, layout, stagger)
 

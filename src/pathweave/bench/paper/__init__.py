@@ -13,10 +13,10 @@ Examples
 >>> from pathweave.bench import paper
 >>> list(paper.FIGURES)
 ['fig6', 'fig7', 'fig8', 'table1', 'hopper']
->>> paper.figure_module("fig9")
+>>> paper.figure_module("table_1")
 Traceback (most recent call last):
 ...
-ValueError: unknown figure 'fig9'; known figures: fig6, fig7, fig8, table1, hopper
+pathweave.errors.InputError: unknown figure 'table_1' (did you mean 'table1'?); known figures: ...
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from pathweave._registry import Registry
 from pathweave.bench.paper._common import (
     Comparison,
     FigureResult,
@@ -37,35 +38,28 @@ from pathweave.bench.paper._common import (
     no_progress,
     write_csv,
 )
+from pathweave.errors import InputError
 from pathweave.viz import save_figure
 
-#: Figure name -> module, in the paper's order (``hopper`` is our addition).
-FIGURES: dict[str, str] = {
-    "fig6": "pathweave.bench.paper.fig6",
-    "fig7": "pathweave.bench.paper.fig7",
-    "fig8": "pathweave.bench.paper.fig8",
-    "table1": "pathweave.bench.paper.table1",
-    "hopper": "pathweave.bench.paper.hopper",
-}
+#: Figure name -> its module's path, in the paper's order (``hopper`` is our
+#: addition). The registry holds paths, not modules: a figure's module is
+#: imported only when it runs.
+FIGURES: Registry[str] = Registry("figure", error=InputError)
+for _name in ("fig6", "fig7", "fig8", "table1", "hopper"):
+    FIGURES.add(_name, f"{__name__}.{_name}")
 
 #: Where ``pathweave bench paper`` writes when no ``--out`` is given.
 DEFAULT_OUT_DIR = Path("pathweave-paper")
 
 
-def _check_name(name: str) -> str:
-    if not isinstance(name, str) or name not in FIGURES:
-        known = ", ".join(FIGURES)
-        raise ValueError(f"unknown figure {name!r}; known figures: {known}")
-    return name
-
-
 def figure_module(name: str) -> ModuleType:
     """Import and return the module of figure ``name``.
 
-    Raises ``ValueError`` naming ``name`` and the known figures when it is
-    not registered; an import error of a registered module propagates.
+    Raises :class:`~pathweave.errors.InputError` (a ``ValueError``) naming
+    ``name``, the closest figure and every one when it is not registered; an
+    import error of a registered module propagates.
     """
-    return importlib.import_module(FIGURES[_check_name(name)])
+    return importlib.import_module(FIGURES[name])
 
 
 def run_figure(
@@ -135,7 +129,9 @@ def run_all(
     the others still run and write their files. ``on_figure(index, count,
     name)`` is called before each figure, ``progress`` is passed to each.
     """
-    todo = list(FIGURES) if names is None else [_check_name(n) for n in names]
+    todo = list(FIGURES) if names is None else list(names)
+    for name in todo:
+        FIGURES[name]  # an unknown name raises before any figure runs
     outcome = RunAllResult()
     for i, name in enumerate(todo):
         if on_figure is not None:
