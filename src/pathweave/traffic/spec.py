@@ -33,6 +33,7 @@ Examples
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from pathweave import _spec
+from pathweave._registry import Registry, did_you_mean
 from pathweave.errors import WorkloadError
 
 from . import generators
@@ -169,6 +171,17 @@ def _as_shape(workload: str, key: str, text: str) -> tuple[int, ...]:
 _Parser = Callable[[str, str, str], Any]
 
 
+#: How a generator parameter's value is read, by its annotation (``| None`` dropped).
+_READERS: dict[str, _Parser] = {
+    "float": _as_float,
+    "int": _as_int,
+    "bool": _as_bool,
+    "int | Sequence[int]": _as_rank_or_list,
+    "Sequence[int] | np.ndarray": _as_rank_list,
+    "tuple[int, int]": _as_shape,
+}
+
+
 @dataclass(frozen=True)
 class _Kind:
     func: Callable[..., np.ndarray]
@@ -178,60 +191,35 @@ class _Kind:
     sized: bool = True  # takes bytes_per_rank
     required: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, func: Callable[..., np.ndarray], positional: str | None = None,
+           **aliases: str) -> _Kind:
+        """A workload's keys read off ``func``'s signature: declared once, in the generator.
 
-_KINDS: dict[str, _Kind] = {
-    "uniform": _Kind(generators.uniform, {}),
-    "hotspot": _Kind(
-        generators.hotspot,
-        {"ratio": _as_float, "hot": _as_rank_or_list},
-        positional="ratio",
-        required=("ratio",),
-    ),
-    "zipf": _Kind(
-        generators.zipf,
-        {"alpha": _as_float, "seed": _as_int},
-        positional="alpha",
-    ),
-    "moe": _Kind(
-        generators.moe,
-        {
-            "tokens": _as_int,
-            "hidden": _as_int,
-            "bytes_per_elem": _as_float,
-            "num_experts": _as_int,
-            "top_k": _as_int,
-            "skew": _as_float,
-            "hot_ratio": _as_float,
-            "hot_expert": _as_int,
-            "placement": _as_rank_list,
-            "seed": _as_int,
-        },
-        aliases={"experts": "num_experts", "topk": "top_k", "k": "top_k", "hot": "hot_ratio"},
-        sized=False,
-        required=("tokens", "hidden"),
-    ),
-    "many_to_few": _Kind(
-        generators.many_to_few,
-        {"sinks": _as_rank_or_list, "seed": _as_int},
-        positional="sinks",
-    ),
-    "stencil": _Kind(
-        generators.stencil,
-        {
-            "dims": _as_int,
-            "shape": _as_shape,
-            "boundary_factor": _as_float,
-            "periodic": _as_bool,
-        },
-        positional="dims",
-        aliases={"boundary": "boundary_factor"},
-    ),
-    "random_sparse": _Kind(
-        generators.random_sparse,
-        {"density": _as_float, "seed": _as_int},
-        positional="density",
-    ),
-}
+        Every parameter after ``num_ranks`` (and ``bytes_per_rank``, which makes
+        it sized) is a key, read by its annotation (:data:`_READERS`); one
+        without a default is required.
+        """
+        params = list(inspect.signature(func).parameters.values())[1:]
+        sized = bool(params) and params[0].name == "bytes_per_rank"
+        keys = {p.name: _READERS[str(p.annotation).removesuffix(" | None")]
+                for p in params[sized:]}
+        required = tuple(p.name for p in params[sized:] if p.default is inspect.Parameter.empty)
+        return cls(func, keys, positional, aliases, sized, required)
+
+
+#: Every workload: its generator and how its spec keys read, in the order listed.
+_KINDS: Registry[_Kind] = Registry("workload", error=WorkloadError)
+for _kind in (
+    _Kind.of(generators.uniform),
+    _Kind.of(generators.hotspot, "ratio"),
+    _Kind.of(generators.zipf, "alpha"),
+    _Kind.of(generators.moe, experts="num_experts", topk="top_k", k="top_k", hot="hot_ratio"),
+    _Kind.of(generators.many_to_few, "sinks"),
+    _Kind.of(generators.stencil, "dims", boundary="boundary_factor"),
+    _Kind.of(generators.random_sparse, "density"),
+):
+    _KINDS.add(_kind.func.__name__, _kind, module=__name__)
 
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_KINDS)
 """Names accepted by :func:`parse_workload` and :meth:`WorkloadSpec.parse`."""
@@ -240,7 +228,7 @@ _BYTES_KEYS = ("bytes", "bytes_per_rank")
 
 
 def _unknown(what: str, given: str, valid: list[str]) -> WorkloadError:
-    hint = _spec.did_you_mean(given, valid)
+    hint = did_you_mean(given, valid)
     return WorkloadError(f"unknown {what} {given!r}{hint}; valid: {', '.join(valid)}")
 
 
@@ -295,7 +283,7 @@ class WorkloadSpec:
         head, rest = _spec.split(spec, "workload spec")
         name = head.lower().replace("-", "_")
         if name not in _KINDS:
-            raise _unknown("workload", head, list(_KINDS))
+            raise _KINDS.unknown(head)  # as written; the closest name and every one
         kind = _KINDS[name]
 
         def canonical(key: str) -> str:
@@ -358,9 +346,7 @@ class WorkloadSpec:
         numpy.ndarray
             The demand matrix.
         """
-        kind = _KINDS.get(self.name)
-        if kind is None:
-            raise _unknown("workload", self.name, list(_KINDS))
+        kind = _KINDS[self.name]
         if gpus_per_node is not None:
             if (
                 isinstance(gpus_per_node, bool)
