@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import textwrap
 
@@ -106,3 +107,48 @@ def test_a_broken_entry_module_fails_each_read(tmp_path):
     for _ in range(2):
         with pytest.raises(RuntimeError, match="broken"):
             regplug.REG.names()
+
+
+# ------------------------------------------------------------ the package's registries
+def test_every_plug_in_table_is_a_registry_in_its_documented_order():
+    import pathweave as pw
+    from pathweave.bench.paper import FIGURES
+    from pathweave.cli._common import BENCHES
+    from pathweave.fabric.presets import FORMATS, PRESETS
+    from pathweave.sim.policies import POLICIES as DYNAMIC
+    from pathweave.traffic.spec import _KINDS
+
+    expected = [
+        (pw.plan.POLICIES, ["static", "deepep", "multirail", "mwu", "optimal", "hscore",
+                           "mwu_time", "mintime"]),
+        (DYNAMIC, ["ecmp", "flowbender", "hopper", "nimble-online", "spray"]),
+        (PRESETS, ["h100-2x4", "dgx-h100", "dgx-h200", "dgx-a100", "gb200-nvl72", "cluster"]),
+        (FORMATS, ["nccl-xml", "nvidia-smi", "fabric"]),
+        (_KINDS, ["uniform", "hotspot", "zipf", "moe", "many_to_few", "stencil", "random_sparse"]),
+        (FIGURES, ["fig6", "fig7", "fig8", "table1", "hopper"]),
+        (BENCHES, ["planner", "sim", "paper", "dataplane", "emulate", "moe", "hostcost"]),
+    ]
+    for registry, names in expected:
+        assert isinstance(registry, Registry)
+        assert list(registry) == names, registry.what
+
+
+def test_topology_format_keys_are_the_readers_options():
+    from pathweave.fabric.presets import FORMATS
+
+    common = ("gpu", "nvlink_kind", "nvlink_Bps_per_link", "nic_Bps", "pcie_Bps")
+    assert FORMATS["nccl-xml"].keys == ("nodes", *common, "name")
+    assert FORMATS["nvidia-smi"].keys == ("nodes", *common, "nics_per_gpu", "name")
+    assert FORMATS["fabric"].keys == ()
+
+
+def test_bench_cli_has_one_command_per_registered_benchmark():
+    from typer.main import get_command
+
+    from pathweave.cli._common import BENCHES
+    from pathweave.cli.main import app
+
+    bench = get_command(app).commands["bench"]
+    assert list(bench.commands) == list(BENCHES)
+    for name, func in BENCHES.items():  # each command is its registered function
+        assert inspect.cleandoc(bench.commands[name].help) == inspect.cleandoc(func.__doc__)

@@ -23,6 +23,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from pathweave._files import IMAGE_SUFFIXES, atomic_write, is_stdout, output_dir, output_path
+from pathweave._registry import Registry
 from pathweave.errors import InputError, OutputFileError, PathweaveError
 from pathweave.fabric import Fabric
 from pathweave.plan import policies, policy_info
@@ -33,6 +34,24 @@ EXIT_BAD_INPUT = 2
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: The ``pathweave bench`` commands, in ``bench --help``'s order: each is a
+#: typer command function in its own module here, registered with
+#: ``@BENCHES.register(name)``; the CLI adds every one (cli/main.py).
+BENCHES: Registry[Callable[..., None]] = Registry(
+    "benchmark", error=InputError,
+    modules=tuple(f"pathweave.cli.{m}" for m in (
+        "planner", "sim", "paper", "dataplane", "emulate", "moe", "hostcost")),
+)
+
+#: How a benchmark's :class:`~pathweave.bench._report.Check` line starts, by ``passed``.
+CHECK_MARKS = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}
+
+
+def print_checks(out: Console, checks: Sequence[Any]) -> None:
+    """Print every benchmark's target lines the one way: ``PASS``/``MISS``/``-`` and the text."""
+    for check in checks:
+        out.print(f"{CHECK_MARKS[check.passed]} {check.text}", soft_wrap=True)
 
 
 def console(*, stderr: bool = False) -> Console:

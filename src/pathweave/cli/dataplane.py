@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pathweave.cli._common import (
+    BENCHES,
     JsonOut,
     console,
     fail,
@@ -27,6 +28,7 @@ from pathweave.cli._common import (
     handles_user_errors,
     human_console,
     parse_bytes,
+    print_checks,
     quick_option,
     repeat_option,
     write_json,
@@ -167,6 +169,7 @@ def overhead_note() -> str:
     )
 
 
+@BENCHES.register("dataplane")
 def bench_dataplane(
     json_out: JsonOut = None,
     quick: Annotated[bool, quick_option("Sizes up to 4 MiB per pair only.")] = False,
@@ -229,9 +232,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, repeat: int | None, w
     out.print(overhead_table(records))
     out.print(f"[dim]{overhead_note()}[/]")
     checks = dataplane.summarize(records)
-    for check in checks:
-        mark = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "[dim]  - [/]"}[check.passed]
-        out.print(f"{mark} {check.text}", soft_wrap=True)
+    print_checks(out, checks)
     if json_out is not None:
         wrote(out, write_json(json_out, records))
     if not all(r["verified"] for r in records):

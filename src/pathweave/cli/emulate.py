@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table
 
 from pathweave.cli._common import (
+    BENCHES,
     console,
     fail,
     fmt_bytes,
@@ -265,6 +266,7 @@ def run_cmd(
         wrote(out, write_json(json_out, res.to_dict()))
 
 
+@BENCHES.register("emulate")
 @handles_user_errors
 def bench_emulate(
     fabric: FabricOpt = "h100-2x4",

@@ -7,9 +7,17 @@ from typing import Annotated
 
 import typer
 
-from pathweave.cli._common import console, handles_user_errors, out_file, write_json
+from pathweave.cli._common import (
+    BENCHES,
+    console,
+    handles_user_errors,
+    out_file,
+    print_checks,
+    write_json,
+)
 
 
+@BENCHES.register("hostcost")
 @handles_user_errors
 def bench_hostcost(
     ranks: Annotated[list[int] | None, typer.Option(
@@ -48,8 +56,6 @@ def bench_hostcost(
                   f"torch {r['torch_s'] * 1e6:>6,.0f} us, {r['ops']:>5} ops (fake "
                   f"group's own {r['floor_s'] * 1e6:>7,.0f} us), first call "
                   f"{r['first_call_s'] * 1e3:,.0f} ms")
-    for c in checks:
-        state = "INFO" if c.passed is None else "PASS" if c.passed else "MISS"
-        out.print(f"{state} {c.text}")
+    print_checks(out, checks)
     if json_out is not None:
         write_json(json_out, {"records": records, "checks": [c.__dict__ for c in checks]})

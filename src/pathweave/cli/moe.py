@@ -23,11 +23,13 @@ from rich.table import Table
 
 from pathweave._files import atomic_write
 from pathweave.cli._common import (
+    BENCHES,
     console,
     fail,
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
+    print_checks,
     quick_option,
 )
 
@@ -112,6 +114,7 @@ def moe_train_table(records: Sequence[Mapping[str, Any]]) -> Table:
     return table
 
 
+@BENCHES.register("moe")
 def bench_moe(
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
@@ -178,9 +181,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
               soft_wrap=True)
     with console(stderr=True).status("running the decode and prefill targets (1 and 4 ranks)"):
         checks, decode = moe.decode_checks()
-    for c in checks:  # the decode targets: the low-latency mode against plain torch
-        tag = {True: "[green]PASS[/]", False: "[red]MISS[/]", None: "-"}[c.passed]
-        out.print(f"{tag} {c.text}", soft_wrap=True)
+    print_checks(out, checks)  # the decode targets: the low-latency mode against plain torch
     s["decode"] = {"checks": [vars(c) for c in checks], **decode}
     s["outputs_equal"] = s["outputs_equal"] and checks[-1].passed is True
     if json_out is not None:

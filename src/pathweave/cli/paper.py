@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pathweave.cli._common import (
+    BENCHES,
     console,
     fail,
     fmt_duration,
@@ -197,6 +198,7 @@ def _summary_table(outcome: Any, names: Sequence[str]) -> Table:
     return table
 
 
+@BENCHES.register("paper")
 @handles_user_errors
 def bench_paper(
     name: Annotated[
