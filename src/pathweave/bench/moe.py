@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from pathweave.bench._report import Check
+
 __all__ = ["MoECase", "cases", "count_ops", "host_reads", "run"]
 
 #: Tensor methods by which a value crosses from a tensor to the host (Python or numpy).
@@ -540,6 +542,23 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summary_checks(s: dict[str, Any]) -> list[Check]:
+    """:func:`summary`'s two targets as the benchmarks' one line type.
+
+    >>> [c.text for c in summary_checks({"worst_balanced_ratio": 1.05, "balanced_ok": True,
+    ...                                  "worst_padded_speedup": 2.0, "padded_ok": True})]
+    ['balanced routing: pathweave/exact <= 1.10 (worst 1.05)', \
+'faster than padded wherever padding wastes bytes (worst padded/pathweave 2.00)']
+    """
+    return [
+        Check("balanced_over_exact", s["worst_balanced_ratio"], 1.10, s["balanced_ok"],
+              f"balanced routing: pathweave/exact <= 1.10 (worst {s['worst_balanced_ratio']:.2f})"),
+        Check("padded_over_pathweave", s["worst_padded_speedup"], 1.0, s["padded_ok"],
+              "faster than padded wherever padding wastes bytes "
+              f"(worst padded/pathweave {s['worst_padded_speedup']:.2f})"),
+    ]
+
+
 #: The decode case: one rank, 128 tokens, top-8 of 256 experts, hidden 256, fp32.
 DECODE_CASE = {"tokens": 128, "experts": 256, "k": 8, "hidden": 256}
 
@@ -612,7 +631,6 @@ def decode_checks(repeat: int = 200, case: dict[str, int] | None = None,
     tokens against plain torch (the 1.2x target is a GPU's). Returns the
     :class:`~pathweave.bench._report.Check` lines (the outputs' check last) and the
     records."""
-    from pathweave.bench._report import Check
     from pathweave.runtime.launch import run_local
 
     c = dict(DECODE_CASE if case is None else case)

@@ -169,11 +169,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
             out.print(f"[dim]skipped {r['tokens']} tokens, hidden {r['hidden']}, "
                       f"{r['routing']}: {r['skipped']}[/]", soft_wrap=True)
     s = moe.summary(records)
-    mark = {True: "[green]PASS[/]", False: "[red]MISS[/]"}
-    out.print(f"{mark[s['balanced_ok']]} balanced routing: pathweave/exact <= 1.10 "
-              f"(worst {s['worst_balanced_ratio']:.2f})", soft_wrap=True)
-    out.print(f"{mark[s['padded_ok']]} faster than padded wherever padding wastes bytes "
-              f"(worst padded/pathweave {s['worst_padded_speedup']:.2f})", soft_wrap=True)
+    print_checks(out, moe.summary_checks(s))
     out.print("[dim]exact (b): torch all_to_all_single with exact splits; padded (a): every "
               "rank pair padded to m*min(k, L) rows. Per round trip pathweave makes one small "
               "exchange more than (b): combine's guardrails (dispatch's replaces (b)'s count "
