@@ -152,3 +152,25 @@ def test_bench_cli_has_one_command_per_registered_benchmark():
     assert list(bench.commands) == list(BENCHES)
     for name, func in BENCHES.items():  # each command is its registered function
         assert inspect.cleandoc(bench.commands[name].help) == inspect.cleandoc(func.__doc__)
+
+
+@pytest.mark.usefixtures("plugins")
+def test_threads_reading_first_all_see_every_entry():
+    import threading
+
+    import regplug
+
+    seen = []
+    go = threading.Barrier(4)
+
+    def read():
+        go.wait()
+        seen.append(regplug.REG.names())
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [["z", "a", "b"]] * 4
+    assert regplug.IMPORTED == ["zfirst", "ant", "bee"]

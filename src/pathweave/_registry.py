@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -79,8 +80,8 @@ class Registry(Mapping[str, T]):
     pathweave.errors.PlanError: colour 'red' is already registered
     """
 
-    __slots__ = ("_entries", "_loaded", "_modules", "_order", "_package", "error", "plural",
-                 "what")
+    __slots__ = ("_entries", "_loaded", "_loading", "_lock", "_modules", "_order", "_package",
+                 "error", "plural", "what")
 
     def __init__(self, what: str, *, plural: str | None = None,
                  error: type[Exception] = InputError, modules: Sequence[str] = (),
@@ -91,6 +92,10 @@ class Registry(Mapping[str, T]):
         self._modules = tuple(modules)
         self._package = package
         self._loaded = not self._modules and package is None
+        self._loading = False
+        # Another thread waits for the entry modules; the loading thread itself
+        # (an entry module reading the registry) sees what is there so far.
+        self._lock = threading.RLock()
         self._entries: dict[str, T] = {}
         # name -> the entry's module, for the listing order.
         self._order: dict[str, str | None] = {}
@@ -126,13 +131,16 @@ class Registry(Mapping[str, T]):
         """Import the entry modules (once; a module that fails to import raises each time)."""
         if self._loaded:
             return
-        self._loaded = True  # an entry module that reads the registry sees what is there
-        try:
-            for mod in self._all_modules():
-                importlib.import_module(mod)
-        except BaseException:
-            self._loaded = False
-            raise
+        with self._lock:
+            if self._loaded or self._loading:
+                return
+            self._loading = True
+            try:
+                for mod in self._all_modules():
+                    importlib.import_module(mod)
+            finally:
+                self._loading = False
+            self._loaded = True
 
     def _all_modules(self) -> list[str]:
         mods = list(self._modules)
