@@ -80,8 +80,8 @@ class Registry(Mapping[str, T]):
     pathweave.errors.PlanError: colour 'red' is already registered
     """
 
-    __slots__ = ("_entries", "_loaded", "_loading", "_lock", "_modules", "_order", "_package",
-                 "error", "plural", "what")
+    __slots__ = ("_entries", "_loaded", "_loading", "_lock", "_modules", "_names", "_order",
+                 "_package", "error", "plural", "what")
 
     def __init__(self, what: str, *, plural: str | None = None,
                  error: type[Exception] = InputError, modules: Sequence[str] = (),
@@ -99,6 +99,7 @@ class Registry(Mapping[str, T]):
         self._entries: dict[str, T] = {}
         # name -> the entry's module, for the listing order.
         self._order: dict[str, str | None] = {}
+        self._names: tuple[str, ...] | None = None  # the listing, kept until an entry is added
 
     # ------------------------------------------------------------ adding
     def add(self, name: str, entry: E, *, module: str | None = None) -> E:
@@ -116,6 +117,7 @@ class Registry(Mapping[str, T]):
             raise self.error(f"{self.what} {name!r} is already registered")
         self._entries[name] = entry  # type: ignore[assignment]
         self._order[name] = module
+        self._names = None
         return entry
 
     def register(self, name: str) -> Callable[[E], E]:
@@ -153,12 +155,12 @@ class Registry(Mapping[str, T]):
     def names(self) -> list[str]:
         """Every name, in order (see ``modules``)."""
         self.load()
-        if not self._modules:
-            return list(self._entries)
-        rank = {m: i for i, m in enumerate(self._modules)}
-        seq = {n: i for i, n in enumerate(self._entries)}
-        return sorted(self._entries,
-                      key=lambda n: (rank.get(self._order[n] or "", len(rank)), seq[n]))
+        if self._names is None:  # planners list candidates per call: sort once
+            rank = {m: i for i, m in enumerate(self._modules)}
+            seq = {n: i for i, n in enumerate(self._entries)}
+            self._names = tuple(sorted(
+                self._entries, key=lambda n: (rank.get(self._order[n] or "", len(rank)), seq[n])))
+        return list(self._names)
 
     def __getitem__(self, name: str) -> T:
         self.load()
