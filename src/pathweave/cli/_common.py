@@ -36,12 +36,13 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: The ``pathweave bench`` commands, in ``bench --help``'s order: each is a
-#: typer command function in its own module here, registered with
-#: ``@BENCHES.register(name)``; the CLI adds every one (cli/main.py).
+#: typer command function in a module here (``planner`` and ``sim`` share
+#: bench.py), registered with ``@BENCHES.register(name)``; the CLI adds every
+#: one (cli/main.py).
 BENCHES: Registry[Callable[..., None]] = Registry(
     "benchmark", error=InputError,
     modules=tuple(f"pathweave.cli.{m}" for m in (
-        "planner", "sim", "paper", "dataplane", "emulate", "moe", "hostcost")),
+        "bench", "paper", "dataplane", "emulate", "moe", "hostcost")),
 )
 
 #: How a benchmark's :class:`~pathweave.bench._report.Check` line starts, by ``passed``.

@@ -225,7 +225,7 @@ def plan_cmd(
 
 
 # ------------------------------------------------------------------ bench
-for _name, _bench in BENCHES.items():  # one module each: cli/planner.py, cli/sim.py, ...
+for _name, _bench in BENCHES.items():  # cli/bench.py (planner, sim), cli/paper.py, ...
     bench_app.command(_name)(_bench)
 
 
