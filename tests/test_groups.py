@@ -25,8 +25,9 @@ from typer.testing import CliRunner
 
 import pathweave as pw
 from pathweave.cli.main import app
-from pathweave.errors import PlanError, WorkloadError
+from pathweave.errors import FabricError, PlanError, WorkloadError
 from pathweave.fabric import VertexKind
+from pathweave.fabric._limits import MEMORY_ENV
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import LAYOUTS, groups, parse_groups, placement
 
@@ -286,3 +287,25 @@ def test_scale_memory_model_and_checks_by_hand():
     slow = bench_groups.scale_checks([row(8192, 9e9, wall=25.0)])
     assert [c.passed for c in slow] == [False, False]
     assert bench_groups.scale_checks(rows[:1])[0].passed is None  # 8192 not measured
+
+
+def test_groups_plan_where_the_dense_paths_would_not_fit(monkeypatch):
+    # 100 kB: a 16-GPU fabric's dense path set does not fit, an 8-GPU group's subset does.
+    monkeypatch.setenv(MEMORY_ENV, "0.0001")
+    with pytest.raises(FabricError, match=r"would need about .* for candidate paths"):
+        pw.fabric.preset("dgx-h100:nodes=2")
+    fab = pw.fabric.preset("dgx-h100:nodes=2", dense_paths=False)
+    with pytest.raises(FabricError, match="for candidate paths"):
+        pw.fabric.candidate_paths(fab)  # the dense set is still held against memory
+    wl = groups(fab.num_ranks, "hotspot:0.8", 2, 8, "block")
+    plan = plan_groups(fab, wl, "mintime", mode="joint")
+    assert plan.congestion_s > 0
+    result = runner.invoke(app, ["plan", "-f", "dgx-h100:nodes=2", "-w", "uniform",
+                                 "--groups", "2x8", "--no-lp", "-p", "static,multirail"])
+    assert result.exit_code == 0, result.output
+    assert "left out multirail" in result.output and "congestion joint" in result.output
+    result = runner.invoke(app, ["plan", "-f", "dgx-h100:nodes=2", "-w", "uniform"])
+    assert result.exit_code == 2 and "for candidate paths" in result.output
+    result = runner.invoke(app, ["plan", "-f", "dgx-h100:nodes=2", "-w", "uniform",
+                                 "--groups", "2x8", "-p", "multirail"])
+    assert result.exit_code == 2 and "models a peer's own routing" in result.output

@@ -44,7 +44,6 @@ import numpy as np
 from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench._report import Check, Progress
-from pathweave.fabric.presets import PRESETS
 from pathweave.plan import DEFAULT_POLICY
 from pathweave.plan.groups import MODES, group_paths, plan_groups, shared_links
 from pathweave.traffic.groups import GroupWorkload, groups
@@ -99,16 +98,14 @@ def _workload(fab: pwfabric.Fabric, placement: str, spec: str,
 
 
 def scale_fabric(ranks: int) -> pwfabric.Fabric:
-    """``dgx-h100:nodes=ranks/8,spines=4``, built without the preset's size check.
+    """``dgx-h100:nodes=ranks/8,spines=4``, built for group subsets' paths only.
 
-    The check (:func:`pathweave.fabric._limits.check_size`) holds a fabric's
-    *dense* candidate paths against memory; groups compile only their own
-    subsets' paths (:func:`~pathweave.plan.groups.group_paths`), which the
-    scale case measures.
+    Its *dense* candidate paths would not fit (``dense_paths=False``,
+    :func:`pathweave.fabric.preset`); groups compile only their own subsets'
+    paths (:func:`~pathweave.plan.groups.group_paths`), which the scale case
+    measures.
     """
-    fab = PRESETS["dgx-h100"](nodes=ranks // 8, spines=4)
-    pwfabric.check_physical(fab, f"dgx-h100:nodes={ranks // 8},spines=4")
-    return fab
+    return pwfabric.preset(f"dgx-h100:nodes={ranks // 8},spines=4", dense_paths=False)
 
 
 def _peak_rss_bytes() -> int:

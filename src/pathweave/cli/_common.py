@@ -284,8 +284,11 @@ def handles_user_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def load_fabric(spec: str) -> Fabric:
+def load_fabric(spec: str, *, dense_paths: bool = True) -> Fabric:
     """Resolve a ``PRESET|FILE`` argument and show what discovery assumed.
+
+    ``dense_paths``: as :func:`pathweave.fabric.resolve`'s (False where only
+    concurrent groups' own paths are compiled).
 
     Topology files (NCCL XML, ``nvidia-smi topo -m``) leave gaps that
     discovery fills with documented defaults; its notes and warnings (NICs
@@ -296,7 +299,7 @@ def load_fabric(spec: str) -> Fabric:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fab = resolve(spec)
+        fab = resolve(spec, dense_paths=dense_paths)
     discovery = fab.meta.get("discovery") or {}
     notes = [str(w.message) for w in caught] + [str(n) for n in discovery.get("notes", ())]
     err = console(stderr=True)

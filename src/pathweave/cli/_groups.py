@@ -19,12 +19,24 @@ from pathweave.bench.planner import warm_up
 from pathweave.cli._common import Steps, fmt_bytes, fmt_time, write_json, wrote
 from pathweave.fabric import Fabric
 from pathweave.plan.groups import MODES, plan_groups, shared_links
+from pathweave.plan.registry import policies
 from pathweave.traffic.groups import groups, parse_groups
 
 
 def run_groups(out: Console, fab: Fabric, workload: str, spec: str, names: Sequence[str],
                size: int, *, simulate: bool, json_out: Path | None) -> None:
-    """Plan (and simulate) ``workload`` on every group of ``spec`` with each policy."""
+    """Plan (and simulate) ``workload`` on every group of ``spec`` with each policy.
+
+    Peer models (policies that are not plans a runtime executes, e.g.
+    ``multirail``) are left out with a note while another policy remains;
+    named alone they raise :func:`~pathweave.plan.groups.plan_groups`'s error.
+    """
+    runnable = set(policies(executable_only=True))
+    left = [n for n in names if n not in runnable]
+    if left and len(left) < len(names):
+        names = [n for n in names if n in runnable]
+        out.print(f"[dim]note: left out {', '.join(left)}: a peer's own routing, not a plan "
+                  "a group's runtime runs[/]")
     gs = parse_groups(spec)
     wl = groups(fab.num_ranks, workload, gs.count, gs.size, gs.layout,
                 start_s=gs.stagger_s, bytes_per_rank=size)

@@ -188,7 +188,7 @@ def plan_cmd(
     """Plan one workload with several policies and compare them with the LP optimum."""
     names = parse_policies(policy)
     size = parse_bytes(bytes_per_rank)
-    fab = load_fabric(fabric)
+    fab = load_fabric(fabric, dense_paths=groups is None)
     if groups is not None:
         from pathweave.cli._groups import run_groups
 

@@ -85,7 +85,7 @@ def simulate_cmd(
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
     names = ordered_policies(parse_policies(policy))
     size = parse_bytes(bytes_per_rank)
-    fab = load_fabric(fabric)
+    fab = load_fabric(fabric, dense_paths=groups is None)
     if groups is not None:
         from pathweave.cli._groups import run_groups
 

@@ -88,7 +88,7 @@ def estimate_path_bytes(nodes: int, gpus_per_node: int, rails: int, spines: int,
 
 
 def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines: int,
-               links: int, relays: bool = True) -> None:
+               links: int, relays: bool = True, paths: bool = True) -> None:
     """Raise :class:`FabricError` if a fabric of this shape is too large to plan here.
 
     Parameters
@@ -101,8 +101,13 @@ def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines
         Its number of directed links (an estimate is fine).
     relays
         Whether GPU pairs inside a node have relay paths (no NVSwitch).
+    paths
+        Whether the fabric's *dense* candidate paths (every rank pair's) must
+        fit too. False where only smaller path sets will be built (concurrent
+        groups compile their own subsets'); :func:`~pathweave.fabric.paths.candidate_paths`
+        still holds the dense set against memory before compiling it.
     """
-    need = estimate_path_bytes(nodes, gpus_per_node, rails, spines, relays)
+    need = estimate_path_bytes(nodes, gpus_per_node, rails, spines, relays) if paths else 0
     limit = memory_limit_bytes()
     if need > limit:
         how = f"{MEMORY_ENV}" if os.environ.get(MEMORY_ENV) else "half its memory"
@@ -116,7 +121,7 @@ def check_size(label: str, *, nodes: int, gpus_per_node: int, rails: int, spines
         )
 
 
-def check_fabric(fab: object, label: str | None = None) -> None:
+def check_fabric(fab: object, label: str | None = None, *, paths: bool = True) -> None:
     """:func:`check_size` for a built :class:`~pathweave.fabric.Fabric`."""
     from pathweave.fabric._core import Fabric, VertexKind
 
@@ -124,7 +129,7 @@ def check_fabric(fab: object, label: str | None = None) -> None:
     check_size(
         label or fab.name, nodes=fab.num_nodes, gpus_per_node=fab.gpus_per_node,
         rails=len(fab.rails), spines=int(fab.vertices_of_kind(VertexKind.SPINE).size),
-        links=fab.num_links, relays=fab.nvlink_kind != "nvswitch",
+        links=fab.num_links, relays=fab.nvlink_kind != "nvswitch", paths=paths,
     )
 
 

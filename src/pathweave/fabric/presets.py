@@ -270,7 +270,7 @@ def parse_options(spec: str, text: str) -> dict[str, Any]:
             for key, _, val in found}
 
 
-def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
+def _check_shape(spec: str, base: str, kw: dict[str, Any], dense_paths: bool) -> None:
     shape = {**_SHAPES[base], **kw}
     nodes = int(shape.get("nodes", 1))
     gpus = int(shape["gpus_per_node"])
@@ -282,15 +282,18 @@ def _check_shape(spec: str, base: str, kw: dict[str, Any]) -> None:
         node_links += 2 * (gpus + rails) + sockets * (sockets - 1)
     links = nodes * (node_links + 4 * rails) + 2 * rails * spines
     check_size(spec, nodes=nodes, gpus_per_node=gpus, rails=rails, spines=spines, links=links,
-               relays=shape["node_kind"] != "nvswitch")
+               relays=shape["node_kind"] != "nvswitch", paths=dense_paths)
 
 
-def preset(name: str, **params: Any) -> Fabric:
+def preset(name: str, *, dense_paths: bool = True, **params: Any) -> Fabric:
     """A named fabric; ``params`` override the preset's parameters.
 
     ``name`` may carry parameters as ``NAME:key=value,...``; each key once.
     The size is checked before anything is built (see
-    :func:`pathweave.fabric._limits.check_size`).
+    :func:`pathweave.fabric._limits.check_size`): the fabric's links and,
+    with ``dense_paths`` (the default), the candidate paths of every rank
+    pair. ``dense_paths=False`` where only smaller path sets will be
+    compiled (concurrent groups' subsets, ``--groups``).
 
     Examples
     --------
@@ -305,7 +308,7 @@ def preset(name: str, **params: Any) -> Fabric:
     kw = parse_options(name, rest or "")
     kw.update(params)
     try:
-        _check_shape(name, base, kw)
+        _check_shape(name, base, kw, dense_paths)
         fab = build(**kw)
     except TypeError as exc:
         raise FabricError(f"fabric preset {base!r}: {exc}") from None
@@ -366,8 +369,8 @@ def sniff(raw: bytes) -> str:
     return next(f.name for f in FORMATS.values() if f.detect(raw))
 
 
-def load_topology(path: str | os.PathLike[str], label: str | None = None,
-                  **options: Any) -> Fabric:
+def load_topology(path: str | os.PathLike[str], label: str | None = None, *,
+                  dense_paths: bool = True, **options: Any) -> Fabric:
     """A fabric from any topology file, its kind detected by content.
 
     Parameters
@@ -408,7 +411,7 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
     reader = fmt.reader
     if reader is None:
         fab = io.load(path)
-        check_fabric(fab, label)
+        check_fabric(fab, label, paths=dense_paths)
         check_physical(fab, label)
         return fab
     nodes = int(options.pop("nodes", 1))
@@ -416,7 +419,8 @@ def load_topology(path: str | os.PathLike[str], label: str | None = None,
         warnings.simplefilter("always", discovery.DiscoveryWarning)
         one = reader(Path(path), 1, **options)
         check_size(label, nodes=nodes, gpus_per_node=one.gpus_per_node, rails=len(one.rails),
-                   spines=0, links=one.num_links * nodes, relays=one.nvlink_kind != "nvswitch")
+                   spines=0, links=one.num_links * nodes, relays=one.nvlink_kind != "nvswitch",
+                   paths=dense_paths)
         check_physical(one, label)
         fab = one if nodes == 1 else reader(Path(path), nodes, **options)
     for text in dict.fromkeys(str(w.message) for w in caught):
@@ -434,12 +438,13 @@ def _file_spec(text: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
+def resolve(spec: str | os.PathLike[str] | Fabric, *, dense_paths: bool = True) -> Fabric:
     """A fabric from a preset spec, a topology file (``PATH[:key=value,...]``) or a Fabric.
 
     Files are YAML/JSON fabric files, NCCL topology XML or ``nvidia-smi
     topo -m`` text, told apart by content (:func:`sniff`); the last two take
     discovery options as spec keys, e.g. ``node.xml:nodes=4,gpu=h100``.
+    ``dense_paths``: as :func:`preset`'s.
 
     Examples
     --------
@@ -452,11 +457,11 @@ def resolve(spec: str | os.PathLike[str] | Fabric) -> Fabric:
     text = os.fspath(spec)
     base = text.partition(":")[0].strip()
     if base in PRESETS:
-        return preset(text)
+        return preset(text, dense_paths=dense_paths)
     found = _file_spec(text)
     if found is None:
         raise FabricError(
             f"fabric {text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
             + PRESETS.suggest(base)
         )
-    return load_topology(found[0], text, **found[1])
+    return load_topology(found[0], text, dense_paths=dense_paths, **found[1])
