@@ -127,7 +127,7 @@ def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
         inv.setflags(write=False)
         return pen, inv
 
-    return paths.derived(("mwu_time.tables", m), build)
+    return paths.derived(("mwu_time.tables", _model_key(model)), build)
 
 
 def _time_classes(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
