@@ -84,7 +84,6 @@ from pathweave.plan.registry import DEFAULT_POLICY, baselines, policy_info, regi
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
     _model_key,
-    default_model,
     lower_bound_s,
     path_costs,
     predict_time,
@@ -111,10 +110,8 @@ PLAN_PIECES = 64
 
 def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per-path forwarding penalty (s) over the pair's cheapest path, and 1/capacity."""
-    m = default_model() if model is None else model
-    pc = path_costs(paths, m)
-
     def build() -> tuple[np.ndarray, np.ndarray]:
+        pc = path_costs(paths, model)
         fixed = pc.fixed_s(np.arange(paths.num_paths))
         ptr = paths.pair_ptr
         starts = ptr[:-1]

@@ -334,7 +334,8 @@ def _build_reference(paths: PathSet, model: SimModel) -> PathCosts:
 def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
     """The time model's per-path tables, built once per (path set, model)."""
     m = default_model() if model is None else model
-    return paths.derived(("timemodel", m), lambda: _build(paths, m))
+    # Keyed by _model_key: hashing a SimModel cost ~1 us, and planning asks per candidate.
+    return paths.derived(("timemodel", _model_key(model)), lambda: _build(paths, m))
 
 
 @njit(cache=True, inline="always")
@@ -539,7 +540,7 @@ def _link_tail_max(
 def _model_key(model: SimModel | None) -> object:
     """Cache key of a model: the default one by name (hashing a SimModel's fields
     costs about a microsecond, several times per 8-GPU plan)."""
-    if model is None:
+    if model is None or (_DEFAULT and model is _DEFAULT[0]):
         return "default"
     return "ideal" if _IDEAL and model is _IDEAL[0] else model
 
@@ -636,7 +637,7 @@ def tail_slack_s(paths: PathSet, model: SimModel | None = None) -> float:
         fill = pc.latency_s + pc.chunk_bytes * pc.stage_s_per_byte
         return float(fill.max(initial=0.0))
 
-    return paths.derived(("timemodel.tail_slack", m), build)
+    return paths.derived(("timemodel.tail_slack", _model_key(model)), build)
 
 
 def executor_rounds(
