@@ -334,8 +334,7 @@ def _build_reference(paths: PathSet, model: SimModel) -> PathCosts:
 def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
     """The time model's per-path tables, built once per (path set, model)."""
     m = default_model() if model is None else model
-    # Keyed by _model_key: hashing a SimModel cost ~1 us, and planning asks per candidate.
-    return paths.derived(("timemodel", _model_key(model)), lambda: _build(paths, m))
+    return paths.derived(("timemodel", m), lambda: _build(paths, m))
 
 
 @njit(cache=True, inline="always")
@@ -637,7 +636,7 @@ def tail_slack_s(paths: PathSet, model: SimModel | None = None) -> float:
         fill = pc.latency_s + pc.chunk_bytes * pc.stage_s_per_byte
         return float(fill.max(initial=0.0))
 
-    return paths.derived(("timemodel.tail_slack", _model_key(model)), build)
+    return paths.derived(("timemodel.tail_slack", m), build)
 
 
 def executor_rounds(
