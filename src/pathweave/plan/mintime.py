@@ -161,12 +161,11 @@ def mwu_time(
     pen, inv = _time_tables(paths, model)
     # The cut bound less the set-up bounds every plan's most loaded effective
     # link's time: the certified target of refinement's early stop.
-    bound = lower_bound_s(paths, demand, model) - pc.setup_s
     return route(
         fabric, demand, paths, "mwu_time", ("time", _model_key(model)),
         pc.links, pc.length, pen, inv,
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
-        refine=refine, bound_s=max(bound, 0.0),
+        refine=refine, bound=(model, pc.setup_s),
     )
 
 

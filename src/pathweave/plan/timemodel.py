@@ -774,6 +774,14 @@ def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np
     return paths.derived(("timemodel.cuts", model if key is None else key), build)
 
 
+def cut_tables(paths: PathSet, model: SimModel | None = None) -> tuple[tuple, float]:
+    """The tables of :func:`lower_bound_s` under ``model`` (kept with ``paths``) and its
+    set-up time: what a kernel needs to compute the bound itself
+    (:func:`pathweave.plan._mwu_kernel.route_cut`)."""
+    m = default_model() if model is None else model
+    return _cut_tables(paths, m, _model_key(model)), float(m.setup_s)
+
+
 def lower_bound_s(
     paths: PathSet, demand: np.ndarray, model: SimModel | None = None, *,
     sums: tuple[np.ndarray, np.ndarray] | None = None,
