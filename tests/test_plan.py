@@ -317,6 +317,39 @@ def test_refinement_early_stop_certifies_its_gap_against_the_lp(which, policy):
     assert stopped  # the rule was exercised
 
 
+@pytest.mark.parametrize("which", ["h100", "dgx", "spine"])
+def test_route_cut_stops_where_the_cut_bound_says(which):
+    """``route_cut`` computes refinement's stop from the cut tables itself: the same
+    flows and sweeps as ``route_pinned`` given ``lower_bound_s`` of the same model,
+    less the same set-up, times one plus the gap (and no stop where nothing moves)."""
+    from pathweave.plan import timemodel as tm
+    from pathweave.plan._mwu_kernel import route_cut, route_pinned
+    from pathweave.plan.mwu import CERTIFIED_GAP, _derived
+    from pathweave.plan.static import static_pins
+
+    fab = {"h100": H100, "dgx": DGX, "spine": SPINE}[which]
+    ps = pw.fabric.candidate_paths(fab)
+    pen, inv = _derived(ps, 2e-6)
+    tail = (ps.pair_ptr, ps.links, ps.length, pen, inv, 0.5, MB, MB, 3, inv.size,
+            static_pins(ps))
+    n = fab.num_ranks
+    stopped = 0
+    for workload in ("hotspot:0.5", "stencil:dims=1", "zipf", "many_to_few:sinks=0;"):
+        D = pw.plan.registry.as_demand(pw.traffic.parse_workload(
+            workload, n, bytes_per_rank=256 * MB, gpus_per_node=fab.gpus_per_node), n)
+        for model, less in ((tm.ideal_model(), 0.0), (None, 2e-5), (pw.sim.SimModel(), 1.0)):
+            cut, setup = tm.cut_tables(ps, model)
+            bound = max(tm.lower_bound_s(ps, D, model) - less, 0.0)
+            want = route_pinned(D.reshape(-1), *tail, bound * (1.0 + CERTIFIED_GAP))
+            got = route_cut(D, *tail, cut, setup, less, CERTIFIED_GAP)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), workload
+            stopped += int(got[2]) < int(route_pinned(D.reshape(-1), *tail, 0.0)[2])
+    assert stopped  # some bound stopped refinement: the stop was exercised
+    nothing = np.zeros((n, n), dtype=np.int64)
+    cut, setup = tm.cut_tables(ps, None)
+    assert route_cut(nothing, *tail, cut, setup, 0.0, CERTIFIED_GAP)[0].size == 0
+
+
 def test_round_within_pairs_conserves_bytes():
     rng = np.random.default_rng(3)
     which = np.sort(rng.integers(0, 50, 400))

@@ -34,6 +34,10 @@ Repeats
     the schedule).
 Quick mode
     Skips the 1024-GPU fabric and the LP at 256 GPUs; under a minute.
+Speed mode
+    Only the planning times: ``mwu`` and the default policy on every case
+    (replanning included), without the LP, the simulator or the time
+    yardstick, whose lines then read "not measured".
 
 Time
     Every plan's predicted time (:func:`pathweave.plan.predict_time`), its
@@ -241,6 +245,7 @@ def run(
     time_limit_s: float = TIME_LIMIT_S,
     lp_max_ranks: int | None = None,
     policies: Sequence[str] | None = None,
+    speed: bool = False,
     on_progress: ProgressFn | None = None,
 ) -> list[dict[str, Any]]:
     """Run the benchmark and return one record per (fabric, workload, policy).
@@ -261,8 +266,12 @@ def run(
         Skip the LP on fabrics with more ranks (at 1024 ranks HiGHS needs
         about 16 GB of memory and more than two minutes per case).
     policies
-        Policies to run (default: every registered one). ``optimal`` is
-        always solved where the case allows it, since the ratios need it.
+        Policies to run (default: every registered one, or ``mwu`` and the
+        default policy with ``speed``). ``optimal`` is always solved where
+        the case allows it, since the ratios need it.
+    speed
+        Only the planning times (see the module docstring): no LP, no
+        simulation, no time yardstick.
     on_progress
         Called as ``on_progress(done, total, description)`` before each step.
 
@@ -282,10 +291,12 @@ def run(
     """
     if repeat is not None and repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    names = _policy_order(pwplan.policies() if policies is None else policies)
+    if policies is None:
+        policies = ["mwu", pwplan.DEFAULT_POLICY] if speed else pwplan.policies()
+    names = _policy_order(policies)
     for n in names:
         pwplan.policy_info(n)
-    todo = cases(quick, lp_max_ranks)
+    todo = cases(quick, 0 if speed else lp_max_ranks)
     total = len(todo) * len(names) + 1
     done = 0
 
@@ -337,7 +348,7 @@ def run(
             congestion, plan_s = results[name]
             plan = plans.get(name)
             sim_s = None
-            if plan is not None and fab.num_ranks <= SIM_MAX_RANKS:
+            if plan is not None and fab.num_ranks <= SIM_MAX_RANKS and not speed:
                 sim_s = _simulate_once(fab, plan, makespans)
             records.append(
                 {

@@ -58,6 +58,10 @@ def bench_planner(
     out_dir: Annotated[
         Path | None, out_dir_option("Write bench_planner.png (ratio to optimal) here.")
     ] = None,
+    speed: Annotated[
+        bool, typer.Option("--speed", help="Only the planning times: mwu and the default "
+                           "policy (replanning included), no LP, no simulation.")
+    ] = False,
     scale: Annotated[
         bool, typer.Option("--scale", help="Instead: concurrent 64-GPU groups at 512-8192 GPUs "
                            "(plan, simulate, peak memory) and joint against per-group planning.")
@@ -75,7 +79,7 @@ def bench_planner(
     with Steps("bench") as steps:
         records = planner.run(
             quick=quick, repeat=repeat, bytes_per_rank=size, time_limit_s=time_limit,
-            lp_max_ranks=lp_max_ranks,
+            lp_max_ranks=lp_max_ranks, speed=speed,
             on_progress=lambda done, total, text: steps.update(text, done, total),
         )
     out = human_console(json_out)

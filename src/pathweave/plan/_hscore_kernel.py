@@ -35,21 +35,6 @@ NUM_CODES = 9
 
 
 @njit(cache=True)
-def set_score(load, links, p, lo, hi, f):
-    """h-score of the links ``links[p, lo:hi]`` for a message of ``f`` bytes.
-
-    ``min_e f / (L_e + f)`` is ``f / (max_e L_e + f)``: one division per set.
-    An empty set (no forward inside a node) scores 1.
-    """
-    worst = 0.0
-    for h in range(lo, hi):
-        v = load[links[p, h]]
-        if v > worst:
-            worst = v
-    return f / (worst + f)
-
-
-@njit(cache=True)
 def path_segments(links, length, into_rail, from_rail, from_gpu, to_gpu, sf_end, core_lo,
                   core_hi, df_lo):
     """Split every rail and spine path into source forward, crossing, destination forward.
@@ -152,57 +137,31 @@ def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
         # routable and the search can be skipped.
         return 1, base_code, gamma1, gamma2
     # The blog's sorted rail list: rails with a path, by h-score, ties by rail
-    # index (a stable sort of rails taken in index order).
-    cand = np.empty(k, dtype=np.int64)
-    nc = 0
+    # index. Best fit: the first rail of that list strictly above m, own rails
+    # skipped (they cannot be there: H(g1) <= gamma(G1) because H(d1) <= 1,
+    # but skipping them keeps the rule a remote-rail rule whatever the
+    # floating point does); that is the least (h-score, rail) above m.
+    # NOTE: found by one scan instead of sorting: the sort's temporary arrays
+    # (allocated and freed per pair) were most of a pair's decision.
+    fit = -1
     for x in range(k):
-        if rail_pid[x] >= 0:
-            cand[nc] = x
-            nc += 1
-    cand = cand[:nc]
-    hs = hx[cand]
-    order = np.argsort(hs, kind="mergesort")
-    sh = hs[order]
-    # Best fit: the first rail strictly above m. Own rails cannot be there
-    # (H(g1) <= gamma(G1) because H(d1) <= 1), but skipping them keeps the
-    # rule a remote-rail rule whatever the floating point does.
-    i = np.searchsorted(sh, m, side="right")
-    while i < nc and (cand[order[i]] == g1 or cand[order[i]] == g2):
-        i += 1
-    if i == nc:
+        if rail_pid[x] >= 0 and hx[x] > m and x != g1 and x != g2 and (
+                fit < 0 or hx[x] < hx[fit]):
+            fit = x
+    if fit < 0:
         return 1, base_code, gamma1, gamma2
     if delta >= 0.0:
-        i1 = np.searchsorted(sh, m - delta, side="left")
-        i2 = np.searchsorted(sh, m + delta, side="right")
-        if i2 > i1:
-            # Emit the window in rail order: mark, then sweep the rails
-            # (cheaper to compile than a second sort).
-            inside = np.zeros(k, dtype=np.bool_)
-            for j in range(i1, i2):
-                inside[cand[order[j]]] = True
-            nw = 0
-            for x in range(k):
-                if inside[x]:
-                    chosen[nw] = x
-                    nw += 1
+        # The window: every rail with a path whose h-score lies in
+        # [m - delta, m + delta], in rail order.
+        nw = 0
+        for x in range(k):
+            if rail_pid[x] >= 0 and m - delta <= hx[x] <= m + delta:
+                chosen[nw] = x
+                nw += 1
+        if nw > 0:
             return nw, CODE_SPRAY, gamma1, gamma2
-    chosen[0] = cand[order[i]]
+    chosen[0] = fit
     return 1, CODE_REMOTE, gamma1, gamma2
-
-
-@njit(cache=True)
-def _emit(p, b, links, length, limit, load, out_pid, out_bytes, n_out):
-    # Place b bytes on path p; return the new count, or -1 once a link's load
-    # passes its limit (loads only grow, so the finished plan's would too).
-    out_pid[n_out] = p
-    out_bytes[n_out] = b
-    fb = float(b)
-    over = False
-    for h in range(length[p]):
-        e = links[p, h]
-        load[e] += fb
-        over |= load[e] > limit[e]
-    return -1 if over else n_out + 1
 
 
 @njit(cache=True)
@@ -244,82 +203,118 @@ def route_kernel(
     hdf = np.ones(kk)
     rail_pid = np.full(kk, -1, dtype=np.int64)
     chosen = np.empty(kk, dtype=np.int64)
+    # The pair's fragments before they are placed: path, bytes.
+    frag_p = np.empty(kk, dtype=np.int64)
+    frag_b = np.empty(kk, dtype=np.int64)
+    # A path's link sets [seg[i, 0], seg[i, 1]) and their set scores.
+    seg = np.zeros((5, 2), dtype=np.int64)
+    score = np.ones(5)
     n_out = 0
+    # NOTE: set scores and placements are written out here, not called: numba
+    # reference-counts (atomically) every array a helper call passes, and the
+    # ~25 calls per pair were a quarter of hscore's time at 64 GPUs.
     for k in order:
         lo = pair_lo[k]
         hi = pair_hi[k]
         f = nbytes[k]
         ff = float(f)
+        nf = 1
         if not inter[k]:
             p = lo
             for q in range(lo, hi):
                 if kind[q] == _DIRECT:
                     p = q
                     break
-            n_out = _emit(p, f, links, length, limit, load, out_pid, out_bytes, n_out)
-            if n_out < 0:
-                return -1
+            frag_p[0] = p
+            frag_b[0] = f
             counts[CODE_INTRA] += 1
-            continue
-        rail_pid[:] = -1
-        best_sp = -1
-        best_sp_s = -1.0
-        for p in range(lo, hi):
-            # One integer type for every offset: each extra type would be
-            # another specialisation of set_score to compile.
-            a = np.int64(sf_end[p])
-            c0 = np.int64(core_lo[p])
-            c1 = np.int64(core_hi[p])
-            d0 = np.int64(df_lo[p])
-            z = np.int64(length[p])
-            if kind[p] == _RAIL:
-                x = via[p]
-                rail_pid[x] = p
-                hsf[x] = set_score(load, links, p, np.int64(0), a, ff)
-                hx[x] = set_score(load, links, p, c0, c1, ff)
-                hdf[x] = set_score(load, links, p, d0, z, ff)
-            elif kind[p] == _SPINE:
-                # H(g1) * H(S) * H(g2): the source's link up to its rail, the
-                # spine links, its rail down to the destination; forwards
-                # inside the nodes (none with the path rules) multiply in too.
-                s = (
-                    set_score(load, links, p, c0, c0 + 1, ff)
-                    * set_score(load, links, p, c0 + 1, c1 - 1, ff)
-                    * set_score(load, links, p, c1 - 1, c1, ff)
-                    * set_score(load, links, p, np.int64(0), a, ff)
-                    * set_score(load, links, p, d0, z, ff)
-                )
-                if s > best_sp_s:
-                    best_sp_s = s
-                    best_sp = p
-        n, code, _, _ = decide(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta, chosen)
-        # A sprayed choice is as healthy as its least healthy fragment.
-        rail_s = 2.0
-        for j in range(n):
-            x = chosen[j]
-            s = hsf[x] * hx[x] * hdf[x]
-            if s < rail_s:
-                rail_s = s
-        if best_sp >= 0 and (n == 0 or best_sp_s > rail_s):
-            n_out = _emit(best_sp, f, links, length, limit, load, out_pid, out_bytes, n_out)
-            counts[CODE_SPINE] += 1
-        elif n == 0:
-            n_out = _emit(lo, f, links, length, limit, load, out_pid, out_bytes, n_out)
-            counts[CODE_OTHER] += 1
         else:
-            # Even shares, earlier rails take the extra bytes (split_evenly's rule).
-            share = f // n
-            extra = f % n
+            for x in range(kk):  # NOTE: not rail_pid[:]: a slice is a reference-counted view
+                rail_pid[x] = -1
+            best_sp = -1
+            best_sp_s = -1.0
+            for p in range(lo, hi):
+                if kind[p] == _RAIL:
+                    nseg = 3  # forward to the gateway, the crossing, forward from it
+                    seg[0, 0], seg[0, 1] = 0, sf_end[p]
+                    seg[1, 0], seg[1, 1] = core_lo[p], core_hi[p]
+                    seg[2, 0], seg[2, 1] = df_lo[p], length[p]
+                elif kind[p] == _SPINE:
+                    # H(g1) * H(S) * H(g2): the source's link up to its rail,
+                    # the spine links, its rail down to the destination;
+                    # forwards inside the nodes (none with the path rules)
+                    # multiply in too.
+                    nseg = 5
+                    seg[0, 0], seg[0, 1] = core_lo[p], core_lo[p] + 1
+                    seg[1, 0], seg[1, 1] = core_lo[p] + 1, core_hi[p] - 1
+                    seg[2, 0], seg[2, 1] = core_hi[p] - 1, core_hi[p]
+                    seg[3, 0], seg[3, 1] = 0, sf_end[p]
+                    seg[4, 0], seg[4, 1] = df_lo[p], length[p]
+                else:
+                    continue
+                # h-score of each link set for f bytes: min_e f / (L_e + f) is
+                # f / (max_e L_e + f), one division per set; an empty set scores 1.
+                for i in range(nseg):
+                    worst = 0.0
+                    for h in range(seg[i, 0], seg[i, 1]):
+                        v = load[links[p, h]]
+                        if v > worst:
+                            worst = v
+                    score[i] = ff / (worst + ff)
+                if kind[p] == _RAIL:
+                    x = via[p]
+                    rail_pid[x] = p
+                    hsf[x] = score[0]
+                    hx[x] = score[1]
+                    hdf[x] = score[2]
+                else:
+                    sp = score[0] * score[1] * score[2] * score[3] * score[4]
+                    if sp > best_sp_s:
+                        best_sp_s = sp
+                        best_sp = p
+            n, code, _, _ = decide(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta, chosen)
+            # A sprayed choice is as healthy as its least healthy fragment.
+            rail_s = 2.0
             for j in range(n):
-                piece = share + (1 if j < extra else 0)
-                if piece > 0:
-                    n_out = _emit(rail_pid[chosen[j]], piece, links, length, limit, load,
-                                  out_pid, out_bytes, n_out)
-                    if n_out < 0:
-                        return -1
-            counts[code] += 1
-        if n_out < 0:
-            return -1
+                x = chosen[j]
+                sc = hsf[x] * hx[x] * hdf[x]
+                if sc < rail_s:
+                    rail_s = sc
+            if best_sp >= 0 and (n == 0 or best_sp_s > rail_s):
+                frag_p[0] = best_sp
+                frag_b[0] = f
+                counts[CODE_SPINE] += 1
+            elif n == 0:
+                frag_p[0] = lo
+                frag_b[0] = f
+                counts[CODE_OTHER] += 1
+            else:
+                # Even shares, earlier rails take the extra bytes (split_evenly's rule).
+                share = f // n
+                extra = f % n
+                nf = 0
+                for j in range(n):
+                    piece = share + (1 if j < extra else 0)
+                    if piece > 0:
+                        frag_p[nf] = rail_pid[chosen[j]]
+                        frag_b[nf] = piece
+                        nf += 1
+                counts[code] += 1
+        # Place the fragments; stop once a link's load passes its limit (loads
+        # only grow, so the finished plan's would too).
+        for j in range(nf):
+            p = frag_p[j]
+            out_pid[n_out] = p
+            out_bytes[n_out] = frag_b[j]
+            n_out += 1
+            fb = float(frag_b[j])
+            over = False
+            for h in range(length[p]):
+                e = links[p, h]
+                load[e] += fb
+                over |= load[e] > limit[e]
+            if over:
+                return -1
     return n_out
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pathweave.plan._stripe_kernel import cut_bound
+
 #: A refinement pass re-routes the pairs that use a link loaded to at least
 #: this share of the most loaded link's time.
 HOT_SHARE = 0.9
@@ -32,75 +34,103 @@ def _step(rem: np.int64, total: np.int64, lam: float, chunk: np.int64, min_split
     return min(f, rem)
 
 
-@njit(cache=True, inline="always")
-def _best_path(lo, hi, f, links, length, penalty_s, inv_cap, load):
-    best = -1
-    best_cost = np.inf
-    for p in range(lo, hi):
-        # Bottleneck cost (NIMBLE Sec. IV-B): pipelined forwarding runs at the
-        # speed of the path's busiest link, so a path costs its max link cost.
-        c = penalty_s[p]
-        for h in range(length[p]):
-            e = links[p, h]
-            t = (load[e] + f) * inv_cap[e] + penalty_s[p]
-            if t > c:
-                c = t
-                if c >= best_cost:
-                    break  # NOTE: cannot win any more; saves a third of the work
-        if c < best_cost:
-            best_cost = c
-            best = p
-    return best
-
-
-@njit(cache=True, inline="always")
-def _visit(f, lo, hi, off, chunk, links, length, penalty_s, inv_cap, load, flow):
-    # One visit of a pair routes f bytes in up to (number of candidate paths)
-    # pieces of whole chunks, each on the path that is cheapest at that
-    # moment, so even a lone pair spreads over its paths within one visit.
-    npaths = hi - lo
-    # Pieces of at least PIECE_MIN_CHUNKS chunks: late, small steps go whole
-    # (as in Algorithm 1), only the big early ones are spread.
-    pieces = f // (chunk * PIECE_MIN_CHUNKS)
-    if pieces > npaths:
-        pieces = npaths
-    if pieces < 1:
-        pieces = 1
-    left = f
-    for i in range(pieces):
-        if i == pieces - 1:
-            g = left
-        else:
-            g = (f // pieces) // chunk * chunk
-            if g < chunk:
-                g = chunk
-        p = _best_path(lo, hi, g, links, length, penalty_s, inv_cap, load)
-        for h in range(length[p]):
-            load[links[p, h]] += g
-        flow[off + p - lo] += g
-        left -= g
-
-
-@njit(cache=True, inline="always")
-def _advance(
-    r, total, lo, hi, off, lam, chunk, min_split, links, length, penalty_s, inv_cap, load, flow
+@njit(cache=True)
+def _pass(
+    pair_lo, pair_hi, demand, rem, off, links, length, penalty_s, inv_cap, lam, chunk,
+    min_split, load, flow, hot,
 ):
-    # One visit of a pair: route the next step of its residual r; returns it.
-    f = _step(r, total, lam, chunk, min_split)
-    _visit(
-        f,
-        lo,
-        hi,
-        off,
-        chunk if total >= min_split else f,
-        links,
-        length,
-        penalty_s,
-        inv_cap,
-        load,
-        flow,
-    )
-    return f
+    """One pass over the pairs; returns the bytes it routed.
+
+    ``hot < 0``: a sweep of Algorithm 1, one visit of each pair with a
+    residual ``rem[k]`` (updated). ``hot >= 0``: a refinement pass, ripping
+    up and re-routing whole each pair that touches a link whose time
+    (``load * inv_cap``) is at least ``hot``.
+
+    A visit routes ``f = _step(...)`` bytes in up to (number of candidate
+    paths) pieces of whole chunks, each on the path cheapest at that moment,
+    so even a lone pair spreads over its paths within one visit.
+
+    NOTE: one function with no array-taking helpers: numba increfs and
+    decrefs (atomically) every array passed to a helper on every call, and
+    those atomics were over 80 % of the kernel's time at 8 ranks.
+    """
+    routed = np.int64(0)
+    for k in range(pair_lo.shape[0]):
+        lo = pair_lo[k]
+        hi = pair_hi[k]
+        d = demand[k]
+        if hot < 0.0:
+            r = rem[k]
+            if r == 0:
+                continue
+        else:
+            # Pairs of a few chunks barely move the maximum; skipping them
+            # halves a pass on small fabrics.
+            if d < REFINE_MIN_CHUNKS * chunk or hi - lo == 1:
+                continue
+            touches = False
+            for p in range(lo, hi):
+                if flow[off[k] + p - lo]:
+                    for h in range(length[p]):
+                        e = links[p, h]
+                        if load[e] * inv_cap[e] >= hot:
+                            touches = True
+                            break
+                if touches:
+                    break
+            if not touches:
+                continue
+            for p in range(lo, hi):
+                fj = flow[off[k] + p - lo]
+                if fj:
+                    for h in range(length[p]):
+                        load[links[p, h]] -= fj
+                    flow[off[k] + p - lo] = 0
+            r = d
+        while r > 0:
+            f = _step(r, d, lam, chunk, min_split)
+            unit = chunk if d >= min_split else f
+            # Pieces of at least PIECE_MIN_CHUNKS units: late, small steps go
+            # whole (as in Algorithm 1), only the big early ones are spread.
+            # NOTE: counted by comparison (f // m >= k iff f >= k * m for whole
+            # positive numbers) and the share divided once per visit: integer
+            # divisions were ~6 % of the kernel at 8 ranks.
+            piece = unit * PIECE_MIN_CHUNKS
+            pieces = 1
+            need = 2 * piece  # stays below f + piece: no overflow below 2**61 bytes
+            while pieces < hi - lo and f >= need:
+                pieces += 1
+                need += piece
+            share = max((f // pieces) // unit * unit, unit) if pieces > 1 else f
+            left = f
+            for i in range(pieces):
+                g = left if i == pieces - 1 else share
+                best = -1
+                best_cost = np.inf
+                for p in range(lo, hi):
+                    # Bottleneck cost (NIMBLE Sec. IV-B): pipelined forwarding
+                    # runs at the speed of the path's busiest link.
+                    c = penalty_s[p]
+                    for h in range(length[p]):
+                        e = links[p, h]
+                        t = (load[e] + g) * inv_cap[e] + penalty_s[p]
+                        if t > c:
+                            c = t
+                            if c >= best_cost:
+                                break  # NOTE: cannot win any more; saves a third of the work
+                    if c < best_cost:
+                        best_cost = c
+                        best = p
+                for h in range(length[best]):
+                    load[links[best, h]] += g
+                flow[off[k] + best - lo] += g
+                left -= g
+            r -= f
+            routed += f
+            if hot < 0.0:
+                rem[k] = r
+                break
+    return routed
 
 
 @njit(cache=True)
@@ -141,28 +171,8 @@ def route_kernel(
     # routing a fraction of each residual on its currently cheapest path.
     while left > 0:
         sweeps += 1
-        for k in range(k_pairs):
-            r = rem[k]
-            if r == 0:
-                continue
-            f = _advance(
-                r,
-                demand[k],
-                pair_lo[k],
-                pair_hi[k],
-                off[k],
-                lam,
-                chunk,
-                min_split,
-                links,
-                length,
-                penalty_s,
-                inv_cap,
-                load,
-                flow,
-            )
-            rem[k] = r - f
-            left -= f
+        left -= _pass(pair_lo, pair_hi, demand, rem, off, links, length, penalty_s, inv_cap,
+                      lam, chunk, min_split, load, flow, -1.0)
     # Phase 2: rip up and re-route (also the warm start of a replan).
     sweeps += refine_kernel(
         pair_lo, pair_hi, demand, off, links, length, penalty_s, inv_cap, lam, chunk,
@@ -192,8 +202,8 @@ def refine_kernel(
     0.6 % of the bound before it, it moved the gap to the LP optimum by
     -0.2 % to +0.4 % at 10-100 % more planning time (``docs/benchmarks.md``).
     """
-    k_pairs = pair_lo.shape[0]
     sweeps = 0
+    no_rem = np.empty(0, dtype=np.int64)  # a refinement pass reads no residuals
     for _ in range(refine):
         # Only pairs that touch a link near the current maximum can lower
         # it; leaving the others in place halves the cost of a pass.
@@ -205,49 +215,8 @@ def refine_kernel(
         if hot <= stop_s:
             break
         sweeps += 1
-        hot *= HOT_SHARE
-        for k in range(k_pairs):
-            d = demand[k]
-            # Pairs of a few chunks barely move the maximum; skipping them
-            # halves a pass on small fabrics.
-            if d < REFINE_MIN_CHUNKS * chunk or pair_hi[k] - pair_lo[k] == 1:
-                continue
-            touches = False
-            for j in range(pair_hi[k] - pair_lo[k]):
-                if flow[off[k] + j]:
-                    p = pair_lo[k] + j
-                    for h in range(length[p]):
-                        e = links[p, h]
-                        if load[e] * inv_cap[e] >= hot:
-                            touches = True
-            if not touches:
-                continue
-            for j in range(pair_hi[k] - pair_lo[k]):
-                fj = flow[off[k] + j]
-                if fj:
-                    p = pair_lo[k] + j
-                    for h in range(length[p]):
-                        load[links[p, h]] -= fj
-                    flow[off[k] + j] = 0
-            r = d
-            while r > 0:
-                f = _advance(
-                    r,
-                    d,
-                    pair_lo[k],
-                    pair_hi[k],
-                    off[k],
-                    lam,
-                    chunk,
-                    min_split,
-                    links,
-                    length,
-                    penalty_s,
-                    inv_cap,
-                    load,
-                    flow,
-                )
-                r -= f
+        _pass(pair_lo, pair_hi, demand, no_rem, off, links, length, penalty_s, inv_cap, lam,
+              chunk, min_split, load, flow, hot * HOT_SHARE)
     return sweeps
 
 
@@ -331,6 +300,25 @@ def route_pinned(
     )
     pid, fb = compact_flows(lo, hi, flow)
     return pid, fb, sweeps
+
+
+@njit(cache=True)
+def route_cut(demand, pair_ptr, links, length, penalty_s, inv_cap, lam, chunk, min_split,
+              refine, num_links, pin, cut, setup_s, less_s, gap):
+    """:func:`route_pinned` of ``demand`` (``int64[N, N]``) with refinement's early stop
+    ``gap`` above ``max(bound - less_s, 0)``, the bound computed here: the cut bound
+    (:func:`pathweave.plan.timemodel.lower_bound_s`) of the tables ``cut`` and set-up
+    ``setup_s`` (:func:`pathweave.plan.timemodel.cut_tables`).
+
+    NOTE: one call instead of two: at 8 ranks the bound's own call (numba's
+    dispatch and the Python around it) cost ~2.7 us of a ~30 us plan.
+    """
+    node, gout, gin, nout, nin, members_ptr, members = cut
+    worst, used = cut_bound(demand, node, members_ptr, members, gout, gin, nout, nin)
+    bound = setup_s + worst if used else 0.0
+    stop = max(bound - less_s, 0.0) * (1.0 + gap)
+    return route_pinned(demand.reshape(-1), pair_ptr, links, length, penalty_s, inv_cap, lam,
+                        chunk, min_split, refine, num_links, pin, stop)
 
 
 @njit(cache=True)

@@ -158,21 +158,13 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
     ma = np.zeros((ranks, gpus, kmax), dtype=np.int64)
     mb = np.zeros((gpus, ranks, kmax), dtype=np.int64)
     load = np.zeros(capacity.shape[0])
-    flows = 0.0
-    used = False
     single = kmax == 1
     for ls in range(gpus):
         for ld in range(gpus):
             if kpair[ls, ld] != 1:
                 single = False
-    for s in range(ranks):  # pairs inside a node: straight onto their paths
-        own = s // gpus * gpus
-        for ld in range(gpus):
-            if demand[s, own + ld] > 0:
-                used = True
-                t = _pair_fragments(s * gpus + ld, demand[s, own + ld], iptr, ilinks, ipar,
-                                    load, chunk)
-                flows = max(flows, t)
+    # Pairs inside a node: straight onto their paths.
+    flows, used = _intra_fragments(demand, gpus, iptr, ilinks, ipar, load, chunk)
     if single:  # 2-D views: contiguous rows the adds vectorise over
         _single_sums(demand, gpus, xa.reshape(ranks, gpus), xb.reshape(gpus, ranks),
                      ma.reshape(ranks, gpus), mb.reshape(gpus, ranks))
@@ -199,39 +191,38 @@ def factored_terms(demand, gpus, kpair, side_a, side_b, params, iptr, ilinks, ip
     for e in range(drain.shape[0]):
         worst = max(worst, drain[e])
     tail = _intra_tails(demand, gpus, iptr, ilinks, ipar, drain, chunk)
-    for s in range(ranks):  # a side's longest fill is its largest fragment's
-        ls = s % gpus
-        for ld in range(gpus):
-            for j in range(kmax):
-                if ma[s, ld, j] > 0:
-                    top = _side_drain(side_a, s, ld, j, drain)
-                    fill = params[ls, ld, j, 2] + min(float(ma[s, ld, j]), chunk) * params[
-                        ls, ld, j, 3]
-                    tail = max(tail, top + fill)
-    for ls in range(gpus):
-        for d in range(ranks):
-            ld = d % gpus
-            for j in range(kmax):
-                if mb[ls, d, j] > 0:
-                    top = _side_drain(side_b, ls, d, j, drain)
-                    fill = params[ls, ld, j, 2] + min(float(mb[ls, d, j]), chunk) * params[
-                        ls, ld, j, 3]
-                    tail = max(tail, top + fill)
+    # A side's longest fill is its largest fragment's.
+    tail = max(tail, _side_tails(ma, side_a, params, drain, chunk, True))
+    tail = max(tail, _side_tails(mb, side_b, params, drain, chunk, False))
     return setup + worst, setup + tail, flows
 
 
-@njit(cache=True, inline="always")
-def _side_drain(side, a, b, j, drain):  # pragma: no cover - numba
-    # The latest drain time among a side's links. NOTE: the whole padded row,
-    # padding (-1) counting as 0 (drain times are >= 0), without a branch: a
-    # third of the time of stopping at the first pad (1024 GPUs, 16 k sides).
-    top = 0.0
-    row = side[a, b, j]
-    for h in range(row.shape[0]):
-        e = row[h]
-        v = drain[max(e, 0)]
-        top = max(top, v if e >= 0 else 0.0)
-    return top
+@njit(cache=True)
+def _side_tails(top_bytes, side, params, drain, chunk, source):  # pragma: no cover - numba
+    # The largest ``drain + fill`` over the sides with bytes: ``top_bytes[a, b, j]``
+    # the side's largest fragment, ``side[a, b, j]`` its links; (a, b) is (s, ld)
+    # on the source side, (ls, d) on the destination side.
+    # NOTE: the latest drain reads the whole padded row, padding (-1) counting
+    # as 0 (drain times are >= 0), without a branch: a third of the time of
+    # stopping at the first pad (1024 GPUs, 16 k sides); and it indexes the
+    # 4-D array, no row slice: a slice per side costs reference counting.
+    gpus = params.shape[0]
+    tail = 0.0
+    for a in range(top_bytes.shape[0]):
+        for b in range(top_bytes.shape[1]):
+            ls, ld = (a % gpus, b) if source else (a, b % gpus)
+            for j in range(top_bytes.shape[2]):
+                if top_bytes[a, b, j] <= 0:
+                    continue
+                top = 0.0
+                for h in range(side.shape[3]):
+                    e = side[a, b, j, h]
+                    v = drain[max(e, 0)]
+                    top = max(top, v if e >= 0 else 0.0)
+                fill = params[ls, ld, j, 2] + min(float(top_bytes[a, b, j]), chunk) * params[
+                    ls, ld, j, 3]
+                tail = max(tail, top + fill)
+    return tail
 
 
 @njit(cache=True)
@@ -269,35 +260,43 @@ def _single_sums(demand, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
     # row helper runs 1.6x faster at 1024 GPUs: LLVM unrolls and vectorises
     # the eight lanes; any other node size takes the same code, not unrolled.
     ranks = demand.shape[0]
-    acc = np.zeros(gpus, dtype=np.int64)
-    top = np.zeros(gpus, dtype=np.int64)
     for s in range(ranks):
-        ls = s % gpus
         if gpus == 8:
-            _row_sums(demand[s], s // 8, 8, xb[ls], mb[ls], acc, top)
+            _row_sums(demand, s, 8, xa, xb, ma, mb)
         else:
-            _row_sums(demand[s], s // gpus, gpus, xb[ls], mb[ls], acc, top)
-        xa[s] = acc
-        ma[s] = top
+            _row_sums(demand, s, gpus, xa, xb, ma, mb)
 
 
 @njit(cache=True, inline="always")
-def _row_sums(row, ns, gpus, xbr, mbr, acc, top):  # pragma: no cover - numba
-    # Row s of the demand into its destination-side sums (xbr, mbr: shared by
-    # the sources of local rank ls) and its own per-local-rank sums (acc, top).
-    # Pairs inside the source's node (nd == ns) are not a side's.
-    acc[:] = 0
-    top[:] = 0
-    for nd in range(row.shape[0] // gpus):
-        if nd == ns:
-            continue
-        lo = nd * gpus
-        for ld in range(gpus):
-            x = row[lo + ld]
-            xbr[lo + ld] += x
-            mbr[lo + ld] = max(mbr[lo + ld], x)
-            acc[ld] += x
-            top[ld] = max(top[ld], x)
+def _row_sums(demand, s, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
+    # Row s of the demand into its destination-side sums (row ls of xb, mb:
+    # shared by the sources of local rank ls) and its own per-local-rank sums
+    # (row s of xa, ma). Pairs inside the source's node are not a side's.
+    # NOTE: the destination sides in two whole-row loops around the own node
+    # (they vectorise), the source's in strided loops with scalar sums: 1.3x
+    # faster at 1024 GPUs than one loop doing both through small arrays.
+    ranks = demand.shape[0]
+    ls = s % gpus
+    own = s - ls
+    for t in range(own):
+        x = demand[s, t]
+        xb[ls, t] += x
+        mb[ls, t] = max(mb[ls, t], x)
+    for t in range(own + gpus, ranks):
+        x = demand[s, t]
+        xb[ls, t] += x
+        mb[ls, t] = max(mb[ls, t], x)
+    for ld in range(gpus):
+        acc = np.int64(0)
+        top = np.int64(0)
+        for t in range(ld, own, gpus):
+            acc += demand[s, t]
+            top = max(top, demand[s, t])
+        for t in range(own + gpus + ld, ranks, gpus):
+            acc += demand[s, t]
+            top = max(top, demand[s, t])
+        xa[s, ld] = acc
+        ma[s, ld] = top
 
 
 @njit(cache=True)
@@ -343,28 +342,41 @@ def _add_sides(agg, side, load):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _pair_fragments(r, d, iptr, ilinks, ipar, load, chunk):  # pragma: no cover - numba
-    # One pair's stripes (row r of the packed tables) onto their links; the
-    # slowest lone fragment.
-    lo = iptr[r]
-    k = iptr[r + 1] - lo
+def _intra_fragments(demand, gpus, iptr, ilinks, ipar, load, chunk):  # pragma: no cover
+    # Every pair inside a node: its stripes (row s * gpus + ld of the packed
+    # tables) onto their links; the slowest lone fragment, and whether any
+    # pair moves bytes. NOTE: one call for every pair, not one per pair: a
+    # call costs reference counting of its arrays (8 k pairs at 1024 GPUs).
+    ranks = demand.shape[0]
     worst = 0.0
-    if k <= 0:
-        return worst
-    base = d // k
-    rem = d % k
-    for j in range(k):
-        b = float(base + (1 if j < rem else 0))
-        if b <= 0:
-            continue
-        i = lo + j
-        for h in range(ilinks.shape[1]):
-            e = ilinks[i, h]
-            if e < 0:
-                break
-            load[e] += b
-        worst = max(worst, ipar[i, 0] + b / ipar[i, 1] + ipar[i, 2] + min(b, chunk) * ipar[i, 3])
-    return worst
+    used = False
+    for s in range(ranks):
+        own = s // gpus * gpus
+        for ld in range(gpus):
+            d = demand[s, own + ld]
+            if d <= 0:
+                continue
+            used = True
+            r = s * gpus + ld
+            lo = iptr[r]
+            k = iptr[r + 1] - lo
+            if k <= 0:
+                continue
+            base = d // k
+            rem = d % k
+            for j in range(k):
+                b = float(base + (1 if j < rem else 0))
+                if b <= 0:
+                    continue
+                i = lo + j
+                for h in range(ilinks.shape[1]):
+                    e = ilinks[i, h]
+                    if e < 0:
+                        break
+                    load[e] += b
+                worst = max(worst, ipar[i, 0] + b / ipar[i, 1] + ipar[i, 2]
+                            + min(b, chunk) * ipar[i, 3])
+    return worst, used
 
 
 def stripe_terms_reference(demand: np.ndarray, ptr: np.ndarray, pid: np.ndarray,

@@ -84,7 +84,6 @@ from pathweave.plan.registry import DEFAULT_POLICY, baselines, policy_info, regi
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
     _model_key,
-    default_model,
     lower_bound_s,
     path_costs,
     predict_time,
@@ -111,10 +110,8 @@ PLAN_PIECES = 64
 
 def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per-path forwarding penalty (s) over the pair's cheapest path, and 1/capacity."""
-    m = default_model() if model is None else model
-    pc = path_costs(paths, m)
-
     def build() -> tuple[np.ndarray, np.ndarray]:
+        pc = path_costs(paths, model)
         fixed = pc.fixed_s(np.arange(paths.num_paths))
         ptr = paths.pair_ptr
         starts = ptr[:-1]
@@ -127,7 +124,7 @@ def _time_tables(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray]:
         inv.setflags(write=False)
         return pen, inv
 
-    return paths.derived(("mwu_time.tables", m), build)
+    return paths.derived(("mwu_time.tables", _model_key(model)), build)
 
 
 def _time_classes(paths: PathSet, model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,12 +161,11 @@ def mwu_time(
     pen, inv = _time_tables(paths, model)
     # The cut bound less the set-up bounds every plan's most loaded effective
     # link's time: the certified target of refinement's early stop.
-    bound = lower_bound_s(paths, demand, model) - pc.setup_s
     return route(
         fabric, demand, paths, "mwu_time", ("time", _model_key(model)),
         pc.links, pc.length, pen, inv,
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
-        refine=refine, bound_s=max(bound, 0.0),
+        refine=refine, bound=(model, pc.setup_s),
     )
 
 

@@ -127,6 +127,15 @@ class SimModel:
     round_s: float = 0.0
     window: int = 4
 
+    def __hash__(self) -> int:
+        # Models key the planners' cached tables, looked up several times per
+        # plan; hashing fourteen fields cost ~1 us each time. Frozen: computed once.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def __post_init__(self) -> None:
         for name in ("setup_s", "relay_setup_s", "round_s"):
             v = getattr(self, name)

@@ -70,11 +70,12 @@ import numpy as np
 from pathweave import _check as _args
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
-from pathweave.plan._mwu_kernel import link_classes, route_pinned
+from pathweave.plan._mwu_kernel import link_classes, route_cut, route_pinned
 from pathweave.plan._plan import Plan
+from pathweave.plan.model import SimModel
 from pathweave.plan.registry import register
 from pathweave.plan.static import static_pins
-from pathweave.plan.timemodel import ideal_model, lower_bound_s
+from pathweave.plan.timemodel import cut_tables, ideal_model
 
 #: Refinement stops once the congestion is within this share of the cut bound.
 CERTIFIED_GAP = 0.01
@@ -214,7 +215,7 @@ def mwu(
     return route(
         fabric, demand, paths, "mwu", "real", paths.links, paths.length, penalty, inv_cap,
         fraction=fraction, chunk_bytes=chunk_bytes, min_split_bytes=min_split_bytes,
-        refine=refine, bound_s=lower_bound_s(paths, demand, ideal_model()),
+        refine=refine, bound=(ideal_model(), 0.0),
     )
 
 
@@ -293,7 +294,7 @@ def route(
     chunk_bytes: int,
     min_split_bytes: int,
     refine: int,
-    bound_s: float = 0.0,
+    bound: tuple[SimModel, float] | None = None,
     info: dict | None = None,
 ) -> Plan:
     """Run the Algorithm-1 kernel over ``links`` (any link ids, ``inv_cap`` per id).
@@ -301,16 +302,23 @@ def route(
     ``key`` names ``links`` and ``inv_cap`` for the link classes kept with
     the path set (:func:`class_tables`). Pairs below ``min_split_bytes`` are
     pinned to their ``static`` path.
-    ``bound_s``: a lower bound of ``max(load * inv_cap)`` over every plan
-    (0: none); refinement stops within :data:`CERTIFIED_GAP` of it.
+    ``bound = (model, less_s)``: ``max(lower_bound_s(paths, demand, model) -
+    less_s, 0)`` is a lower bound of ``max(load * inv_cap)`` over every plan,
+    and refinement stops within :data:`CERTIFIED_GAP` of it (the kernel
+    computes it, :func:`~pathweave.plan._mwu_kernel.route_cut`); None: no
+    early stop.
     """
     clinks, clength, cinv = class_tables(paths, key, links, length, inv_cap)
     # The kernel pins only the pairs below min_split_bytes to these paths.
-    pid, fb, sweeps = route_pinned(
-        demand.reshape(-1), paths.pair_ptr, clinks, clength, penalty_s, cinv, float(fraction),
-        np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
-        np.int64(cinv.size), static_pins(paths), float(bound_s) * (1.0 + CERTIFIED_GAP),
-    )
+    # NOTE: Python ints pass as the kernel's int64 (np.int64() cost ~0.5 us a plan).
+    args = (paths.pair_ptr, clinks, clength, penalty_s, cinv, float(fraction), int(chunk_bytes),
+            int(min_split_bytes), int(refine), cinv.size, static_pins(paths))
+    if bound is None:
+        pid, fb, sweeps = route_pinned(demand.reshape(-1), *args, 0.0)
+    else:
+        cut, setup_s = cut_tables(paths, bound[0])
+        pid, fb, sweeps = route_cut(demand, *args, cut, setup_s, float(bound[1]),
+                                    CERTIFIED_GAP)
     pid.setflags(write=False)
     fb.setflags(write=False)
     # compact_flows yields ids sorted by pair and path without repeats: the

@@ -540,7 +540,7 @@ def _link_tail_max(
 def _model_key(model: SimModel | None) -> object:
     """Cache key of a model: the default one by name (hashing a SimModel's fields
     costs about a microsecond, several times per 8-GPU plan)."""
-    if model is None:
+    if model is None or (_DEFAULT and model is _DEFAULT[0]):
         return "default"
     return "ideal" if _IDEAL and model is _IDEAL[0] else model
 
@@ -801,6 +801,14 @@ def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np
         return tuple(out)
 
     return paths.derived(("timemodel.cuts", model if key is None else key), build)
+
+
+def cut_tables(paths: PathSet, model: SimModel | None = None) -> tuple[tuple, float]:
+    """The tables of :func:`lower_bound_s` under ``model`` (kept with ``paths``) and its
+    set-up time: what a kernel needs to compute the bound itself
+    (:func:`pathweave.plan._mwu_kernel.route_cut`)."""
+    m = default_model() if model is None else model
+    return _cut_tables(paths, m, _model_key(model)), float(m.setup_s)
 
 
 def lower_bound_s(
