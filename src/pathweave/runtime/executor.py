@@ -9,11 +9,12 @@ with the backend's own point-to-point operations.
   mix and messages match whatever order they are posted in. Each forwarded
   stream advances on its own (:class:`~pathweave.runtime.schedule.Dataflow`):
   the rank posts every receive it can (into user buffers, and into each
-  stream's staging slots: its window, which follows its bytes) before any
-  send (in round order, so each rank pair's connection carries every
-  fragment in proportion to its bytes), then one thread
-  per forwarded stream waits for chunk ``c``, forwards it, waits for the
-  forward of chunk ``c - 1`` and re-posts a receive into the slot it left.
+  stream's staging slots: on gloo a slot per chunk, ``whole_streams``)
+  before any send (in round order; direct messages to a peer the rank also
+  forwards to are fed one at a time behind its forwards, :func:`_fed_sends`),
+  then one thread per forwarded stream waits for chunk ``c``, forwards it,
+  waits for the forward of chunk ``c - 1`` and re-posts a receive into the
+  slot it left.
   The threads block in gloo's ``wait`` (which releases the GIL), so nothing
   polls and a slow stream paces only itself.
 * **NCCL** (CUDA): operations go out round by round, each round as one
@@ -637,8 +638,9 @@ class Transport:
     def _run_streams(
         self, prog: _Program, views: list[torch.Tensor], tag_base: int, deadline: float
     ) -> list[Any]:
-        """Post what needs nothing, forward each stream on its own thread; returns the works
-        still to wait for (when forwarding, the streams are done already).
+        """Post what needs nothing, forward each stream and feed each fed peer
+        (:func:`_fed_sends`) on its own thread; returns the works still to wait
+        for (when forwarding, the streams and feeders are done already).
 
         The last stream runs on the calling thread, which would otherwise
         only wait: one thread hand-off fewer per call.
