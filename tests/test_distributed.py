@@ -777,3 +777,60 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
             src = staging if b == STAGING else inp
             assert views[v].tolist() == src[off : off + nb].tolist()
             assert views[v].data_ptr() == src.data_ptr() + off  # a view, not a copy
+
+
+# ------------------------------------------------- fed direct messages (gloo)
+#: 0 -> 2 through rank 1, which also sends its own bytes to 2 (fed behind the
+#: forwards) and to 0 (posted at once: rank 1 forwards nothing to 0).
+FED_ROWS = np.array([[0, 0, 3000], [700, 0, 5000], [0, 0, 0]], dtype=np.int64)
+
+
+def _fed_schedule(rank):
+    from pathweave.runtime.schedule import Segments, build_schedules
+
+    return build_schedules(Segments.all_to_all(FED_ROWS), [2, 3, 5], [3000, 700, 5000],
+                           [[0, 1, 2], [1, 0, -1], [1, 2, -1]], chunk_bytes=512, window=2,
+                           ranks=[rank], whole_streams=True)[0]
+
+
+def job_fed(rank, ws):
+    import time
+
+    from pathweave.runtime.executor import Transport
+    from pathweave.traffic.pattern import pattern_bytes
+
+    sched = _fed_schedule(rank)
+    inp = torch.from_numpy(np.concatenate(
+        [pattern_bytes(rank, d, int(FED_ROWS[rank, d])) for d in range(ws)]))
+    got = []
+    for wait in (True, False):
+        out = torch.full((int(FED_ROWS[:, rank].sum()),), 0xAB, dtype=torch.uint8)
+        h = Transport().run(sched, [inp], [out], deadline=time.monotonic() + 60, wait=wait)
+        h.wait()
+        got.append(out.numpy().copy())
+    return got
+
+
+def test_fed_direct_messages_go_behind_forwards_and_arrive_whole():
+    """Rank 1's direct messages to 2 are fed (one thread, one at a time), its
+    message to 0 and every hop into a staging slot are posted at once; every
+    byte lands where its source's pattern says, blocking and async."""
+    from pathweave.runtime.executor import _program
+    from pathweave.runtime.schedule import STAGING
+    from pathweave.traffic.pattern import pattern_bytes
+
+    s1 = _fed_schedule(1)
+    prog = _program(s1)
+    user_to = [[j for j in range(s1.num_sends)
+                if s1.send_peer[j] == p and s1.send_buf[j] != STAGING] for p in range(3)]
+    assert len(user_to[2]) == 10  # 5000 bytes in 512-byte chunks
+    assert prog.fed == [user_to[2]]
+    assert sorted(prog.first_sends) == user_to[0]
+    # rank 0 forwards nothing: its hops into rank 1's staging go out at once
+    p0 = _program(_fed_schedule(0))
+    assert p0.fed == [] and len(p0.first_sends) == 6
+    results = run_local(job_fed, 3, timeout_s=120)
+    for r, got in enumerate(results):
+        want = np.concatenate([pattern_bytes(s, r, int(FED_ROWS[s, r])) for s in range(3)])
+        for out in got:
+            assert np.array_equal(out, want), r

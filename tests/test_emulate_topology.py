@@ -169,6 +169,9 @@ def test_setup_commands_are_argv_lists_inside_prefixed_namespaces():
     assert len(veths) == len(lay.veths) + 8  # cables + one identity veth per rank
     adds = [c for c in cmds if c[:3] == ["ip", "netns", "add"]]
     assert [c[3] for c in adds] == list(lay.namespaces)
+    # Every rank's sockets hold at most 128 KiB unsent (26 ms of a 5 MB/s rail).
+    lowat = [c[3] for c in cmds if "net.ipv4.tcp_notsent_lowat=131072" in c]
+    assert lowat == [f"pwt-r{r}" for r in range(8)]
 
 
 def test_custom_routes_follow_the_given_paths():

@@ -496,6 +496,47 @@ def test_relay_stream_is_chunked_and_window_bounded():
             assert got is not None and np.array_equal(got[1][0], ins[0][0])
 
 
+def test_whole_streams_stage_every_chunk_and_keep_the_rounds():
+    """gloo's staging (``whole_streams``): a slot per chunk, every staging receive
+    posted first, the rounds of ``window`` unchanged; ``send_final`` marks the
+    sends the peer keeps."""
+    fab = pw.fabric.preset("cluster:nodes=1,gpus_per_node=4,node_kind=nvlink-mesh")
+    ps = pw.fabric.candidate_paths(fab)
+    rows = np.zeros((4, 4), dtype=np.int64)
+    rows[0, 1], rows[0, 2] = 1000, 300
+    relay = next(p for p in ps.pair_paths(0, 1) if ps.kind[p] == PathKind.RELAY
+                 and ps.via[p] == 3)
+    direct = next(p for p in ps.pair_paths(0, 2) if ps.kind[p] == PathKind.DIRECT)
+    via = 3
+    seg = Segments.all_to_all(rows)
+    args = (seg, [1, 2], [1000, 300], path_routes(ps)[[relay, direct]])
+    windowed = build_schedules(*args, chunk_bytes=64, window=4)
+    scheds = build_schedules(*args, chunk_bytes=64, window=4, whole_streams=True)
+    check_schedules(scheds, 4)
+    src, mid = scheds[0], scheds[via]
+    # 16 chunks of 64 (the last 40), 2 per round over R = 8 rounds: one
+    # two-chunk message per round (no slot wraps), chunk c in slot c
+    msgs = [(t, 2 * t, 2 * t + 1) for t in range(8)]
+    size = [64] * 15 + [40]
+    relayed = src.send_peer == via
+    assert src.send_round[relayed].tolist() == [t for t, _, _ in msgs]
+    assert src.send_round.tolist() == windowed[0].send_round.tolist()
+    assert mid.send_round.tolist() == [t + 1 for t, _, _ in msgs]
+    assert mid.send_bytes.tolist() == [size[a] + size[b] for _, a, b in msgs]
+    assert mid.send_off.tolist() == [a * 64 for _, a, _ in msgs]
+    assert mid.staging_bytes == 16 * 64 and windowed[via].staging_bytes == 4 * 64
+    df = mid.dataflow()
+    assert df.after == [[-1] * 8] and sorted(df.first_recvs) == list(range(8))
+    # the peer keeps: the direct fragment's sends and the relay's forwards
+    assert src.send_final.tolist() == [not r for r in relayed.tolist()]
+    assert mid.send_final.tolist() == [True] * 8
+    assert run_async(scheds)
+    ins, outs = random_bufs(rows, np.random.default_rng(7))
+    for got in (run_rounds(scheds, ins, outs), run_streams(scheds, ins, outs, 1)):
+        assert np.array_equal(got[1][0], ins[0][0][:1000])
+        assert np.array_equal(got[2][0], ins[0][0][1000:])
+
+
 def test_drd_route_has_two_forwarders_each_with_own_staging():
     rows = np.zeros((8, 8), dtype=np.int64)
     rows[0, 5] = 5000

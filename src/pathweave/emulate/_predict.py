@@ -138,9 +138,9 @@ def predict(
     ``model`` defaults to :func:`emulator_model` with one chunk,
     ``chunk_bytes``, as the pipeline unit: on gloo the data plane advances
     each forwarded stream on its own, forwarding a chunk as soon as it has
-    arrived, and ``window`` (>= 2 slots per stream) only bounds how far a
-    sender runs ahead, so it does not change the prediction. ``torch`` is
-    predicted as ``static`` (its kernel routes are the static paths)
+    arrived, and stages the whole stream (a slot per chunk,
+    ``docs/runtime.md``), so ``window`` does not change the prediction.
+    ``torch`` is predicted as ``static`` (its kernel routes are the static paths)
     without pipelining; ``NAME+adapt`` as ``NAME``. ``plan_fabric`` (same
     topology, other capacities): the policy plans on it, the fragments are
     simulated on ``fabric`` (a blind plan on a fabric with a co-tenant).

@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_BURST_BYTES",
     "DEFAULT_LATENCY_S",
     "DEFAULT_SHAPING",
+    "NOTSENT_LOWAT_BYTES",
     "PREFIX_RE",
     "SHAPINGS",
     "Layout",
@@ -76,6 +77,11 @@ DEFAULT_BURST_BYTES = 128 * 1024
 DEFAULT_LATENCY_S = 5e-3
 #: How every directed link is shaped unless asked otherwise (:data:`SHAPINGS`).
 DEFAULT_SHAPING = "ackfirst"
+#: Unsent bytes a rank's TCP socket may hold (``net.ipv4.tcp_notsent_lowat``): 26 ms of a
+#: 5 MB/s rail. Unbounded, autotuning grew a busy rail socket's buffer to 1.4-1.6 MB
+#: (300 ms of that rail, a queue no GPU link has), and a forward or a slot credit
+#: written to it waited behind all of it.
+NOTSENT_LOWAT_BYTES = 128 * 1024
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
 #: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
@@ -273,6 +279,7 @@ class Layout:
                 "net.ipv4.conf.default.rp_filter": 0,
                 "net.ipv4.conf.all.send_redirects": 0,
                 "net.ipv4.conf.default.send_redirects": 0,
+                "net.ipv4.tcp_notsent_lowat": NOTSENT_LOWAT_BYTES,
             }))
             cmds.append(_ip.veth_add(ns, "id0", ns, "id1"))
             cmds.append(_ip.addr_add(ns, "id0", f"{self.router_address[v]}/32"))

@@ -9,11 +9,12 @@ with the backend's own point-to-point operations.
   mix and messages match whatever order they are posted in. Each forwarded
   stream advances on its own (:class:`~pathweave.runtime.schedule.Dataflow`):
   the rank posts every receive it can (into user buffers, and into each
-  stream's staging slots: its window, which follows its bytes) before any
-  send (in round order, so each rank pair's connection carries every
-  fragment in proportion to its bytes), then one thread
-  per forwarded stream waits for chunk ``c``, forwards it, waits for the
-  forward of chunk ``c - 1`` and re-posts a receive into the slot it left.
+  stream's staging slots: on gloo a slot per chunk, ``whole_streams``)
+  before any send (in round order; direct messages to a peer the rank also
+  forwards to are fed one at a time behind its forwards, :func:`_fed_sends`),
+  then one thread per forwarded stream waits for chunk ``c``, forwards it,
+  waits for the forward of chunk ``c - 1`` and re-posts a receive into the
+  slot it left.
   The threads block in gloo's ``wait`` (which releases the GIL), so nothing
   polls and a slow stream paces only itself.
 * **NCCL** (CUDA): operations go out round by round, each round as one
@@ -57,6 +58,8 @@ _TAG_CALL_BITS = MAX_PAIR_MESSAGES.bit_length() - 1  # messages per rank pair pe
 _TAG_CALLS = 1 << (30 - _TAG_CALL_BITS - 1)
 #: Streams one rank may forward in one call (one thread each).
 _MAX_STREAMS = 4096
+#: Fed sends (:func:`_fed_sends`) a pair's feeder keeps posted and not yet written out.
+_FEED_DEPTH = 1
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -118,6 +121,7 @@ class _Program:
     first_sends: list[int]
     streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
     after: list[list[int]]
+    fed: list[list[int]]
 
     def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
               recv_bufs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -184,8 +188,41 @@ def _compile(sched: RankSchedule) -> _Program:
         sched.copy_send_buf, sched.copy_send_off, sched.copy_recv_buf, sched.copy_recv_off,
         sched.copy_bytes)), strict=True))
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
-    return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, df.first_sends,
-                    df.streams, df.after)
+    first_sends, fed = _fed_sends(sched, df)
+    return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, first_sends,
+                    df.streams, df.after, fed)
+
+
+def _fed_sends(sched: RankSchedule, df: Any) -> tuple[list[int], list[list[int]]]:
+    """``(first_sends, fed)``: the sends posted at once, and per peer the sends *fed* to it.
+
+    Direct messages (from a user buffer into the peer's receive buffer:
+    ``send_final``) to a peer this rank also forwards streams to are fed:
+    posted in order by one thread per peer, at most :data:`_FEED_DEPTH` of
+    them not yet written to the socket. gloo writes a pair's messages in the
+    order they are posted, so posting them all at the start queued every
+    forward behind the whole direct fragment (emulated stencil: a relay's
+    first forward crossed its rail 0.6-0.8 s into a 1.4 s call, and the hop
+    after it carried every forwarded byte at the end); fed, each forward
+    waits behind at most one direct message and takes its share of the link
+    as it arrives, as the model's per-byte sharing has it. A fed send's
+    receive is in a user buffer, which its peer posts before anything else,
+    so a feeder never waits on another stream. Sends into a relay's staging
+    and schedules without ``send_final`` are posted at once.
+    """
+    final = sched.send_final
+    peers = {df.sends[j][0] for st in df.streams for _, ss in st for j in ss}
+    if final is None or not peers:
+        return list(df.first_sends), []
+    now: list[int] = []
+    fed: dict[int, list[int]] = {}
+    for j in df.first_sends:
+        p = df.sends[j][0]
+        if p in peers and final[j]:
+            fed.setdefault(p, []).append(j)
+        else:
+            now.append(j)
+    return now, [fed[p] for p in sorted(fed)]
 
 
 class Handle:
@@ -601,8 +638,9 @@ class Transport:
     def _run_streams(
         self, prog: _Program, views: list[torch.Tensor], tag_base: int, deadline: float
     ) -> list[Any]:
-        """Post what needs nothing, forward each stream on its own thread; returns the works
-        still to wait for (when forwarding, the streams are done already).
+        """Post what needs nothing, forward each stream and feed each fed peer
+        (:func:`_fed_sends`) on its own thread; returns the works still to wait
+        for (when forwarding, the streams and feeders are done already).
 
         The last stream runs on the calling thread, which would otherwise
         only wait: one thread hand-off fewer per call.
@@ -626,6 +664,17 @@ class Transport:
         if not prog.streams:
             return final
         failed = threading.Event()
+
+        def feed(js: list[int]) -> None:
+            # One peer's direct messages, _FEED_DEPTH at a time (_fed_sends).
+            out: list[Any] = []
+            for k, j in enumerate(js):
+                if failed.is_set():
+                    return
+                if k >= _FEED_DEPTH:
+                    _wait_all([out[k - _FEED_DEPTH]], deadline, rank, "sending")
+                out.append(send(j))
+            _wait_all(out[-_FEED_DEPTH:], deadline, rank, "sending")
 
         def stream(steps: list[tuple[tuple[int, ...], tuple[int, ...]]], after: list[int]
                    ) -> None:
@@ -657,9 +706,9 @@ class Transport:
                     free(c - 1)
             free(n - 1)
 
-        def guarded(steps: Any, after: list[int]) -> None:
+        def guarded(job: Callable[..., None], *args: Any) -> None:
             try:
-                stream(steps, after)
+                job(*args)
             except CommError:
                 failed.set()
                 raise
@@ -669,10 +718,11 @@ class Transport:
 
         jobs = list(zip(prog.streams, prog.after, strict=True))
         pool = self._stream_pool()
-        futures = [pool.submit(guarded, st, k) for st, k in jobs[:-1]]
+        futures = [pool.submit(guarded, feed, js) for js in prog.fed]
+        futures += [pool.submit(guarded, stream, st, k) for st, k in jobs[:-1]]
         errors: list[BaseException] = []
         try:
-            guarded(*jobs[-1])
+            guarded(stream, *jobs[-1])
         except BaseException as exc:
             errors.append(exc)
         for fut in futures:

@@ -1213,6 +1213,7 @@ class Orchestrator:
         sched = build_schedule(
             segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
             chunk_bytes=self.chunk_bytes, window=self.window, frag_links=st.paths.links[fpath],
+            whole_streams=not st.transport.grouped_rounds,
         )
         link_bytes = st.paths.link_load_bytes(fpath, fbytes)
         roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))

@@ -199,6 +199,10 @@ class RankSchedule:
         carries a stream's chunks of one round up to a slot wrap); -1 for
         operations on user buffers. Chunk ``c`` of stream ``f`` sits in slot
         ``c % stream_window[f]``.
+    send_final : bool[S] or None
+        Whether the peer receives the send into its receive buffer (its last
+        hop) rather than into its staging area; None where not known (a
+        schedule made by hand), which the gloo executor then posts at once.
     """
 
     rank: int
@@ -230,6 +234,7 @@ class RankSchedule:
     send_chunk: np.ndarray
     recv_stream: np.ndarray
     recv_chunk: np.ndarray
+    send_final: np.ndarray | None = None
 
     def __repr__(self) -> str:
         return (
@@ -506,6 +511,7 @@ def _global_hops(
     chunk_bytes: int,
     window: int,
     frag_links: np.ndarray | None = None,
+    whole_streams: bool = False,
 ) -> dict[str, np.ndarray]:
     """The table of every message of the call: one row per (piece, hop)."""
     n = segments.num_ranks
@@ -529,6 +535,8 @@ def _global_hops(
     step = np.full(nf, chunk_bytes, dtype=np.int64)
     nchunk = -(-frag_bytes // step)
     rounds, stream_window = pacing(nchunk, window)
+    if whole_streams:
+        stream_window = nchunk.astype(np.int64)
     cf = np.repeat(np.arange(nf), nchunk)
     cidx = np.arange(cf.size) - np.repeat(np.cumsum(nchunk) - nchunk, nchunk)
     c_lo = frag_start[cf] + cidx * step[cf]
@@ -719,6 +727,7 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
         send_chunk=np.where(g["first"][s_rows], -1, g["chunk"][s_rows]),
         recv_stream=np.where(g["last"][r_rows], -1, g["frag"][r_rows]),
         recv_chunk=np.where(g["last"][r_rows], -1, g["chunk"][r_rows]),
+        send_final=g["last"][s_rows],
     )
 
 
@@ -750,6 +759,7 @@ def build_schedules(
     window: int,
     ranks: list[int] | None = None,
     frag_links: np.ndarray | None = None,
+    whole_streams: bool = False,
 ) -> list[RankSchedule]:
     """Schedules of ``ranks`` (default all) for one call.
 
@@ -773,6 +783,13 @@ def build_schedules(
         ``int[F, K]``: each fragment's fabric links (its path's, padded with
         -1). Given, a direct fragment that rounds do not pace goes whole in
         round 0 (:func:`pathweave.plan.rounds.unpaced_direct`); ``None``: every fragment is paced.
+    whole_streams
+        Every forwarded stream gets a staging slot per chunk (its window is
+        all its chunks; the rounds stay ``window``'s): a forwarding rank can
+        post all its receives at once, so no sender waits for a slot. For
+        the gloo executor, whose slot credits travel behind the reverse
+        direction's data (``docs/runtime.md``, "Execution"); staging then
+        holds every byte the rank forwards, rounded up to chunks.
 
     Examples
     --------
@@ -784,7 +801,7 @@ def build_schedules(
     """
     _check_args(segments, chunk_bytes, window)
     g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window,
-                     frag_links)
+                     frag_links, whole_streams)
     _check_messages(g, chunk_bytes)
     todo = range(segments.num_ranks) if ranks is None else ranks
     return [_rank_schedule(g, segments, int(r), window, chunk_bytes) for r in todo]
@@ -800,6 +817,7 @@ def build_schedule(
     chunk_bytes: int,
     window: int,
     frag_links: np.ndarray | None = None,
+    whole_streams: bool = False,
 ) -> RankSchedule:
     """The schedule of one rank (see :func:`build_schedules`)."""
     return build_schedules(
@@ -811,6 +829,7 @@ def build_schedule(
         window=window,
         ranks=[rank],
         frag_links=frag_links,
+        whole_streams=whole_streams,
     )[0]
 
 
