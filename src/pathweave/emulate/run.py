@@ -241,58 +241,16 @@ def _tail(path: Path, nchars: int = 3000) -> str:
 def run_emulated(
     fabric: Fabric | str,
     *,
-    scale: float = DEFAULT_SCALE,
     workload: str = "hotspot:0.8",
-    bytes_per_rank: int = 8 << 20,
-    policies: Sequence[str] = ("static", "mwu"),
-    repeat: int = 3,
-    warmup: int = 1,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    window: int = 4,
-    min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-    timeout_s: float = 600.0,
-    prefix: str = "pw",
-    emulator: Emulator | None = None,
-    model: Any = None,
     demand: np.ndarray | None = None,
-    background: str | Sequence[str] | None = None,
-    log: Callable[[str], None] | None = None,
-    nice: int = 0,
-    shaping: str | None = None,
+    **options: Any,
 ) -> EmulationResult:
-    """Emulate ``fabric`` at ``scale`` and run the all-to-all of ``workload`` per policy.
+    """Emulate ``fabric`` and run the all-to-all of one workload per policy.
 
-    Parameters
-    ----------
-    fabric
-        Fabric, preset spec or file.
-    scale
-        Capacity scale (see :class:`~pathweave.emulate.Emulator`).
-    workload, bytes_per_rank
-        A :func:`pathweave.traffic.parse_workload` spec and payload per rank;
-        or pass ``demand`` (``int64[N, N]`` bytes) directly.
-    policies
-        Registered policy names for the pathweave data plane, or ``torch``.
-    repeat, warmup
-        Timed and untimed calls per policy (the first call plans and connects).
-    chunk_bytes, window, min_split_bytes
-        Data-plane settings (:class:`~pathweave.runtime.orchestrator.Orchestrator`).
-    timeout_s
-        Limit of the whole run; every rank is killed past it.
-    prefix, emulator, shaping
-        Use a running :class:`Emulator` of this fabric and scale, or make one
-        with ``prefix`` whose links are shaped as ``shaping`` (``tbf`` or
-        ``ackfirst``, see :func:`~pathweave.emulate.topology.build_layout`;
-        default :data:`~pathweave.emulate.topology.DEFAULT_SHAPING`, or the
-        given emulator's), torn down at the end.
-    model
-        :class:`~pathweave.sim.SimModel` for the predictions; default
-        :func:`emulator_model`.
-    log
-        Called with one line per stage (a log sink; the benchmarks' progress
-        callbacks, ``(done, total, what)``, count work, this names stages).
-    nice
-        Scheduling priority of the ranks (see :func:`run_workloads`).
+    ``workload`` is a :func:`pathweave.traffic.parse_workload` spec; or pass
+    ``demand`` (``int64[N, N]`` bytes) directly. Every other keyword is
+    :func:`run_workloads`'s (``scale``, ``bytes_per_rank``, ``policies``,
+    ``repeat``, ...), with the same defaults.
 
     Raises
     ------
@@ -301,13 +259,8 @@ def run_emulated(
         differed from the expected bytes.
     """
     wl = workload if demand is None else "custom"
-    return run_workloads(
-        fabric, [wl], scale=scale, bytes_per_rank=bytes_per_rank, policies=policies,
-        repeat=repeat, warmup=warmup, chunk_bytes=chunk_bytes, window=window,
-        min_split_bytes=min_split_bytes, timeout_s=timeout_s, prefix=prefix,
-        emulator=emulator, model=model, demands=None if demand is None else [demand],
-        log=log, nice=nice, background=background, shaping=shaping,
-    )[0]
+    return run_workloads(fabric, [wl], demands=None if demand is None else [demand],
+                         **options)[0]
 
 
 def run_workloads(
@@ -332,7 +285,38 @@ def run_workloads(
     background: str | Sequence[str] | None = None,
     shaping: str | None = None,
 ) -> list[EmulationResult]:
-    """:func:`run_emulated` for several workloads with one emulator and one launch of the ranks.
+    """Emulate ``fabric`` at ``scale`` and run each workload's all-to-all per policy.
+
+    One emulator and one launch of the ranks for every workload.
+
+    Parameters
+    ----------
+    fabric
+        Fabric, preset spec or file.
+    workloads, bytes_per_rank
+        :func:`pathweave.traffic.parse_workload` specs and payload per rank.
+    scale
+        Capacity scale (see :class:`~pathweave.emulate.Emulator`).
+    policies
+        Registered policy names for the pathweave data plane, or ``torch``.
+    repeat, warmup
+        Timed and untimed calls per policy (the first call plans and connects).
+    chunk_bytes, window, min_split_bytes
+        Data-plane settings (:class:`~pathweave.runtime.Config`).
+    timeout_s
+        Limit of the whole run; every rank is killed past it.
+    prefix, emulator, shaping
+        Use a running :class:`Emulator` of this fabric and scale, or make one
+        with ``prefix`` whose links are shaped as ``shaping`` (``tbf`` or
+        ``ackfirst``, see :func:`~pathweave.emulate.topology.build_layout`;
+        default :data:`~pathweave.emulate.topology.DEFAULT_SHAPING`, or the
+        given emulator's), torn down at the end.
+    model
+        :class:`~pathweave.sim.SimModel` for the predictions; default
+        :func:`emulator_model`.
+    log
+        Called with one line per stage (a log sink; the benchmarks' progress
+        callbacks, ``(done, total, what)``, count work, this names stages).
 
     ``demands``, if given, replaces the workload specs (one matrix per entry
     of ``workloads``, which then only label them). ``nice`` (-20..19) runs the
