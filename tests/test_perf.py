@@ -34,13 +34,13 @@ def test_columns_match_a_hand_computed_case():
     results = run_local(job_perf, 4, (options,), timeout_s=300)
     assert all(r == results[0] for r in results)  # every rank holds the same rows
     rows = {r["impl"]: r for r in results[0]}
-    assert list(rows) == ["pathweave", "torch", "broken"]
+    assert list(rows) == [*perf.IMPLS, "broken"]
     for r in rows.values():
         assert (r["size"], r["count"], r["type"], r["ranks"]) == (SIZE, 768, "float", 4)
         assert r["time_us"] > 0
         assert r["algbw_GBps"] * 1e9 * r["time_us"] * 1e-6 == pytest.approx(12288, rel=1e-9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"], rel=1e-12)
-    assert rows["pathweave"]["wrong"] == 0 and rows["torch"]["wrong"] == 0
+    assert all(rows[impl]["wrong"] == 0 for impl in perf.IMPLS)
     assert rows["broken"]["wrong"] == 1  # one damaged element on one rank
 
 
@@ -70,7 +70,7 @@ def test_cli_writes_rows_and_refuses_bad_input(tmp_path, capsys):
                       "-d", "bfloat16", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["size"], r["impl"]) for r in rows] == [
-        (1024, "pathweave"), (1024, "torch"), (2048, "pathweave"), (2048, "torch")]
+        (size, impl) for size in (1024, 2048) for impl in perf.IMPLS]
     assert all(list(r) == list(perf.COLUMNS) and r["wrong"] == 0 and r["count"] == r["size"] // 2
                for r in rows)
     for argv, word in ((["-w", "nope"], "unknown workload 'nope'"), (["-b", "2K", "-e", "1K"],

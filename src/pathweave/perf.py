@@ -10,10 +10,21 @@ or on one machine with local gloo ranks (``--ranks``; also ``pathweave perf``)::
 
 For every size from ``-b`` to ``-e`` (times ``-f``) every rank builds the
 same demand matrix (the workload's shape, scaled so that ranks send ``size``
-bytes on average), and each implementation (pathweave's default
-``all_to_all_single`` and torch's own, on the same ranks and buffers) runs
-``-W`` warm-up calls, one checked call and ``-n`` timed calls. One line per
-size and implementation, nccl-tests' columns:
+bytes on average), and each implementation runs ``-W`` warm-up calls, one
+checked call and ``-n`` timed calls, on the same ranks and buffers:
+
+``pathweave``
+    pathweave's default ``all_to_all_single``, called as torch's is: every
+    call exchanges a metadata row first (the split sizes), so a small call
+    pays for one more collective than torch's;
+``pw-matrix``
+    the same call given ``split_matrix=`` and ``config_digests=`` (gathered
+    once per size, untimed), as a caller that knows every rank's splits
+    passes them (the MoE layer): no exchange, the decision alone;
+``torch``
+    torch's own ``all_to_all_single``.
+
+One line per size and implementation, nccl-tests' columns:
 
 ``size``
     bytes a rank sends on average (the workload's ``bytes_per_rank``);
@@ -44,6 +55,7 @@ overrides), gloo on CPU otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -70,7 +82,7 @@ DTYPES: dict[str, tuple[str, int]] = {
     "double": ("float64", 8), "float64": ("float64", 8),
 }
 #: The implementations every line compares, in table order.
-IMPLS = ("pathweave", "torch")
+IMPLS = ("pathweave", "pw-matrix", "torch")
 #: Row keys of CSV/JSON output, in order.
 COLUMNS = ("size", "count", "type", "impl", "time_us", "algbw_GBps", "busbw_GBps", "wrong",
            "workload", "ranks", "backend")
@@ -159,13 +171,31 @@ def _torch_a2a(output: Any, input: Any, out_splits: list[int], in_splits: list[i
     dist.all_to_all_single(output, input, out_splits, in_splits)
 
 
-def _pathweave_a2a(output: Any, input: Any, out_splits: list[int], in_splits: list[int]) -> None:
+def _pathweave_a2a(output: Any, input: Any, out_splits: list[int], in_splits: list[int],
+                   **known: Any) -> None:
     import pathweave.distributed as pwd
 
-    pwd.all_to_all_single(output, input, out_splits, in_splits)
+    pwd.all_to_all_single(output, input, out_splits, in_splits, **known)
 
 
-_CALLS: dict[str, Callable[..., None]] = {"pathweave": _pathweave_a2a, "torch": _torch_a2a}
+def _known(torch: Any, dev: Any, elems: np.ndarray) -> dict[str, Any]:
+    """``pw-matrix``'s keywords: the split matrix every rank built, every rank's config digest.
+
+    Gathered once per size, outside the timed calls, as a caller that knows
+    the matrix (the MoE layer) gathers them in a collective of its own.
+    """
+    import torch.distributed as dist
+
+    import pathweave.distributed as pwd
+
+    mine = torch.tensor([pwd.config_digest(device=dev)], dtype=torch.int64, device=dev)
+    every = torch.empty(dist.get_world_size(), dtype=torch.int64, device=dev)
+    dist.all_gather_into_tensor(every, mine)
+    return {"split_matrix": elems, "config_digests": every.cpu().numpy()}
+
+
+_CALLS: dict[str, Callable[..., None]] = {
+    "pathweave": _pathweave_a2a, "pw-matrix": _pathweave_a2a, "torch": _torch_a2a}
 
 
 def run(
@@ -196,7 +226,9 @@ def run(
                else torch.empty(0, dtype=dtype, device=dev))
         want = _expected(torch, elems, rank, esize).to(dev)
         most, bus = _bw_bytes(elems, esize)
-        for name, fn in calls.items():
+        for name, call in calls.items():
+            known = _known(torch, dev, elems) if name == "pw-matrix" else {}
+            fn = functools.partial(call, **known)
             out = torch.empty(sum(recv), dtype=dtype, device=dev)
             for _ in range(options.warmup):
                 fn(out, inp, recv, send)
@@ -265,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-W", "--warmup-iters", type=int, default=5,
                    help="warm-up calls (default 5)")
     p.add_argument("--impl", action="append", choices=IMPLS,
-                   help="implementation to run (repeatable; default both)")
+                   help="implementation to run (repeatable; default all)")
     p.add_argument("--backend", choices=("gloo", "nccl"),
                    help="default: nccl where every local rank has a GPU, else gloo")
     p.add_argument("--ranks", type=int,
