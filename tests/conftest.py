@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,3 +29,17 @@ def _assert_drawn(path: Path, min_px: int = 200) -> None:
 def assert_drawn() -> Callable[..., None]:
     """A check that a saved figure has content, not only that the file exists."""
     return _assert_drawn
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_terminal_width() -> Iterator[None]:
+    """Tests (and module fixtures) see no ``COLUMNS`` unless they set it.
+
+    The CLI sizes piped tables from ``COLUMNS`` (pathweave.cli._common), and
+    several tests check that a piped table keeps every column; a ``COLUMNS``
+    exported by the caller's shell, or set in pytest-xdist's workers, would
+    otherwise fold those tables and fail them.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("COLUMNS", raising=False)
+        yield

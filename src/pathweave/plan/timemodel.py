@@ -217,7 +217,9 @@ def link_latency_s(fabric: Fabric, model: SimModel) -> np.ndarray:
     """Latency of every real link under ``model`` (its ``hop_latency_s`` if set)."""
     if model.hop_latency_s is None:
         return np.ascontiguousarray(fabric.latency_s, dtype=np.float64)
-    return np.full(fabric.num_links, float(model.hop_latency_s))
+    out = np.full(fabric.num_links, float(model.hop_latency_s))
+    out.setflags(write=False)  # read-only as the fabric's: one numba specialisation of _path_tables
+    return out
 
 
 @njit(cache=True)

@@ -5,6 +5,12 @@ planners' numba kernels by planning one tiny demand. Every process of a local
 job is forked from a server that imported it, so none of them pays these
 costs again (about 1 s of imports and 0.5 s of kernel loading per process,
 several seconds for a job of 8 processes on a small machine).
+
+The kernels include the specialisations an orchestrator's decision runs (its
+plans on the frozen path set, its time model, its prediction on the fragments
+it splits): numba compiles one per argument type and read-only flag, and with
+a cold cache every rank would otherwise compile the same ones at once (8
+processes on 2 cores: about 30 s of CPU in a clean clone's test suite).
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import numpy as np
 import torch.distributed  # noqa: F401
 
 import pathweave.distributed  # noqa: F401
-from pathweave.fabric import preset
+from pathweave.fabric import candidate_paths, preset
 from pathweave.plan import DEFAULT_POLICY, make
+from pathweave.runtime.orchestrator import Orchestrator, _GroupState
 
 
 def _load_kernels() -> None:
@@ -23,6 +30,11 @@ def _load_kernels() -> None:
     demand[0, 5] = demand[1, 2] = 64 << 20
     for policy in ("mwu", "hscore", DEFAULT_POLICY):
         make(fab, demand, policy)
+    # What each rank's first call runs: the decision and its prediction, as
+    # the data plane makes them (no process group is needed for either).
+    orch = Orchestrator(fabric=fab)
+    st = _GroupState(None, fab, candidate_paths(fab))
+    orch._predict(st, orch._plan(st, demand.astype(np.int64)), demand.astype(np.int64))
 
 
 _load_kernels()
