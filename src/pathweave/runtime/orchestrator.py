@@ -317,12 +317,11 @@ class Orchestrator:
 
     # ---------------------------------------------------------- planning
     def _plan(self, st: _GroupState, demand: np.ndarray) -> _Decision:
-        """A new decision for ``demand`` (:func:`~pathweave.runtime._decision.plan`)."""
+        """A new decision for ``demand``: :func:`._decision.plan`."""
         return _decision.plan(st, demand, self.config, self.stats)
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
-        """The decision for this call and whether it cost no planning
-        (:func:`~pathweave.runtime._decision.decide`)."""
+        """The decision and whether it cost no planning: :func:`._decision.decide`."""
         return _decision.decide(st, pair_bytes, self.config, self.stats)
 
     # ------------------------------------------------------------ public
@@ -533,6 +532,7 @@ class Orchestrator:
     def _schedule(
         self, st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray
     ) -> Entry:
+        """``dec``'s schedule of this call (:func:`~pathweave.runtime._pipeline.schedule`)."""
         return _pipeline.schedule(st, dec, segs, pair_bytes, self.config)
 
     # --------------------------------------------------- live adaptation
