@@ -289,7 +289,7 @@ def test_ranks_out_of_step_raise_at_once_on_every_rank():
 # --------------------------------------------------------------- caches
 def test_the_most_recently_used_schedule_survives_eviction_in_every_op():
     """Both ops share one LRU: a hit refreshes an entry (batch_isend_irecv did not)."""
-    from pathweave.runtime.orchestrator import _LRU
+    from pathweave._cache import Cache as _LRU
 
     lru = _LRU(2)
     lru.put("a", 1)

@@ -34,14 +34,23 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    1.5-fold beyond their noise (Hopper's probe rule behind a confidence
    test); hysteresis still decides the switch.
 
-Steps 2 to 5 are one pipeline (``Orchestrator._pipeline``) for every op.
-An op is an adapter: it exchanges and validates its own metadata, then
-hands the pipeline a ``_Call``: a metadata key, ``decode()`` (its layout:
-``pair_bytes`` and whatever its segments need), ``segments(layout)`` (its
-buffers' byte ranges per pair, :class:`~pathweave.runtime.schedule.Segments`)
-and ``buffers(multipath)`` (normalised send and receive buffers, torch's own
-collective on them, the copy back). ``all_to_all_single`` and
-``batch_isend_irecv`` are the two adapters today.
+The pieces live in private modules of :mod:`pathweave.runtime`; this
+module keeps the :class:`Orchestrator` (its settings, groups, metadata
+exchange and plane words) and re-exports their public names:
+
+- ``_group.py``: the group a call runs on, its fabric when none is given
+  (:func:`default_fabric`, :func:`hosts_shape`), its hosts and the state
+  kept per group (caches, live adaptation);
+- ``_decision.py``: step 2 (:func:`quantise`, plan, hysteresis, ``auto``);
+- ``_adapters.py``: each op's buffers as the pipeline's ``_Call``: a metadata
+  key, ``decode()`` (its layout: ``pair_bytes`` and whatever its segments
+  need), ``segments(layout)`` (its buffers' byte ranges per pair,
+  :class:`~pathweave.runtime.schedule.Segments`) and ``buffers(multipath)``
+  (normalised send and receive buffers, torch's own collective on them, the
+  copy back); ``all_to_all_single`` and ``batch_isend_irecv`` are the two
+  adapters today;
+- ``_pipeline.py``: steps 2 to 5, one pipeline for every op;
+- ``_stats.py``: :class:`OrchestratorStats` and :class:`CallStats` (step 5).
 
 Every rank holds the same metadata and the same history of calls, so every
 rank makes the same decisions without talking about them.
@@ -50,458 +59,48 @@ rank makes the same decisions without talking about them.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from pathweave._log import TRACE
-from pathweave.errors import CommError, FabricError, PlanError
-from pathweave.fabric import Fabric, PathSet, candidate_paths, resolve
-from pathweave.fabric.paths import ROLES
+from pathweave.errors import FabricError
+from pathweave.fabric import Fabric, candidate_paths
 from pathweave.plan import Plan
+from pathweave.runtime import _adapters, _decision, _pipeline
 from pathweave.runtime import _validate as V
-from pathweave.runtime.config import FABRIC_ENV, MAX_WINDOW, MIN_CHUNK_BYTES, Config
-from pathweave.runtime.schedule import (
-    RankSchedule,
-    Segments,
-    build_schedule,
-    path_routes,
-    split_fragments,
+from pathweave.runtime._adapters import _p2p_segments as _p2p_segments  # tests read it here
+from pathweave.runtime._decision import _Decision, quantise, split_options
+from pathweave.runtime._group import (
+    NCCL_TOPO_ENV,
+    TORCH_ONLY,
+    SubgroupWarning,
+    _group_hosts,
+    _GroupState,
+    _live_group,
+    default_fabric,
+    hosts_shape,
 )
+from pathweave.runtime._pipeline import Entry
+from pathweave.runtime._stats import CallStats, OrchestratorStats
+from pathweave.runtime.config import MAX_WINDOW, MIN_CHUNK_BYTES, Config
+from pathweave.runtime.schedule import Segments
 
+# The pieces' public names, re-exported: users (docs/runtime.md) reach them here.
 __all__ = [
-    "MAX_WINDOW", "MIN_CHUNK_BYTES", "CallStats", "Orchestrator", "OrchestratorStats",
-    "default_fabric", "quantise", "split_options",
+    "MAX_WINDOW", "MIN_CHUNK_BYTES", "NCCL_TOPO_ENV", "TORCH_ONLY", "CallStats", "Orchestrator",
+    "OrchestratorStats", "SubgroupWarning", "default_fabric", "hosts_shape", "quantise",
+    "split_options",
 ]
 
 log = logging.getLogger(__name__)
 
-#: NCCL's topology file, read when no :data:`FABRIC_ENV` is set.
-NCCL_TOPO_ENV = "NCCL_TOPO_FILE"
 PolicyArg = str | Callable[[Fabric, np.ndarray], Plan]
 #: Words of data-plane state every metadata row carries (:meth:`Orchestrator.plane_words`):
 #: the rank's host word, how many telemetry words it has to send, its multi-path calls.
 PLANE_WORDS = 3
-
-
-# ------------------------------------------------------------------- stats
-@dataclass
-class CallStats:
-    """Timing breakdown of one call, in seconds.
-
-    ``meta_s``: metadata exchange and validation; ``plan_s``: planning and
-    scheduling (near 0 when cached); ``transfer_s``: moving the bytes (for an
-    ``async_op`` call that returned before the bytes arrived, the time to
-    post them); ``cached``: no planning was needed; ``multipath``: the
-    pathweave executor ran (else torch's own collective did).
-    """
-
-    op: str
-    bytes: int
-    meta_s: float
-    plan_s: float
-    transfer_s: float
-    cached: bool
-    multipath: bool
-
-    @property
-    def total_s(self) -> float:
-        return self.meta_s + self.plan_s + self.transfer_s
-
-
-@dataclass
-class OrchestratorStats:
-    """Counters of an :class:`Orchestrator`, the same on every rank of its group.
-
-    ``bytes_per_link`` counts the bytes each directed fabric link carried
-    (every hop of every multi-path transfer, all ranks' traffic);
-    ``bytes_per_path_kind`` the bytes per path role (direct, relay, matched,
-    rd, dr, drd, spine) and ``torch`` for calls handed to torch.
-    ``bytes_total`` counts bytes between distinct ranks (a rank's bytes to
-    itself are a local copy and counted nowhere).
-    """
-
-    calls: int = 0
-    plans_made: int = 0
-    cache_hits: int = 0
-    multipath_calls: int = 0
-    plan_switches: int = 0
-    bytes_total: int = 0
-    bytes_per_link: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    bytes_per_path_kind: dict[str, int] = field(default_factory=dict)
-    last_call: CallStats | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view (the link vector as a list)."""
-        return {
-            "calls": self.calls,
-            "plans_made": self.plans_made,
-            "cache_hits": self.cache_hits,
-            "multipath_calls": self.multipath_calls,
-            "plan_switches": self.plan_switches,
-            "bytes_total": self.bytes_total,
-            "bytes_per_link": self.bytes_per_link.tolist(),
-            "bytes_per_path_kind": dict(self.bytes_per_path_kind),
-            "last_call": None if self.last_call is None else {
-                **self.last_call.__dict__, "total_s": self.last_call.total_s
-            },
-        }
-
-
-# --------------------------------------------------------------- decisions
-@dataclass(frozen=True, eq=False)
-class _Decision:
-    """How a demand is routed: multi-path flows, or torch's collective."""
-
-    ident: int
-    multipath: bool
-    flow_pair: np.ndarray
-    flow_path: np.ndarray
-    flow_weight: np.ndarray
-    predicted_s: float  # predicted time (time model) of this decision on its demand
-    static_s: float
-    #: Why torch's collective runs: ``"category: detail"`` (the log's text; the
-    #: category alone marks a change of decision). Empty for a multi-path plan.
-    reason: str = ""
-
-
-def quantise(pair_bytes: np.ndarray) -> np.ndarray:
-    """Round each entry down to 5 significant bits (relative error < 1/16); zero stays zero.
-
-    Demands that differ only by a few percent share a cached plan.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> quantise(np.array([0, 1, 17, 1000, 1 << 30])).tolist()
-    [0, 1, 17, 992, 1073741824]
-    """
-    x = np.asarray(pair_bytes, dtype=np.int64)
-    mant, exp = np.frexp(x.astype(np.float64))
-    q = np.ldexp(np.floor(mant * 32) / 32, exp)  # mant in [0.5, 1): 5 bits incl. the leading 1
-    return np.minimum(q.astype(np.int64), x)
-
-
-#: Fabric meta key of a stand-in fabric: the group runs torch's own all-to-all
-#: (the reason as its value).
-TORCH_ONLY = "torch_only"
-
-
-class SubgroupWarning(UserWarning):
-    """A subgroup's ranks cannot form a fabric; its all-to-alls run torch's collective."""
-
-
-def default_fabric(
-    group_size: int, *, is_world: bool = True, global_ranks: Sequence[int] | None = None,
-    hosts: Sequence[int] | None = None,
-) -> Fabric:
-    """The fabric a job runs on when none is given.
-
-    ``PATHWEAVE_FABRIC`` (a preset spec or a fabric file) if set; for a
-    subgroup (``global_ranks``: its members' ranks in the default group) of
-    a job whose ``PATHWEAVE_FABRIC`` describes the whole job, the part of
-    that fabric its members hold (:meth:`~pathweave.fabric.Fabric.subset`),
-    or, where their nodes hold different numbers of members, a stand-in
-    fabric on which the group always runs torch's own all-to-all (a
-    :class:`SubgroupWarning` says so, once per group). Else ``NCCL_TOPO_FILE``
-    if set (:func:`~pathweave.fabric.from_nccl_xml`, one node per distinct
-    ``hosts`` word). Otherwise DGX
-    H100-like nodes (``dgx-h100``: NVSwitch inside, one 400 Gb/s NIC per
-    GPU on its own rail), shaped by the ranks per host (:func:`hosts_shape`)
-    when ``hosts`` (every member's :func:`~pathweave.runtime.telemetry.host_word`,
-    in group rank order; the :class:`Orchestrator` gathers them on a group's
-    first use) are given, else by ``LOCAL_WORLD_SIZE`` GPUs per node (as
-    ``torchrun`` sets it; one node of the whole group if unset or if the
-    group is not the default group). Its ``num_ranks`` must equal the group
-    size. The fabric and where it came from are logged at INFO.
-    """
-    spec = os.environ.get(FABRIC_ENV)
-    if spec:
-        fab = resolve(spec)
-        where = f"{FABRIC_ENV}={spec!r}"
-        ranks = None if is_world or global_ranks is None else list(global_ranks)
-        if ranks and fab.num_ranks != group_size and max(ranks) < fab.num_ranks:
-            fab = _subgroup_fabric(fab, ranks, where)
-            where = f"the part of {where} that ranks {ranks} hold"
-    elif os.environ.get(NCCL_TOPO_ENV):
-        fab, where = _nccl_topo_fabric(os.environ[NCCL_TOPO_ENV], hosts)
-    else:
-        from pathweave.fabric import preset
-
-        local = os.environ.get("LOCAL_WORLD_SIZE", "")
-        per_node = group_size
-        lws = int(local) if local.strip().isdigit() and int(local) > 0 else None
-        if hosts is not None:
-            per_node, where = hosts_shape(hosts, lws if is_world else None)
-        else:
-            if is_world and lws and group_size % lws == 0:
-                per_node = lws
-            where = f"LOCAL_WORLD_SIZE={local or 'unset'}"
-        fab = preset("dgx-h100", nodes=group_size // per_node, gpus_per_node=per_node)
-        where = (f"no {FABRIC_ENV}: {group_size // per_node} dgx-h100 node(s) of {per_node} "
-                 f"GPUs from {where}; set {FABRIC_ENV} to a preset or fabric file for the "
-                 "real topology")
-    if fab.num_ranks != group_size:
-        raise FabricError(
-            f"fabric {fab.name!r} from {where} has {fab.num_ranks} ranks but the process "
-            f"group has {group_size}"
-        )
-    log.info("fabric %s (%d ranks) from %s", fab.name, fab.num_ranks, where)
-    return fab
-
-
-def _nccl_topo_fabric(path: str, hosts: Sequence[int] | None) -> tuple[Fabric, str]:
-    """The fabric of NCCL's topology file ``path``: one node per host (one if unknown)."""
-    from pathweave.fabric import from_nccl_xml
-
-    nodes = len(set(hosts)) if hosts is not None else 1
-    where = f"{NCCL_TOPO_ENV}={path!r}, {nodes} node(s) from the ranks' hosts"
-    return from_nccl_xml(path, nodes=nodes), where  # default_fabric checks the rank count
-
-
-def hosts_shape(hosts: Sequence[int], local_world_size: int | None = None) -> tuple[int, str]:
-    """GPUs per node of the default fabric, from every rank's host word, and how it was found.
-
-    The ranks of each host must be consecutive (``torchrun`` numbers them
-    node-major) and every host must hold as many; a host's ranks form one
-    node, or nodes of ``local_world_size`` where that divides them (one
-    machine standing in for several nodes, as the tests and the emulator
-    do). Anything else raises :class:`~pathweave.errors.FabricError` saying
-    how to name the fabric instead.
-
-    Examples
-    --------
-    >>> hosts_shape([7, 7, 9, 9])
-    (2, '2 host(s) x 2 rank(s)')
-    >>> hosts_shape([7, 7, 7, 7], 2)
-    (2, '1 host(s) x 4 rank(s), LOCAL_WORLD_SIZE=2')
-    >>> hosts_shape([7, 9, 7, 9])
-    Traceback (most recent call last):
-    ...
-    pathweave.errors.FabricError: the ranks of a host are not consecutive (rank 2 is on the host of rank 0, rank 1 is not); pathweave cannot shape a fabric from the hosts: number ranks node-major (as torchrun does) or set PATHWEAVE_FABRIC to a fabric file in this job's rank order
-    """  # noqa: E501
-    h = np.asarray(hosts)
-    n = h.size
-    starts = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]
-    seen: dict[int, int] = {}
-    for s in starts.tolist():
-        first = seen.setdefault(int(h[s]), s)
-        if first != s:
-            gap = int(np.flatnonzero(h[first:s] != h[s])[0]) + first
-            raise FabricError(
-                f"the ranks of a host are not consecutive (rank {s} is on the host of rank "
-                f"{first}, rank {gap} is not); pathweave cannot shape a fabric from the hosts: "
-                f"number ranks node-major (as torchrun does) or set {FABRIC_ENV} to a fabric "
-                "file in this job's rank order"
-            )
-    counts = np.diff(np.r_[starts, n])
-    if (counts != counts[0]).any():
-        i = int(np.flatnonzero(counts != counts[0])[0])
-        raise FabricError(
-            f"hosts run different numbers of ranks (rank {int(starts[0])}'s host {int(counts[0])}, "
-            f"rank {int(starts[i])}'s host {int(counts[i])}); pathweave's default fabric needs "
-            f"as many on every host: start as many ranks per host (torchrun "
-            f"--nproc-per-node) or set {FABRIC_ENV} to a fabric file with {n} ranks"
-        )
-    per_host = int(counts[0])
-    text = f"{starts.size} host(s) x {per_host} rank(s)"
-    if local_world_size and per_host % local_world_size == 0 and local_world_size != per_host:
-        return local_world_size, f"{text}, LOCAL_WORLD_SIZE={local_world_size}"
-    return per_host, text
-
-
-#: Every rank's host word per process group, gathered on the group's first use
-#: by an orchestrator without a fabric (hosts never change; a fresh orchestrator
-#: on some ranks only must not start a collective its peers do not).
-_GROUP_HOSTS: weakref.WeakKeyDictionary[Any, np.ndarray] = weakref.WeakKeyDictionary()
-
-
-def _group_hosts(tr: Any, timeout_s: float) -> np.ndarray:
-    """Every member's host word (:func:`~pathweave.runtime.telemetry.host_word`), once per group."""
-    from pathweave.runtime.telemetry import host_word
-
-    pg = tr.group if tr.group is not None else _dist().group.WORLD
-    hosts = _GROUP_HOSTS.get(pg)
-    if hosts is None:
-        row = np.array([host_word()], dtype=np.int64)
-        hosts = _GROUP_HOSTS[pg] = tr.exchange(row, time.monotonic() + timeout_s)[:, 0].copy()
-    return hosts
-
-
-def _subgroup_fabric(fab: Fabric, ranks: list[int], where: str) -> Fabric:
-    """The part of the job's fabric a subgroup holds, or a torch-only stand-in."""
-    try:
-        return fab.subset(ranks, name=f"{fab.name}[{','.join(map(str, ranks))}]")
-    except FabricError as exc:
-        import warnings
-
-        from pathweave.fabric import preset
-
-        reason = (f"subgroup of ranks {ranks} of {where}: {exc}; its all-to-alls run torch's "
-                  "own collective")
-        warnings.warn(reason, SubgroupWarning, stacklevel=3)
-        log.warning("%s", reason)
-        stand_in = preset("dgx-h100", nodes=1, gpus_per_node=len(ranks))
-        return Fabric(name=f"torch-only[{','.join(map(str, ranks))}]",
-                      vertex_names=stand_in.vertex_names, vertex_kind=stand_in.vertex_kind,
-                      vertex_node=stand_in.vertex_node, link_src=stand_in.link_src,
-                      link_dst=stand_in.link_dst, link_kind=stand_in.link_kind,
-                      capacity_Bps=stand_in.capacity_Bps, latency_s=stand_in.latency_s,
-                      meta={TORCH_ONLY: reason})
-
-
-# ------------------------------------------------------------ group state
-class _LRU:
-    """A cache that keeps the ``size`` most recently used entries (a hit counts as a use)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._d: OrderedDict[Any, Any] = OrderedDict()
-
-    def get(self, key: Any) -> Any:
-        value = self._d.get(key)
-        if value is not None:
-            self._d.move_to_end(key)
-        return value
-
-    def put(self, key: Any, value: Any) -> None:
-        self._d[key] = value
-        self._d.move_to_end(key)
-        while len(self._d) > self.size:
-            self._d.popitem(last=False)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._d
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
-class _GroupState:
-    """What an orchestrator keeps per process group."""
-
-    def __init__(self, transport: Any, fabric: Fabric, paths: PathSet, cache_size: int = 64):
-        self.transport = transport
-        self.fabric = fabric
-        self.paths = paths
-        self.routes = path_routes(paths)
-        n = fabric.num_ranks
-        first = paths.pair_ptr[:-1].astype(np.int64).copy()
-        first[:: n + 1] = 0  # the diagonal has no paths; never used
-        self.default_path = first
-        #: quantised demand key -> the decision taken the last time it was seen
-        self.plans = _LRU(cache_size)
-        self.schedules = _LRU(cache_size)
-        self.current: _Decision | None = None
-        self.last_qkey: bytes | None = None
-        # (metadata key, decoded layout, decision) of the last call of any op
-        self.last_call: tuple[Any, ...] = (None, None, None)
-        self.matrix_call: Any = None  # _validate.check_matrix_call's last result
-        self.next_ident = 1
-        self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
-        self.fingerprints = _LRU(cache_size)  # field values -> words
-        self._scratch: Any = None
-        # --- live adaptation (pathweave.runtime.telemetry): plans are made on
-        # plan_fabric / plan_paths, the nominal fabric until estimates move.
-        self.adapt: Any = None
-        #: every rank's host word, from the group's first exchange of plane words
-        #: (adapt="auto" decides on it)
-        self.hosts: np.ndarray | None = None
-        #: why this group's ranks are out of step (raised by the next call), or None
-        self.out_of_step: str | None = None
-        self.plan_fabric = fabric
-        self.plan_paths = paths
-        #: (ident, reason category) of the last decision logged
-        self.logged_decision: tuple[int, str] | None = None
-
-    def scratch(self, like: Any, *, reuse: bool) -> Any:
-        """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
-
-        With ``reuse`` (a blocking call on the CPU) it is a view of one buffer
-        kept per group: the call is over before the next can use it, and a
-        fresh CPU allocation of an output's size costs a page fault per page
-        (about as much as copying it). CUDA's caching allocator reuses memory
-        by itself.
-        """
-        import torch
-
-        if not reuse:
-            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
-        nbytes = like.numel() * like.element_size()
-        buf = self._scratch
-        if buf is None or buf.numel() < nbytes or buf.device != like.device:
-            buf = self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
-        return buf[:nbytes].view(like.dtype).view(like.shape)
-
-    def drop_scratch(self) -> None:
-        """Forget the reused scratch buffer (after a failed call)."""
-        self._scratch = None
-
-
-@dataclass(eq=False)
-class _Call:
-    """One call as the op pipeline sees it, built by an op's adapter.
-
-    ``decode()`` validates the exchanged metadata and returns the call's
-    layout (anything with ``pair_bytes``); it is skipped when ``mkey`` is the
-    previous call's. ``buffers(multipath)``, called once the arguments are
-    known to be good, returns ``(send_bufs, recv_bufs, post_torch, finish)``:
-    dense ``uint8`` views (``send_bufs`` hold the caller's input,
-    ``recv_bufs`` are scratch, or on torch's path a dense output itself),
-    ``post_torch(layout)`` starting torch's own collective on those buffers
-    and returning its works, and ``finish`` copying the scratch into the
-    caller's outputs once every byte has arrived.
-    """
-
-    op: str
-    mkey: bytes
-    decode: Callable[[], Any]
-    segments: Callable[[Any], Segments]
-    buffers: Callable[[bool], tuple[list[Any], list[Any], Callable[[Any], list[Any]],
-                                    Callable[[], None] | None]]
-    #: ``timing(layout)``: a key per receive op for live adaptation (None: not timed).
-    timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
-    #: What the call writes: the value of its handle's ``get_future()``.
-    outputs: Sequence[Any] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class _P2PLayout:
-    matches: list[tuple[int, int, int, int, int]]
-    pair_bytes: np.ndarray
-
-
-def split_options(policy: str, min_split_bytes: int, chunk_bytes: int, *,
-                  model: Any = None,
-                  set_already: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The data plane's size threshold and chunk, and the time model, as options of ``policy``.
-
-    Each where ``policy`` takes it (``model`` only if given). What the
-    :class:`Orchestrator` passes its planner (options in ``set_already``
-    win); :func:`pathweave.emulate.predict` plans with the same, so a
-    prediction is of the plan the data plane runs.
-
-    Examples
-    --------
-    >>> split_options("mwu", 65536, 524288)
-    {'min_split_bytes': 65536, 'chunk_bytes': 524288}
-    >>> split_options("static", 65536, 524288)
-    {}
-    """
-    from pathweave.plan import policy_info
-
-    opts = policy_info(policy).options
-    mine: dict[str, Any] = {"min_split_bytes": int(min_split_bytes),
-                            "chunk_bytes": int(chunk_bytes)}
-    if model is not None:
-        mine["model"] = model
-    return {k: v for k, v in mine.items() if k in opts and k not in (set_already or {})}
 
 
 class _Setting:
@@ -718,120 +317,12 @@ class Orchestrator:
 
     # ---------------------------------------------------------- planning
     def _plan(self, st: _GroupState, demand: np.ndarray) -> _Decision:
-        from pathweave.plan import make
-
-        self.stats.plans_made += 1
-        static = make(st.plan_fabric, demand, "static", paths=st.plan_paths)
-        if callable(self.policy):
-            plan = self.policy(st.fabric, demand)
-            if not isinstance(plan, Plan):
-                raise PlanError(f"policy callable returned {type(plan).__name__}, not a Plan")
-            if plan.paths.fabric is not st.fabric or plan.paths.num_paths != st.paths.num_paths:
-                raise PlanError("policy callable returned a plan for another fabric or path set")
-            plan.validate()
-        else:
-            plan = make(st.plan_fabric, demand, self.policy, paths=st.plan_paths,
-                        **self._split_options(), **self.policy_options)
-        from pathweave.plan import predict_time
-
-        plan_s = predict_time(plan, self.model)
-        # The fallback is torch's own collective: none of pathweave's per-round host cost.
-        static_s = predict_time(static, _without_rounds(self.model))
-        log.debug("planned %s: predicted %.1f us, static %.1f us", plan.policy, plan_s * 1e6,
-                  static_s * 1e6)
-        if self.enabled == "auto" and not plan_s * self.min_gain <= static_s:
-            return self._fallback(st, static_s, (
-                f"no gain: {plan.policy} predicted {plan_s * 1e6:.1f} us against static's "
-                f"{static_s * 1e6:.1f} us, less than min_gain {self.min_gain}x"))
-        keep = plan.flow_bytes > 0
-        ps = st.paths
-        fp = plan.flow_path[keep].astype(np.int64)
-        pair = ps.src[fp].astype(np.int64) * ps.num_ranks + ps.dst[fp]
-        ident = st.next_ident
-        st.next_ident += 1
-        return _Decision(ident, True, pair, fp, plan.flow_bytes[keep].astype(np.float64),
-                         plan_s, static_s)
-
-    def _split_options(self) -> dict[str, Any]:
-        """``min_split_bytes``/``chunk_bytes``/``model`` for a registered policy that takes them."""
-        return split_options(self.policy, self.min_split_bytes, self.chunk_bytes,
-                             model=self.model, set_already=self.policy_options)
-
-    @staticmethod
-    def _fallback(st: _GroupState, static_s: float, reason: str) -> _Decision:
-        empty = np.zeros(0, dtype=np.int64)
-        return _Decision(0, False, empty, empty, np.zeros(0), static_s, static_s, reason)
-
-    @staticmethod
-    def _log_decision(st: _GroupState, dec: _Decision, op: str) -> None:
-        """Log a decision that differs from the group's previous one (INFO)."""
-        key = (dec.ident, dec.reason.split(":", 1)[0])
-        if key == st.logged_decision:
-            return
-        st.logged_decision = key
-        if dec.multipath:
-            log.info("%s: multi-path plan #%d (predicted %.1f us, static %.1f us)", op,
-                     dec.ident, dec.predicted_s * 1e6, dec.static_s * 1e6)
-        else:
-            log.info("%s: torch's collective (%s)", op, dec.reason)
-
-    def _predict(self, st: _GroupState, dec: _Decision, demand: np.ndarray) -> float:
-        """Predicted time (time model) of ``dec``'s splits applied to ``demand``."""
-        covered = np.bincount(dec.flow_pair, weights=dec.flow_weight, minlength=demand.size) > 0
-        if (demand.reshape(-1)[~covered] > 0).any():
-            return float("inf")  # the plan has no path for some pair of this demand
-        _, fpath, fbytes = split_fragments(
-            dec.flow_pair, dec.flow_path, dec.flow_weight, demand,
-            min_split_bytes=self.min_split_bytes,
-        )
-        from pathweave.plan.timemodel import time_terms
-
-        return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64),
-                              self.model))
+        """A new decision for ``demand``: :func:`._decision.plan`."""
+        return _decision.plan(st, demand, self.config, self.stats)
 
     def _decide(self, st: _GroupState, pair_bytes: np.ndarray) -> tuple[_Decision, bool]:
-        """The decision for this call and whether it cost no planning."""
-        if self.enabled is False:
-            return self._fallback(st, 0.0, "disabled: enabled=False"), True
-        if TORCH_ONLY in st.fabric.meta:
-            why = f"torch-only fabric: {st.fabric.meta[TORCH_ONLY]}"
-            return self._fallback(st, 0.0, why), True
-        q = quantise(pair_bytes)
-        np.fill_diagonal(q, 0)
-        if self.enabled == "auto" and int(q.max(initial=0)) < self.min_split_bytes:
-            # Small exchanges: splitting costs more than it gains (NIMBLE's
-            # size threshold); no planning, and the current plan stays for
-            # the next large call.
-            return self._fallback(st, 0.0, "small: every pair below min_split_bytes "
-                                  f"({self.min_split_bytes} B)"), True
-        key = q.tobytes() + (b"" if st.adapt is None else st.adapt.cap_key)
-        if key == st.last_qkey and st.current is not None:
-            return st.current, True
-        taken = st.plans.get(key)
-        if taken is not None:
-            # A pattern decided before stands (MoE alternates dispatch and
-            # combine): weighing it against the other pattern's plan again cost
-            # a prediction per call (112 us at 8 ranks) and decided nothing new.
-            st.current, st.last_qkey = taken, key
-            return taken, True
-        cand = self._plan(st, q)
-        cur = st.current
-        if cur is not None and cur is not cand:
-            # Hysteresis: a new plan must beat the current one by a clear margin.
-            cur_s = self._predict(st, cur, q) if cur.multipath else cand.static_s
-            if not cand.predicted_s < cur_s * (1.0 - self.hysteresis):
-                log.debug("hysteresis keeps the current decision: new %.1f us, current %.1f us",
-                          cand.predicted_s * 1e6, cur_s * 1e6)
-                cand = cur
-            else:
-                self.stats.plan_switches += 1
-                log.info("plan switch: %s (%.1f us) replaces %s (%.1f us) on a new demand",
-                         _decision_text(cand), cand.predicted_s * 1e6, _decision_text(cur),
-                         cur_s * 1e6)
-        st.current = cand
-        st.last_qkey = key
-        st.plans.put(key, cand)
-        return cand, False
+        """The decision and whether it cost no planning: :func:`._decision.decide`."""
+        return _decision.decide(st, pair_bytes, self.config, self.stats)
 
     # ------------------------------------------------------------ public
     def all_to_all_single(
@@ -919,7 +410,7 @@ class Orchestrator:
 
             def decode() -> V.A2ALayout:
                 return V.decode_a2a(meta, all_outs)
-        call = self._a2a_call(st, output, input, mkey, decode, reuse=not async_op)
+        call = _adapters.a2a_call(st, output, input, mkey, decode, reuse=not async_op)
         handle = self._pipeline(st, call, t0, deadline, wait=not async_op)
         return handle if async_op else None
 
@@ -942,18 +433,7 @@ class Orchestrator:
         n = tr.size
 
         def peer_of(op: Any) -> int | None:
-            if op is None:
-                return tr.rank
-            og = getattr(op, "group", None)
-            if og is not None and og is not group and not (group is None and _is_world(og)):
-                return None
-            gp = getattr(op, "group_peer", None)
-            if gp is not None:
-                return int(gp)
-            peer = int(op.peer)
-            if peer in tr.global_ranks:
-                return tr.global_ranks.index(peer)
-            return peer if group is None else n + peer  # out of range: reported as such
+            return _adapters.p2p_peer(op, group, tr)
 
         def exchange(width: int, first: bool) -> np.ndarray:
             # The first exchange carries the plane words, as every call's does.
@@ -970,174 +450,20 @@ class Orchestrator:
         if int(counts.max(initial=0)) > 8:
             meta = exchange(int(counts.max()), first=False)
 
-        def decode() -> _P2PLayout:
-            tables = [
-                meta[r, 4 : 4 + V.P2P_FIELDS * int(counts[r])].reshape(-1, V.P2P_FIELDS)
-                for r in range(n)
-            ]
-            matches = V.match_p2p(tables)
-            pair_bytes = np.zeros((n, n), dtype=np.int64)
-            for s, d, _, _, nb in matches:
-                pair_bytes[s, d] += nb
-            return _P2PLayout(matches, pair_bytes)
+        def decode() -> _adapters._P2PLayout:
+            return _adapters.p2p_layout(meta, counts, n)
 
-        call = self._p2p_call(st, list(ops), b"P" + words.tobytes() + meta.tobytes(), decode)
+        call = _adapters.p2p_call(st, list(ops), b"P" + words.tobytes() + meta.tobytes(), decode)
         handle = self._pipeline(st, call, t0, deadline, wait=False)
         return [handle] * len(ops)
 
-    # -------------------------------------------------------- op adapters
-    def _a2a_call(
-        self, st: _GroupState, output: Any, input: Any, mkey: bytes, decode: Callable[[], Any],
-        *, reuse: bool,
-    ) -> _Call:
-        """``all_to_all_single`` on normalised buffers: a dense input, a scratch output."""
-
-        from pathweave.runtime.executor import as_bytes, dense, is_dense
-
-        tr = st.transport
-
-        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
-            src = as_bytes(dense(input))
-            if not multipath and is_dense(output):
-                # torch's path into the output itself, as torch's own call: no
-                # copy (docs/runtime.md, "Outputs of a failed call").
-                dst = as_bytes(output)
-                finish = None
-            else:
-                scratch = st.scratch(output, reuse=reuse and output.device.type == "cpu")
-                dst = as_bytes(scratch)
-
-                def finish() -> None:
-                    output.copy_(scratch)
-
-            def post_torch(layout: V.A2ALayout) -> list[Any]:
-                rows = layout.in_rows
-                # Splits in bytes on the byte views: every dtype on every backend.
-                send = (rows[tr.rank] * layout.row_bytes).tolist()
-                recv = (rows[:, tr.rank] * layout.row_bytes).tolist()
-                return [_dist().all_to_all_single(dst, src, recv, send, group=tr.group,
-                                                  async_op=True)]
-
-            return [src], [dst], post_torch, finish
-
-        def timing(layout: V.A2ALayout) -> Callable[[tuple[int, ...]], tuple[int, int]]:
-            # A receive at offset off of the output holds bytes of the source whose
-            # segment it lies in: key (source, the peer it came from).
-            starts = np.concatenate([[0], np.cumsum(layout.pair_bytes[:, tr.rank])])
-            return lambda op: (int(np.searchsorted(starts, op[3], side="right") - 1), int(op[0]))
-
-        return _Call("all_to_all_single", mkey, decode,
-                     lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
-                     timing, [output])
-
-    def _p2p_call(
-        self, st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]
-    ) -> _Call:
-        """``batch_isend_irecv`` on normalised buffers: dense sends, scratch receives."""
-        import torch
-
-        from pathweave.runtime.executor import as_bytes, dense, is_dense
-
-        dist = _dist()
-
-        def buffers(multipath: bool) -> tuple[list[Any], list[Any], Any, Any]:
-            bufs, outs = [], []
-            for op in ops:
-                if op.op is dist.isend:
-                    bufs.append(as_bytes(dense(op.tensor)))
-                elif not multipath and is_dense(op.tensor):
-                    bufs.append(as_bytes(op.tensor))
-                else:
-                    t = op.tensor
-                    tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                    bufs.append(as_bytes(tmp))
-                    outs.append((t, tmp))
-
-            def post_torch(layout: _P2PLayout) -> list[Any]:
-                mine = [dist.P2POp(op.op, b, op.peer, op.group, op.tag)
-                        for op, b in zip(ops, bufs, strict=True)]
-                return list(dist.batch_isend_irecv(mine)) if mine else []
-
-            def finish() -> None:
-                for t, tmp in outs:
-                    t.copy_(tmp)
-
-            return bufs, bufs, post_torch, finish
-
-        return _Call("batch_isend_irecv", mkey, decode,
-                     lambda layout: _p2p_segments(layout.matches, st.transport.size), buffers,
-                     outputs=[op.tensor for op in ops if op.op is not dist.isend])
-
     # ------------------------------------------------------- op pipeline
     def _pipeline(
-        self, st: _GroupState, call: _Call, t0: float, deadline: float, *, wait: bool
+        self, st: _GroupState, call: _adapters._Call, t0: float, deadline: float, *, wait: bool
     ) -> Any:
-        """decide -> schedule (cached) -> run -> account: the steps every op shares.
-
-        The call's metadata is exchanged already (``t0`` is when the call
-        began). Returns the handle, waited for if ``wait``.
-        """
-        from pathweave.runtime.executor import Handle
-
-        tr = st.transport
-        t1 = time.perf_counter()
-        if call.mkey == st.last_call[0]:
-            # The very same call as the last one: validated and decided then.
-            _, layout, dec = st.last_call
-            cached = True
-        else:
-            layout = call.decode()
-            t1 = time.perf_counter()
-            dec, cached = self._decide(st, layout.pair_bytes)
-            st.last_call = (call.mkey, layout, dec)
-            self._log_decision(st, dec, call.op)
-        if st.out_of_step is not None:
-            # Every rank read the same plane words: every rank raises here.
-            msg, st.out_of_step = st.out_of_step, None
-            raise ValueError(f"{call.op}: {msg}")
-        pair_bytes = layout.pair_bytes
-        total = int(pair_bytes.sum() - np.trace(pair_bytes))
-        entry = None
-        if dec.multipath:
-            key = (call.mkey, dec.ident)
-            entry = st.schedules.get(key)
-            if entry is None:
-                cached = False
-                entry = self._schedule(st, dec, call.segments(layout), pair_bytes)
-                st.schedules.put(key, entry)
-        if st.adapt is not None:
-            # On every rank alike (whether this rank times the call or not): the
-            # plan of what the next row's words describe sets their number.
-            # Rounds posted as groups (NCCL) are not timed.
-            timed = entry is not None and call.timing is not None and not tr.grouped_rounds
-            st.adapt.note(entry[3] if timed else None, entry[1] if timed else None)
-        t2 = time.perf_counter()
-        send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
-        try:
-            if entry is None:
-                try:
-                    works = post_torch(layout)
-                except Exception as exc:  # a dead peer surfaces as torch's RuntimeError
-                    raise CommError(f"rank {tr.rank}: torch's {call.op} failed: {exc}") from exc
-                handle = Handle(works, rank=tr.rank, deadline=deadline, finish=finish,
-                                host_wait=not tr.nccl, outputs=call.outputs)
-            else:
-                timing = None
-                if st.adapt is not None and wait and st.adapt.sampled:
-                    timing = call.timing(layout)
-                handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
-                                wait=wait, finish=finish, timing=timing, outputs=call.outputs)
-                if timing is not None:
-                    st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
-            if wait:
-                handle.wait()
-        except CommError:
-            # Receives of this call may still be posted into the group's reused
-            # scratch; a later call must not share that memory with them.
-            st.drop_scratch()
-            raise
-        self._account(call.op, total, entry, t0, t1, t2, cached)
-        return handle
+        """decide -> schedule (cached) -> run -> account: :func:`._pipeline.run`."""
+        return _pipeline.run(st, call, t0, deadline, wait=wait, decide=self._decide,
+                             schedule=self._schedule, stats=self.stats)
 
     def _fingerprint(self, st: _GroupState, extra: Mapping[str, Any] | None) -> np.ndarray:
         """This call's configuration as :func:`~pathweave.runtime._validate.fingerprint` words.
@@ -1205,20 +531,9 @@ class Orchestrator:
     # ---------------------------------------------------------- internals
     def _schedule(
         self, st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray
-    ) -> tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray]:
-        fpair, fpath, fbytes = split_fragments(
-            dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
-            min_split_bytes=self.min_split_bytes, default_path=st.default_path,
-        )
-        sched = build_schedule(
-            segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
-            chunk_bytes=self.chunk_bytes, window=self.window, frag_links=st.paths.links[fpath],
-            whole_streams=not st.transport.grouped_rounds,
-        )
-        link_bytes = st.paths.link_load_bytes(fpath, fbytes)
-        roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
-        kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
-        return sched, link_bytes, kinds, fpath
+    ) -> Entry:
+        """``dec``'s schedule of this call (:func:`~pathweave.runtime._pipeline.schedule`)."""
+        return _pipeline.schedule(st, dec, segs, pair_bytes, self.config)
 
     # --------------------------------------------------- live adaptation
     def _exchange_rows(self, st: _GroupState, row: np.ndarray, deadline: float) -> np.ndarray:
@@ -1310,51 +625,6 @@ class Orchestrator:
             st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
             st.last_call = (None, None, None)
 
-    def _account(
-        self, op: str, total: int, entry: Any, t0: float, t1: float, t2: float, cached: bool
-    ) -> None:
-        s = self.stats
-        s.calls += 1
-        s.cache_hits += int(cached)
-        s.bytes_total += total
-        if entry is None:
-            s.bytes_per_path_kind["torch"] = s.bytes_per_path_kind.get("torch", 0) + total
-        else:
-            s.multipath_calls += 1
-            if len(s.bytes_per_link) != len(entry[1]):
-                s.bytes_per_link = np.zeros(len(entry[1]))
-            s.bytes_per_link += entry[1]
-            for k, v in entry[2].items():
-                s.bytes_per_path_kind[k] = s.bytes_per_path_kind.get(k, 0) + v
-        t3 = time.perf_counter()
-        s.last_call = CallStats(op, total, t1 - t0, t2 - t1, t3 - t2, cached, entry is not None)
-        if log.isEnabledFor(TRACE):
-            log.log(TRACE, "%s %d B %s%s: meta %.1f us, plan %.1f us, transfer %.1f us", op, total,
-                    "multi-path" if entry is not None else "torch", " (cached)" if cached else "",
-                    (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6)
-
-
-def _decision_text(dec: _Decision) -> str:
-    return f"multi-path plan #{dec.ident}" if dec.multipath else "torch's collective"
-
-
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist
-
-
-def _live_group(group: Any) -> Any:
-    """The process group object ``group`` names (``None``: the default group, when there is one)."""
-    if group is not None:
-        return group
-    dist = _dist()
-    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-
-
-def _is_world(g: Any) -> bool:
-    return g is _dist().group.WORLD
-
 
 def _runtime_model(cfg: Config) -> Any:
     """``cfg.model``, counting rounds as this orchestrator's executor runs them.
@@ -1372,23 +642,6 @@ def _runtime_model(cfg: Config) -> Any:
     return dataclasses.replace(m, chunk_bytes=cfg.chunk_bytes, window=cfg.window)
 
 
-def _without_rounds(model: Any) -> Any:
-    """``model`` without pathweave's per-round host cost (torch's collective has none)."""
-    import dataclasses
-
-    return model if model is None or not model.round_s else dataclasses.replace(model,
-                                                                                 round_s=0.0)
-
-
-def _fabric_digest(fab: Fabric) -> str:
-    """A short hash of everything in ``fab`` (two fabrics with one name may differ)."""
-    import hashlib
-    import json
-
-    from pathweave.fabric import to_dict
-
-    text = json.dumps(to_dict(fab), sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
 def _callable_text(fn: Any) -> str:
@@ -1401,14 +654,3 @@ def _callable_text(fn: Any) -> str:
     mod = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{mod}.{name}"
-
-
-def _p2p_segments(matches: list[tuple[int, int, int, int, int]], n: int) -> Segments:
-    """Segments of a batch of messages: one per message, in pair-stream order."""
-    rows = sorted((s * n + d, i, si, ri, nb) for i, (s, d, si, ri, nb) in enumerate(matches)
-                  if nb > 0)
-    pair = np.array([r[0] for r in rows], dtype=np.int64)
-    ptr = np.searchsorted(pair, np.arange(n * n + 1)) if rows else np.zeros(n * n + 1, np.int64)
-    col = np.array([r[2:] for r in rows], dtype=np.int64).reshape(-1, 3)
-    zeros = np.zeros(len(rows), dtype=np.int64)
-    return Segments(n, ptr.astype(np.int64), col[:, 2], col[:, 0], zeros, col[:, 1], zeros.copy())
