@@ -21,7 +21,9 @@ import torch.distributed  # noqa: F401
 import pathweave.distributed  # noqa: F401
 from pathweave.fabric import candidate_paths, preset
 from pathweave.plan import DEFAULT_POLICY, make
-from pathweave.runtime.orchestrator import Orchestrator, _GroupState
+from pathweave.runtime import _decision
+from pathweave.runtime._group import _GroupState
+from pathweave.runtime.orchestrator import Orchestrator
 
 
 def _load_kernels() -> None:
@@ -34,7 +36,8 @@ def _load_kernels() -> None:
     # the data plane makes them (no process group is needed for either).
     orch = Orchestrator(fabric=fab)
     st = _GroupState(None, fab, candidate_paths(fab))
-    orch._predict(st, orch._plan(st, demand.astype(np.int64)), demand.astype(np.int64))
+    q = demand.astype(np.int64)
+    _decision.predict(st, orch._plan(st, q), q, orch.config)
 
 
 _load_kernels()
