@@ -304,6 +304,12 @@ BACKGROUND_LOADS = (0.0, 0.2, 0.4, 0.6, 0.8)
 #: Co-tenant targets: at 60 % load the adaptive default policy within 0.9x the best blind
 #: baseline and 1.2x its residual-capacity bound; without load within 1.02x the blind one.
 TARGET_LOAD, TARGET_VS_BLIND, TARGET_VS_BOUND, TARGET_IDLE_COST = 0.6, 0.9, 1.2, 1.02
+#: Timed calls per point of the co-tenant sweep. The switch rule
+#: (:class:`~pathweave.runtime.telemetry.SwitchPolicy`) moves a link after two
+#: agreeing observations, so the third call is the first an adapting policy
+#: can run on what it learned: the median of 3 calls is always a blind one,
+#: of 5 the plan the policy lands on.
+BACKGROUND_REPEAT = 5
 #: Load 0 runs this many times ``repeat`` calls: its 2 % target is finer than
 #: the call-to-call noise of a shared machine (the others are 10 % and more).
 IDLE_REPEAT_FACTOR = 3
@@ -327,7 +333,7 @@ def run_background(
     workload: str = "hotspot:0.6",
     scale: float = 1e-4,
     bytes_per_rank: int = 4 << 20,
-    repeat: int = 3,
+    repeat: int = BACKGROUND_REPEAT,
     prefix: str = "pw",
     log: Callable[[str], None] | None = None,
     shaping: str | None = None,

@@ -277,8 +277,8 @@ def bench_emulate(
         "--policy", help="Comma-separated policies (default: the baselines the data plane "
         "runs, mwu and the default policy).")] = None,
     repeat: Annotated[int | None, typer.Option(
-        "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5; "
-        "3 with --background).")] = None,
+        "--repeat", min=1, help="Timed calls per point, the policies round-robin (default 5).")
+    ] = None,
     quick: Annotated[
         bool, quick_option("Ratios 0, 0.5, 0.9 and the extra workloads, once each.")
     ] = False,
@@ -304,7 +304,8 @@ def bench_emulate(
     out = console()
     size = parse_bytes(bytes_per_rank)
     if background is not None:
-        _bench_background(bench, fabric, background, workload, scale, size, repeat or 3, quick,
+        _bench_background(bench, fabric, background, workload, scale, size,
+                          repeat or bench.BACKGROUND_REPEAT, quick,
                           out_dir, prefix, shaping)
         return
     pols = bench.sweep_policies() if policy is None else _policies(policy)
