@@ -174,3 +174,29 @@ def test_threads_reading_first_all_see_every_entry():
         t.join()
     assert seen == [["z", "a", "b"]] * 4
     assert regplug.IMPORTED == ["zfirst", "ant", "bee"]
+
+
+def test_plan_baselines_follow_every_registration(monkeypatch):
+    # baselines() keeps its answer between calls; a policy registered later
+    # must still appear, in the listing order of the entries themselves.
+    from pathweave.plan import registry as reg
+
+    pols = reg.POLICIES
+    pols.load()
+    for slot in ("_entries", "_order"):  # a scratch copy: the test's policy leaves no trace
+        monkeypatch.setattr(pols, slot, dict(getattr(pols, slot)))
+    monkeypatch.setattr(pols, "_names", None)
+    monkeypatch.setattr(reg, "_BASELINES", {})
+
+    def listing(executable_only):
+        return [n for n in pols.names()
+                if pols[n].baseline and (pols[n].executable or not executable_only)]
+
+    for flag in (False, True, False):
+        assert reg.baselines(executable_only=flag) == listing(flag)
+    reg.register("zz_scratch", baseline=True, summary="a test baseline")(
+        lambda fabric, demand, paths: None)
+    for flag in (False, True):
+        assert reg.baselines(executable_only=flag) == listing(flag)
+        assert reg.baselines(executable_only=flag)[-1] == "zz_scratch"
+    assert reg.baselines() is not reg.baselines()  # a fresh list: callers may edit it

@@ -167,12 +167,12 @@ def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
 @njit(cache=True)
 def route_kernel(
     order,
-    pair_lo,
-    pair_hi,
+    pairs,
     nbytes,
-    inter,
-    g1s,
-    g2s,
+    pair_ptr,
+    vertex_node,
+    rank_vertex,
+    first_rail,
     links,
     length,
     kind,
@@ -195,8 +195,14 @@ def route_kernel(
     ``out_bytes`` receive the fragments (at most ``max(1, num_rails)`` per
     pair); ``counts[code]`` counts pairs per decision code. Routing stops and
     -1 is returned as soon as a fragment leaves some link ``e`` with
-    ``load[e] > limit[e]`` (``np.inf`` everywhere: never).
+    ``load[e] > limit[e]`` (``np.inf`` everywhere: never). ``pairs[k]`` is
+    the flat pair ``s * N + d`` of ``nbytes[k]``; its candidates are
+    ``pair_ptr[q]:pair_ptr[q + 1]``, its ranks' nodes
+    ``vertex_node[rank_vertex[s]]`` and first rails ``first_rail[s]``.
     """
+    # NOTE: the per-pair look-ups happen here, not as numpy calls before the
+    # call: eight fewer array operations per plan (~5 us of an 8-GPU plan).
+    ranks = rank_vertex.shape[0]
     kk = max(num_rails, 1)
     hx = np.ones(kk)
     hsf = np.ones(kk)
@@ -214,12 +220,13 @@ def route_kernel(
     # reference-counts (atomically) every array a helper call passes, and the
     # ~25 calls per pair were a quarter of hscore's time at 64 GPUs.
     for k in order:
-        lo = pair_lo[k]
-        hi = pair_hi[k]
+        s, d = divmod(pairs[k], ranks)
+        lo = pair_ptr[pairs[k]]
+        hi = pair_ptr[pairs[k] + 1]
         f = nbytes[k]
         ff = float(f)
         nf = 1
-        if not inter[k]:
+        if vertex_node[rank_vertex[s]] == vertex_node[rank_vertex[d]]:  # inside a node
             p = lo
             for q in range(lo, hi):
                 if kind[q] == _DIRECT:
@@ -272,7 +279,8 @@ def route_kernel(
                     if sp > best_sp_s:
                         best_sp_s = sp
                         best_sp = p
-            n, code, _, _ = decide(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta, chosen)
+            n, code, _, _ = decide(hx, hsf, hdf, rail_pid, first_rail[s], first_rail[d], delta,
+                                   chosen)
             # A sprayed choice is as healthy as its least healthy fragment.
             rail_s = 2.0
             for j in range(n):
@@ -370,7 +378,8 @@ def decide_reference(hx, hsf, hdf, rail_pid, g1, g2, delta):
 
 
 def route_reference(
-    order, pair_lo, pair_hi, nbytes, inter, g1s, g2s, links, length, kind, via,
+    order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail, links, length, kind,
+    via,
     sf_end, core_lo, core_hi, df_lo, num_rails, delta, limit, load, out_pid, out_bytes, counts,
 ):
     """:func:`route_kernel` in plain Python, with the same arguments and outputs."""
@@ -392,8 +401,10 @@ def route_reference(
     kk = max(num_rails, 1)
     hx, hsf, hdf = [1.0] * kk, [1.0] * kk, [1.0] * kk
     for k in order:
-        lo, hi, f = int(pair_lo[k]), int(pair_hi[k]), int(nbytes[k])
-        if not inter[k]:
+        q = int(pairs[k])
+        src, dst = divmod(q, len(rank_vertex))
+        lo, hi, f = int(pair_ptr[q]), int(pair_ptr[q + 1]), int(nbytes[k])
+        if vertex_node[rank_vertex[src]] == vertex_node[rank_vertex[dst]]:
             direct = [q for q in range(lo, hi) if kind[q] == _DIRECT]
             if not emit(direct[0] if direct else lo, f):
                 return -1
@@ -411,7 +422,8 @@ def route_reference(
                 s = (score(p, c0, c0 + 1, f) * score(p, c0 + 1, c1 - 1, f)
                      * score(p, c1 - 1, c1, f) * score(p, 0, a, f) * score(p, d0, z, f))
                 spine.append((s, p))
-        rails, code, _, _ = decide_reference(hx, hsf, hdf, rail_pid, g1s[k], g2s[k], delta)
+        rails, code, _, _ = decide_reference(hx, hsf, hdf, rail_pid, first_rail[src],
+                                             first_rail[dst], delta)
         rail_s = min((hsf[x] * hx[x] * hdf[x] for x in rails), default=2.0)
         # The first spine path of the best score (the kernel keeps the first on ties).
         best_sp = max(spine, key=lambda sp: (sp[0], -sp[1])) if spine else None

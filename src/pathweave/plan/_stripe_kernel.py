@@ -274,18 +274,15 @@ def _row_sums(demand, s, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
     # (row s of xa, ma). Pairs inside the source's node are not a side's.
     # NOTE: the destination sides in two whole-row loops around the own node
     # (they vectorise), the source's in strided loops with scalar sums: 1.3x
-    # faster at 1024 GPUs than one loop doing both through small arrays.
+    # faster at 1024 GPUs than one loop doing both through small arrays. The
+    # row loops run over row views from 0, which LLVM vectorises better than
+    # 2-D indexing from an offset: these sums 1.22 -> 0.88 ms at 1024 GPUs.
     ranks = demand.shape[0]
     ls = s % gpus
     own = s - ls
-    for t in range(own):
-        x = demand[s, t]
-        xb[ls, t] += x
-        mb[ls, t] = max(mb[ls, t], x)
-    for t in range(own + gpus, ranks):
-        x = demand[s, t]
-        xb[ls, t] += x
-        mb[ls, t] = max(mb[ls, t], x)
+    row, sums, tops = demand[s], xb[ls], mb[ls]
+    _add_max(row[:own], sums[:own], tops[:own])
+    _add_max(row[own + gpus:], sums[own + gpus:], tops[own + gpus:])
     for ld in range(gpus):
         acc = np.int64(0)
         top = np.int64(0)
@@ -297,6 +294,15 @@ def _row_sums(demand, s, gpus, xa, xb, ma, mb):  # pragma: no cover - numba
             top = max(top, demand[s, t])
         xa[s, ld] = acc
         ma[s, ld] = top
+
+
+@njit(cache=True, inline="always")
+def _add_max(row, sums, tops):  # pragma: no cover - numba
+    # sums += row and tops = max(tops, row), elementwise.
+    for t in range(row.shape[0]):
+        x = row[t]
+        sums[t] += x
+        tops[t] = max(tops[t], x)
 
 
 @njit(cache=True)

@@ -294,10 +294,6 @@ def _route(
     """Run the kernel over ``pairs`` in order ``seq``: ``(flows or -1, path ids, bytes,
     decision counts)``."""
     sf_end, core_lo, core_hi, df_lo = _segments(paths)
-    n = paths.num_ranks
-    src, dst = pairs // n, pairs % n
-    rank_node = fabric.vertex_node[fabric.rank_vertex]
-    first_rail = paths.first_rail
     num_rails = len(fabric.rails)
     load = np.zeros(fabric.num_links)
     cap = pairs.size * (max(num_rails, 1) if delta >= 0 else 1)
@@ -305,13 +301,13 @@ def _route(
     out_bytes = np.empty(cap, dtype=np.int64)
     counts = np.zeros(_k.NUM_CODES, dtype=np.int64)
     n_out = _k.route_kernel(
-        seq.astype(np.int64),
-        paths.pair_ptr[pairs],
-        paths.pair_ptr[pairs + 1],
+        seq,
+        pairs,
         nbytes,
-        rank_node[src] != rank_node[dst],
-        first_rail[src],
-        first_rail[dst],
+        paths.pair_ptr,
+        fabric.vertex_node,
+        fabric.rank_vertex,
+        paths.first_rail,
         paths.links,
         paths.length,
         paths.kind,
