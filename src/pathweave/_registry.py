@@ -23,6 +23,7 @@ __all__ = ["Registry", "did_you_mean"]
 
 T = TypeVar("T")
 E = TypeVar("E")
+D = TypeVar("D")
 
 
 def did_you_mean(given: str, valid: Sequence[str]) -> str:
@@ -80,8 +81,19 @@ class Registry(Mapping[str, T]):
     pathweave.errors.PlanError: colour 'red' is already registered
     """
 
-    __slots__ = ("_entries", "_loaded", "_loading", "_lock", "_modules", "_names", "_order",
-                 "_package", "error", "plural", "what")
+    __slots__ = (
+        "_derived",
+        "_entries",
+        "_loaded",
+        "_loading",
+        "_lock",
+        "_modules",
+        "_order",
+        "_package",
+        "error",
+        "plural",
+        "what",
+    )
 
     def __init__(self, what: str, *, plural: str | None = None,
                  error: type[Exception] = InputError, modules: Sequence[str] = (),
@@ -99,7 +111,9 @@ class Registry(Mapping[str, T]):
         self._entries: dict[str, T] = {}
         # name -> the entry's module, for the listing order.
         self._order: dict[str, str | None] = {}
-        self._names: tuple[str, ...] | None = None  # the listing, kept until an entry is added
+        # What is derived from the entries (the listing, a planner's baselines),
+        # kept until an entry is added: planners list candidates per call.
+        self._derived: dict[Any, Any] = {}
 
     # ------------------------------------------------------------ adding
     def add(self, name: str, entry: E, *, module: str | None = None) -> E:
@@ -117,7 +131,7 @@ class Registry(Mapping[str, T]):
             raise self.error(f"{self.what} {name!r} is already registered")
         self._entries[name] = entry  # type: ignore[assignment]
         self._order[name] = module
-        self._names = None
+        self._derived.clear()
         return entry
 
     def register(self, name: str) -> Callable[[E], E]:
@@ -154,13 +168,24 @@ class Registry(Mapping[str, T]):
 
     def names(self) -> list[str]:
         """Every name, in order (see ``modules``)."""
-        self.load()
-        if self._names is None:  # planners list candidates per call: sort once
+        def listing() -> tuple[str, ...]:
             rank = {m: i for i, m in enumerate(self._modules)}
             seq = {n: i for i, n in enumerate(self._entries)}
-            self._names = tuple(sorted(
+            return tuple(sorted(
                 self._entries, key=lambda n: (rank.get(self._order[n] or "", len(rank)), seq[n])))
-        return list(self._names)
+
+        return list(self.derived("names", listing))
+
+    def derived(self, key: Any, build: Callable[[], D]) -> D:
+        """``build()``'s value, computed once and kept until an entry is added.
+
+        For what callers derive from the entries on every call (a planner's
+        baselines): ``build`` must read nothing but the registry.
+        """
+        self.load()
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]  # type: ignore[no-any-return]
 
     def __getitem__(self, name: str) -> T:
         self.load()

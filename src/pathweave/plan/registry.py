@@ -107,7 +107,6 @@ def register(
     def deco(func: Planner) -> Planner:
         POLICIES.add(name, Policy(name, func, signature_options(func), summary, baseline, check,
                                   stripes, executable, below), module=func.__module__)
-        _BASELINES.clear()
         return func
 
     return deco
@@ -160,16 +159,10 @@ def baselines(*, executable_only: bool = False) -> list[str]:
     >>> baselines(executable_only=True)
     ['static', 'deepep', 'hscore']
     """
-    got = _BASELINES.get(executable_only)
-    if got is None:  # listed by the default policy three times a plan: 2.5 us each
-        got = tuple(p.name for p in POLICIES.values()
-                    if p.baseline and (p.executable or not executable_only))
-        _BASELINES[executable_only] = got
-    return list(got)
-
-
-#: :func:`baselines`' answers, kept until a policy registers (:func:`register` clears it).
-_BASELINES: dict[bool, tuple[str, ...]] = {}
+    # The default policy lists them three times a plan: 2.5 us each, built.
+    return list(POLICIES.derived(("baselines", executable_only), lambda: tuple(
+        p.name for p in POLICIES.values()
+        if p.baseline and (p.executable or not executable_only))))
 
 
 def policy_info(name: str) -> Policy:
