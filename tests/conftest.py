@@ -52,10 +52,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     one prefix per file, so scripts/test.sh runs them alone, after the rest
     ran on pytest-xdist workers (``-m emulator`` / ``-m "not emulator"``):
     two at once would share a prefix or the CPUs the forwarding ranks need.
-    The demo test runs the demo's emulator step.
+    test_cli's demo test of the emulator step is one.
     """
     for item in items:
         name = item.path.name
         if name.startswith(("test_emulate", "test_bench_emulate")) or (
-                name == "test_cli.py" and item.name.startswith("test_demo")):
+                name == "test_cli.py" and item.name.startswith("test_demo_emulate")):
             item.add_marker(pytest.mark.emulator)

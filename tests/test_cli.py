@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import pathweave as pw
 from pathweave.bench import planner
+from pathweave.cli import _demo_emulate
 from pathweave.cli.main import app
 
 runner = CliRunner()
@@ -124,11 +125,30 @@ def test_policies_lists_every_policy():
 
 
 def test_demo_writes_plot_and_prints_every_policy(tmp_path: Path, assert_drawn):
-    result = invoke("demo", "--out", tmp_path / "demo")
+    # Every step but the emulator's (that one: the test below, with the emulator's tests).
+    result = invoke("demo", "--no-emulate", "--out", tmp_path / "demo")
     assert result.exit_code == 0, result.output
     assert_drawn(tmp_path / "demo" / "policies.png")
     for name in pw.plan.policies():
         assert re.search(rf"^\W*{name}\b", result.output, re.MULTILINE), name
+
+
+@pytest.mark.skipif(_demo_emulate.skip_reason() is not None,
+                    reason=str(_demo_emulate.skip_reason()))
+def test_demo_emulate_step_measures_the_default_against_a_baseline(tmp_path: Path):
+    from rich.console import Console
+
+    from pathweave.cli._demo_context import DemoContext
+
+    con = Console(record=True, width=200)
+    _demo_emulate.emulate_step(DemoContext(out_dir=tmp_path, console=con))
+    text = con.export_text()
+    # No simulate step ran, so the baseline is static; every byte was checked.
+    default = pw.plan.DEFAULT_POLICY
+    assert f"{default} over the best baseline (static)" in text, text
+    assert "every byte verified" in text
+    ratio = re.search(r"\((static)\): ([\d.]+)x measured on real bytes, ([\d.]+)x simulated", text)
+    assert ratio is not None and float(ratio.group(2)) > 0 and float(ratio.group(3)) > 0
 
 
 @pytest.mark.slow
