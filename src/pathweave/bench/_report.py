@@ -44,6 +44,15 @@ class Check:
     passed: bool | None
     text: str
 
+    @classmethod
+    def at_most(cls, name: str, value: float | None, target: float, text: str) -> Check:
+        """The line of a target ``value <= target``; nothing measured (None) passes nothing.
+
+        >>> Check.at_most("t", 0.8, 1.0, "t 0.8").passed, Check.at_most("t", None, 1.0, "-").passed
+        (True, None)
+        """
+        return cls(name, value, target, None if value is None else value <= target, text)
+
 
 def write_csv(
     path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None
