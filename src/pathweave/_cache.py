@@ -85,5 +85,9 @@ class Cache(Generic[V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def values(self) -> list[V]:
+        """The values, least recently used first (reading them moves nothing)."""
+        return list(self._entries.values())
+
     def __repr__(self) -> str:
         return f"Cache(size={self.size}, entries={len(self._entries)})"

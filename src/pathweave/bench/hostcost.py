@@ -186,7 +186,7 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
         finally:
             tr.process_group = None
         last = orch.stats.last_call
-        sched = next(iter(orch._state(None).schedules._d.values()))[0]
+        sched = next(iter(orch._state(None).schedules.values()))[0]
         ops = sched.num_sends + sched.num_recvs
         view = inp.view(torch.uint8)[:64]
         pg = dist.group.WORLD
