@@ -430,8 +430,12 @@ def job_four(rank, ws, cases, grouped=False):
             # run on gloo: the per-pair order must hold without tags' help.
             tr = o._state(None).transport
             tr.grouped_rounds = True
-        ok = _a2a_check(rank, ws, o, _rows(ws, seed, scale=300), getattr(torch, dtype), (48,),
-                        seed)
+        # The same plan again with other bytes: blocking, async (its own
+        # staging and scratch), blocking twice (the kept staging, scratch and
+        # views of the first call).
+        rows = _rows(ws, seed, scale=300)
+        ok = all(_a2a_check(rank, ws, o, rows, getattr(torch, dtype), (48,), seed + 1000 * k,
+                            async_op=k == 1) for k in range(4))
         out.append((ok, o.stats.bytes_per_path_kind))
     return out
 
@@ -777,6 +781,20 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
             src = staging if b == STAGING else inp
             assert views[v].tolist() == src[off : off + nb].tolist()
             assert views[v].data_ptr() == src.data_ptr() + off  # a view, not a copy
+    # Kept views: the same staging again reuses them; other memory gets its own.
+    memo = {}
+    first = prog.views(staging, [inp], [], memo)
+    again = prog.views(staging, [inp.clone()], [], memo)
+    other = torch.arange(50, 66, dtype=torch.uint8)
+    moved = prog.views(other, [inp], [], memo)
+    for (_, _, v), b, off, nb in zip(prog.sends, sched.send_buf.tolist(),
+                                     sched.send_off.tolist(), sched.send_bytes.tolist(),
+                                     strict=True):
+        if b == STAGING:
+            assert again[v] is first[v]
+            assert moved[v].tolist() == other[off : off + nb].tolist()
+        else:
+            assert again[v] is not first[v]  # the caller's input: cut afresh every call
 
 
 # ------------------------------------------------- fed direct messages (gloo)

@@ -49,6 +49,9 @@ class _Call:
     timing: Callable[[Any], Callable[[tuple[int, ...]], Any]] | None = None
     #: What the call writes: the value of its handle's ``get_future()``.
     outputs: Sequence[Any] = ()
+    #: Whether a multi-path call's receive buffers are the group's reused
+    #: scratch (the executor then keeps their views: ``Transport.run(keep=)``).
+    keep_recvs: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +79,7 @@ def a2a_call(
             dst = as_bytes(output)
             finish = None
         else:
-            scratch = st.scratch(output, reuse=reuse and output.device.type == "cpu")
+            scratch = st.scratch(output, reuse=reuse)
             dst = as_bytes(scratch)
 
             def finish() -> None:
@@ -100,7 +103,7 @@ def a2a_call(
 
     return _Call("all_to_all_single", mkey, decode,
                  lambda layout: Segments.all_to_all(layout.pair_bytes), buffers,
-                 timing, [output])
+                 timing, [output], keep_recvs=reuse)
 
 def p2p_call(
     st: _GroupState, ops: list[Any], mkey: bytes, decode: Callable[[], Any]

@@ -242,11 +242,13 @@ class _GroupState:
     def scratch(self, like: Any, *, reuse: bool) -> Any:
         """An uninitialised tensor shaped like ``like`` that receives a call's bytes.
 
-        With ``reuse`` (a blocking call on the CPU) it is a view of one buffer
-        kept per group: the call is over before the next can use it, and a
-        fresh CPU allocation of an output's size costs a page fault per page
-        (about as much as copying it). CUDA's caching allocator reuses memory
-        by itself.
+        With ``reuse`` (a blocking call) it is a view of one buffer kept per
+        group: the call is over before the next can use it (on NCCL in stream
+        order: the next call's receives wait for the current stream, which
+        holds this call's copy out of it). A fresh CPU allocation of an
+        output's size costs a page fault per page (about as much as copying
+        it), and the executor keeps its views of the same memory from call
+        to call (``Transport.run(keep=True)``).
         """
         import torch
 

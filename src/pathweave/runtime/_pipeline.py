@@ -99,7 +99,8 @@ def run(
             if st.adapt is not None and wait and st.adapt.sampled:
                 timing = call.timing(layout)
             handle = tr.run(entry[0], send_bufs, recv_bufs, deadline=deadline,
-                            wait=wait, finish=finish, timing=timing, outputs=call.outputs)
+                            wait=wait, finish=finish, timing=timing, outputs=call.outputs,
+                            keep=call.keep_recvs)
             if timing is not None:
                 st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
         if wait:
@@ -108,6 +109,7 @@ def run(
         # Receives of this call may still be posted into the group's reused
         # scratch; a later call must not share that memory with them.
         st.drop_scratch()
+        tr.drop_kept()
         raise
     account(stats, call.op, total, entry, t0, t1, t2, cached)
     return handle
