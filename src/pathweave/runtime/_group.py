@@ -225,6 +225,8 @@ class _GroupState:
         self.next_ident = 1
         self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"
         self.fingerprints = Cache(cache_size)  # field values -> words
+        #: (config, words) of the last call made without extra fields
+        self.config_words: tuple[Any, Any] = (None, None)
         self._scratch: Any = None
         # --- live adaptation (pathweave.runtime.telemetry): plans are made on
         # plan_fabric / plan_paths, the nominal fabric until estimates move.
