@@ -199,3 +199,24 @@ def test_plan_baselines_follow_every_registration(monkeypatch):
         assert reg.baselines(executable_only=flag) == listing(flag)
         assert reg.baselines(executable_only=flag)[-1] == "zz_scratch"
     assert reg.baselines() is not reg.baselines()  # a fresh list: callers may edit it
+
+
+def test_every_op_registers_its_own_problem_codes_in_a_range_no_other_op_shares():
+    import pathweave.moe  # noqa: F401  (registers the MoE layer's codes)
+    from pathweave.runtime import protocol
+
+    ranges = protocol.PROBLEM_RANGES
+    assert set(ranges) == {"all_to_all_single", "all_to_all", "batch_isend_irecv",
+                           "MoEAllToAll.dispatch", "MoEAllToAll.combine"}
+    for code, (_, op, _) in protocol.PROBLEMS.items():
+        assert code in ranges[op], (code, op)
+    spans = sorted((r.start, r.stop) for r in ranges.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    with pytest.raises(ValueError, match=r"range\(50, 60\) of 'mine' overlap range\(40, 60\) "
+                                         r"of 'batch_isend_irecv'"):
+        protocol.register_problems("mine", range(50, 60), {})
+    with pytest.raises(ValueError, match=r"\[300\] of 'mine' are outside its range"):
+        protocol.register_problems("mine", range(200, 210), {300: (ValueError, "x")})
+    assert "mine" not in ranges and 300 not in protocol.PROBLEMS  # nothing half-registered
+    with pytest.raises(KeyError, match="unknown problem code 300"):
+        protocol.ArgProblem(300)

@@ -31,9 +31,55 @@ from pathweave.runtime.protocol import (
     dtype_name,
     fingerprint,
     raise_problem,
+    register_problems,
     type_code,
     type_name,
 )
+
+#: The layer's rank-consistent errors, in the data plane's one table
+#: (templates get the layer's fields ``k``, ``E``, ``H``, ``max_m``, ``cap`` and
+#: the shapes :func:`raise_first` adds).
+register_problems("MoEAllToAll.dispatch", range(101, 120), {
+    101: (TypeError, "rank {rank}: x must be a torch.Tensor, got {ty_a}"),
+    102: (TypeError, "rank {rank}: x has dtype {dt_a}, expected {dt_b} (the layer's "
+                     "dtype)"),
+    103: (ValueError, "rank {rank}: x has shape {shape}, expected [m, hidden_dim={H}]"),
+    104: (ValueError, "rank {rank}: x has {a} tokens, more than max_num_tokens={max_m}"),
+    105: (TypeError, "rank {rank}: topk_idx must be a torch.Tensor, got {ty_a}"),
+    106: (TypeError, "rank {rank}: topk_idx has dtype {dt_a}, expected an integer "
+                     "dtype"),
+    107: (ValueError, "rank {rank}: topk_idx has shape {shape}, expected "
+                      "[{g}, experts_per_token={k}] (one row per token of x)"),
+    108: (ValueError, "rank {rank}: topk_idx[{a}, {b}] = {c} is out of range [-1, {E})"),
+    109: (ValueError, "rank {rank}: token {a} is routed to expert {c} twice "
+                      "(topk_idx[{a}, {b}] repeats an earlier slot)"),
+    110: (TypeError, "rank {rank}: x_scale must be a torch.Tensor or None, got {ty_a}"),
+    111: (TypeError, "rank {rank}: x_scale has dtype {dt_a}, expected float32"),
+    112: (ValueError, "rank {rank}: x_scale has shape {shape}, expected [{g}, S] (one "
+                      "row of block scales per token)"),
+    113: (ValueError, "rank {rank}: x and {which} are on different devices"),
+})  # fmt: skip
+register_problems("MoEAllToAll.combine", range(120, 130), {
+    120: (TypeError, "rank {rank}: handle must be the handle of a dispatch of this "
+                     "layer, got {ty_a}"),
+    121: (TypeError, "rank {rank}: expert_y must be a torch.Tensor, got {ty_a}"),
+    122: (TypeError, "rank {rank}: expert_y has dtype {dt_a}, expected a floating dtype "
+                     "(float32, float64, float16, bfloat16)"),
+    123: (ValueError, "rank {rank}: expert_y has shape {shape}, expected {expected}"),
+    124: (TypeError, "rank {rank}: topk_weights must be a torch.Tensor "
+                     "(weighted=True), got {ty_a}"),
+    125: (TypeError, "rank {rank}: topk_weights has dtype {dt_a}, expected a floating "
+                     "dtype"),
+    126: (ValueError, "rank {rank}: topk_weights has shape {shape}, expected "
+                      "[{g}, experts_per_token={k}]"),
+    127: (ValueError, "rank {rank}: expert_y and topk_weights are on different "
+                      "devices"),
+    128: (ValueError, "rank {rank}: handle comes from another MoEAllToAll layer; "
+                      "combine takes the handle of a dispatch of this layer"),
+    129: (ValueError, "rank {rank}: the handle of dispatch call {a} was already "
+                      "combined (a stale or reused handle); each dispatch's handle "
+                      "serves exactly one combine"),
+})  # fmt: skip
 
 __all__ = [
     "PROBLEM_WORDS",

@@ -23,10 +23,10 @@ from pathweave import _check
 from pathweave._cache import Cache
 
 __all__ = [
-    "PROBLEMS", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "MatrixCall", "check_fingerprints",
-    "check_matrix_call", "check_split_matrix", "decode_a2a", "encode_a2a", "fingerprint",
-    "fingerprint_digest", "raise_first_problem", "raise_problem", "same_digests", "type_code",
-    "type_name",
+    "PROBLEMS", "PROBLEM_RANGES", "PROBLEM_WORDS", "A2ALayout", "ArgProblem", "MatrixCall",
+    "check_fingerprints", "check_matrix_call", "check_split_matrix", "decode_a2a", "encode_a2a",
+    "fingerprint", "fingerprint_digest", "raise_first_problem", "raise_problem",
+    "register_problems", "same_digests", "type_code", "type_name",
 ]
 
 # ------------------------------------------------------------------ dtypes
@@ -90,86 +90,84 @@ class ArgProblem(Exception):
 
 
 _A2A, _A2A_LIST, _P2P = "all_to_all_single", "all_to_all", "batch_isend_irecv"
-_MOE_D, _MOE_C = "MoEAllToAll.dispatch", "MoEAllToAll.combine"
-#: code -> (exception type, op, message template). Templates get ``rank``, the
-#: numbers ``a`` to ``g``, their dtype names ``dt_a`` .. (:func:`dtype_name`),
-#: their type names ``ty_a`` .. (:func:`type_name`) and what the op's caller
-#: of :func:`raise_problem` adds (``which``, shapes, a layer's parameters).
-#: Codes: 1-19 all_to_all_single, 20-29 its list form, 40-49
-#: batch_isend_irecv, 101-129 MoEAllToAll.
-PROBLEMS: dict[int, tuple[type[Exception], str, str]] = {
-    1: (TypeError, _A2A, "rank {rank}: {which} must be a torch.Tensor, got {ty_b}"),
-    2: (TypeError, _A2A, "rank {rank}: {which}_split_sizes must be a sequence of ints, got "
-                         "{ty_b}"),
-    3: (ValueError, _A2A, "rank {rank}: {which}_split_sizes has {b} entries, expected {c} "
-                          "(group size)"),
-    4: (ValueError, _A2A, "rank {rank}: {which}_split_sizes[{b}] = {c} is negative"),
-    5: (ValueError, _A2A, "rank {rank}: {which}_split_sizes add up to {b} rows but {which} has "
-                          "{c} rows (size of dim 0)"),
-    6: (ValueError, _A2A, "rank {rank}: {which} has {b} rows, not divisible by the group size "
-                          "{c}; pass {which}_split_sizes"),
-    7: (ValueError, _A2A, "rank {rank}: {which} is a 0-dimensional tensor; it needs a first "
-                          "dimension"),
-    8: (ValueError, _A2A, "rank {rank}: input and output are on different devices"),
-    9: (TypeError, _A2A, "rank {rank}: input has dtype {dt_b} but output has dtype {dt_c}"),
-    10: (ValueError, _A2A, "rank {rank}: input rows have shape {in_shape} but output rows have "
-                           "shape {out_shape}"),
-    20: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors must be a sequence of tensors, "
-                               "got {ty_b}"),
-    21: (ValueError, _A2A_LIST, "rank {rank}: {which}_tensors has {b} tensors, expected {c} "
-                                "(group size)"),
-    22: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] must be a torch.Tensor, got "
-                               "{ty_c}"),
-    23: (TypeError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] has dtype {dt_c} but "
-                               "input_tensors[0] has {dt_d}; all tensors must share one dtype"),
-    24: (ValueError, _A2A_LIST, "rank {rank}: {which}_tensors[{b}] is on another device than "
-                                "input_tensors[0]"),
-    41: (TypeError, _P2P, "rank {rank}: ops[{a}] is not a torch.distributed.P2POp"),
-    42: (ValueError, _P2P, "rank {rank}: ops[{a}] uses another op; only isend and irecv are "
-                           "supported"),
-    43: (ValueError, _P2P, "rank {rank}: ops[{a}] has peer {b}, outside the group of {c} ranks"),
-    44: (ValueError, _P2P, "rank {rank}: ops[{a}] has itself (rank {b}) as its peer"),
-    45: (ValueError, _P2P, "rank {rank}: ops[{a}] belongs to another process group"),
-    46: (ValueError, _P2P, "rank {rank}: ops[{a}] has a tensor on another device than ops[0]"),
-    47: (ValueError, _P2P, "rank {rank}: ops[{a}] has tag {b}; tags must be in [0, 2**31)"),
-    101: (TypeError, _MOE_D, "rank {rank}: x must be a torch.Tensor, got {ty_a}"),
-    102: (TypeError, _MOE_D, "rank {rank}: x has dtype {dt_a}, expected {dt_b} (the layer's "
-                             "dtype)"),
-    103: (ValueError, _MOE_D, "rank {rank}: x has shape {shape}, expected [m, hidden_dim={H}]"),
-    104: (ValueError, _MOE_D, "rank {rank}: x has {a} tokens, more than max_num_tokens={max_m}"),
-    105: (TypeError, _MOE_D, "rank {rank}: topk_idx must be a torch.Tensor, got {ty_a}"),
-    106: (TypeError, _MOE_D, "rank {rank}: topk_idx has dtype {dt_a}, expected an integer "
-                             "dtype"),
-    107: (ValueError, _MOE_D, "rank {rank}: topk_idx has shape {shape}, expected "
-                              "[{g}, experts_per_token={k}] (one row per token of x)"),
-    108: (ValueError, _MOE_D, "rank {rank}: topk_idx[{a}, {b}] = {c} is out of range [-1, {E})"),
-    109: (ValueError, _MOE_D, "rank {rank}: token {a} is routed to expert {c} twice "
-                              "(topk_idx[{a}, {b}] repeats an earlier slot)"),
-    110: (TypeError, _MOE_D, "rank {rank}: x_scale must be a torch.Tensor or None, got {ty_a}"),
-    111: (TypeError, _MOE_D, "rank {rank}: x_scale has dtype {dt_a}, expected float32"),
-    112: (ValueError, _MOE_D, "rank {rank}: x_scale has shape {shape}, expected [{g}, S] (one "
-                              "row of block scales per token)"),
-    113: (ValueError, _MOE_D, "rank {rank}: x and {which} are on different devices"),
-    120: (TypeError, _MOE_C, "rank {rank}: handle must be the handle of a dispatch of this "
-                             "layer, got {ty_a}"),
-    121: (TypeError, _MOE_C, "rank {rank}: expert_y must be a torch.Tensor, got {ty_a}"),
-    122: (TypeError, _MOE_C, "rank {rank}: expert_y has dtype {dt_a}, expected a floating dtype "
-                             "(float32, float64, float16, bfloat16)"),
-    123: (ValueError, _MOE_C, "rank {rank}: expert_y has shape {shape}, expected {expected}"),
-    124: (TypeError, _MOE_C, "rank {rank}: topk_weights must be a torch.Tensor "
-                             "(weighted=True), got {ty_a}"),
-    125: (TypeError, _MOE_C, "rank {rank}: topk_weights has dtype {dt_a}, expected a floating "
-                             "dtype"),
-    126: (ValueError, _MOE_C, "rank {rank}: topk_weights has shape {shape}, expected "
-                              "[{g}, experts_per_token={k}]"),
-    127: (ValueError, _MOE_C, "rank {rank}: expert_y and topk_weights are on different "
-                              "devices"),
-    128: (ValueError, _MOE_C, "rank {rank}: handle comes from another MoEAllToAll layer; "
-                              "combine takes the handle of a dispatch of this layer"),
-    129: (ValueError, _MOE_C, "rank {rank}: the handle of dispatch call {a} was already "
-                              "combined (a stale or reused handle); each dispatch's handle "
-                              "serves exactly one combine"),
-}  # fmt: skip
+#: code -> (exception type, op, message template): every op's rank-consistent
+#: errors in one table, each op's codes registered by the op itself
+#: (:func:`register_problems`). Templates get ``rank``, the numbers ``a`` to
+#: ``g``, their dtype names ``dt_a`` .. (:func:`dtype_name`), their type
+#: names ``ty_a`` .. (:func:`type_name`) and what the op's caller of
+#: :func:`raise_problem` adds (``which``, shapes, a layer's parameters).
+PROBLEMS: dict[int, tuple[type[Exception], str, str]] = {}
+#: op -> the code range it registered.
+PROBLEM_RANGES: dict[str, range] = {}
+
+
+def register_problems(op: str, codes: range,
+                      problems: Mapping[int, tuple[type[Exception], str]]) -> None:
+    """Register ``op``'s rank-consistent errors: ``code -> (exception type, template)``.
+
+    Each op owns a range of codes (``codes``) that no other op's overlaps;
+    its problems must lie in it. Registering the same op with the same
+    table again (a module imported twice) changes nothing.
+
+    >>> register_problems("all_to_all_single", range(1, 30), {})
+    Traceback (most recent call last):
+    ...
+    ValueError: problem codes of 'all_to_all_single' are registered already (range(1, 20))
+    """
+    table = {int(c): (exc, op, text) for c, (exc, text) in problems.items()}
+    if op in PROBLEM_RANGES:
+        if PROBLEM_RANGES[op] == codes and all(PROBLEMS.get(c) == v for c, v in table.items()):
+            return
+        raise ValueError(f"problem codes of {op!r} are registered already "
+                         f"({PROBLEM_RANGES[op]})")
+    for other, rng in PROBLEM_RANGES.items():
+        if codes.start < rng.stop and rng.start < codes.stop:
+            raise ValueError(f"problem codes {codes} of {op!r} overlap {rng} of {other!r}")
+    outside = sorted(c for c in table if c not in codes)
+    if outside or codes.start < 1:
+        raise ValueError(f"problem codes {outside or [codes.start]} of {op!r} are outside "
+                         f"its range {codes} (codes start at 1)")
+    PROBLEM_RANGES[op] = codes
+    PROBLEMS.update(table)
+
+
+register_problems(_A2A, range(1, 20), {
+    1: (TypeError, "rank {rank}: {which} must be a torch.Tensor, got {ty_b}"),
+    2: (TypeError, "rank {rank}: {which}_split_sizes must be a sequence of ints, got {ty_b}"),
+    3: (ValueError, "rank {rank}: {which}_split_sizes has {b} entries, expected {c} "
+                    "(group size)"),
+    4: (ValueError, "rank {rank}: {which}_split_sizes[{b}] = {c} is negative"),
+    5: (ValueError, "rank {rank}: {which}_split_sizes add up to {b} rows but {which} has "
+                    "{c} rows (size of dim 0)"),
+    6: (ValueError, "rank {rank}: {which} has {b} rows, not divisible by the group size "
+                    "{c}; pass {which}_split_sizes"),
+    7: (ValueError, "rank {rank}: {which} is a 0-dimensional tensor; it needs a first "
+                    "dimension"),
+    8: (ValueError, "rank {rank}: input and output are on different devices"),
+    9: (TypeError, "rank {rank}: input has dtype {dt_b} but output has dtype {dt_c}"),
+    10: (ValueError, "rank {rank}: input rows have shape {in_shape} but output rows have "
+                     "shape {out_shape}"),
+})  # fmt: skip
+register_problems(_A2A_LIST, range(20, 40), {
+    20: (TypeError, "rank {rank}: {which}_tensors must be a sequence of tensors, got {ty_b}"),
+    21: (ValueError, "rank {rank}: {which}_tensors has {b} tensors, expected {c} "
+                     "(group size)"),
+    22: (TypeError, "rank {rank}: {which}_tensors[{b}] must be a torch.Tensor, got {ty_c}"),
+    23: (TypeError, "rank {rank}: {which}_tensors[{b}] has dtype {dt_c} but "
+                    "input_tensors[0] has {dt_d}; all tensors must share one dtype"),
+    24: (ValueError, "rank {rank}: {which}_tensors[{b}] is on another device than "
+                     "input_tensors[0]"),
+})  # fmt: skip
+register_problems(_P2P, range(40, 60), {
+    41: (TypeError, "rank {rank}: ops[{a}] is not a torch.distributed.P2POp"),
+    42: (ValueError, "rank {rank}: ops[{a}] uses another op; only isend and irecv are "
+                     "supported"),
+    43: (ValueError, "rank {rank}: ops[{a}] has peer {b}, outside the group of {c} ranks"),
+    44: (ValueError, "rank {rank}: ops[{a}] has itself (rank {b}) as its peer"),
+    45: (ValueError, "rank {rank}: ops[{a}] belongs to another process group"),
+    46: (ValueError, "rank {rank}: ops[{a}] has a tensor on another device than ops[0]"),
+    47: (ValueError, "rank {rank}: ops[{a}] has tag {b}; tags must be in [0, 2**31)"),
+})  # fmt: skip
 
 
 def raise_problem(rank: int, words: np.ndarray, **extra: Any) -> None:

@@ -7,9 +7,10 @@ names, the same objects the runtime's own ops use (implemented in
 ``runtime/_validate.py``, whose other helpers stay private):
 
 - the one table of rank-consistent errors: :data:`PROBLEMS` (code -> exception
-  type, op, message), :class:`ArgProblem` (a rank's own problem, encoded in
-  :data:`PROBLEM_WORDS` words of its row), :func:`raise_problem` (the same
-  exception on every rank);
+  type, op, message), filled by each op with :func:`register_problems` in a
+  code range of its own (:data:`PROBLEM_RANGES`), :class:`ArgProblem` (a
+  rank's own problem, encoded in :data:`PROBLEM_WORDS` words of its row),
+  :func:`raise_problem` (the same exception on every rank);
 - the value numbering: :func:`dtype_code` / :func:`dtype_name` (torch dtypes),
   :func:`type_code` / :func:`type_name` (Python types of arguments);
 - the configuration fingerprint: :func:`fingerprint` (a call's settings as
@@ -17,8 +18,9 @@ names, the same objects the runtime's own ops use (implemented in
   words compared, the first difference named);
 - :func:`meta_width`: the length of one ``all_to_all_single`` row.
 
-An op of another layer takes problem codes of its own in :data:`PROBLEMS`
-(the MoE layer: 101 to 129), so every rank-consistent error stays in one table.
+An op of another layer registers problem codes of its own (the MoE layer's
+dispatch 101 to 119, combine 120 to 129), so every rank-consistent error
+stays in one table and no two ops share a code.
 
 Examples
 --------
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from pathweave.runtime._validate import (
     FP_WORDS,
+    PROBLEM_RANGES,
     PROBLEM_WORDS,
     PROBLEMS,
     ArgProblem,
@@ -43,6 +46,7 @@ from pathweave.runtime._validate import (
     fingerprint,
     meta_width,
     raise_problem,
+    register_problems,
     type_code,
     type_name,
 )
@@ -50,6 +54,7 @@ from pathweave.runtime._validate import (
 __all__ = [
     "FP_WORDS",
     "PROBLEMS",
+    "PROBLEM_RANGES",
     "PROBLEM_WORDS",
     "ArgProblem",
     "check_fingerprints",
@@ -58,6 +63,7 @@ __all__ = [
     "fingerprint",
     "meta_width",
     "raise_problem",
+    "register_problems",
     "type_code",
     "type_name",
 ]
