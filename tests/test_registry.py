@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 import textwrap
 
@@ -211,7 +212,7 @@ def test_every_op_registers_its_own_problem_codes_in_a_range_no_other_op_shares(
     for code, (_, op, _) in protocol.PROBLEMS.items():
         assert code in ranges[op], (code, op)
     spans = sorted((r.start, r.stop) for r in ranges.values())
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
     with pytest.raises(ValueError, match=r"range\(50, 60\) of 'mine' overlap range\(40, 60\) "
                                          r"of 'batch_isend_irecv'"):
         protocol.register_problems("mine", range(50, 60), {})
