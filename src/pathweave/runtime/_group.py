@@ -219,8 +219,8 @@ class _GroupState:
         self.schedules = Cache(cache_size)
         self.current: Any = None  # the decision in force (a _decision._Decision), or None
         self.last_qkey: bytes | None = None
-        # (metadata key, decoded layout, decision) of the last call of any op
-        self.last_call: tuple[Any, ...] = (None, None, None)
+        # (metadata key, decoded layout, decision, bytes moved) of the last call of any op
+        self.last_call: tuple[Any, ...] = (None, None, None, 0)
         self.matrix_call: Any = None  # _validate.check_matrix_call's last result
         self.next_ident = 1
         self.fabric_text = f"{fabric.name} (content {_fabric_digest(fabric)})"

@@ -56,20 +56,20 @@ def run(
     t1 = time.perf_counter()
     if call.mkey == st.last_call[0]:
         # The very same call as the last one: validated and decided then.
-        _, layout, dec = st.last_call
+        _, layout, dec, total = st.last_call
         cached = True
     else:
         layout = call.decode()
         t1 = time.perf_counter()
         dec, cached = decide(st, layout.pair_bytes)
-        st.last_call = (call.mkey, layout, dec)
+        total = int(layout.pair_bytes.sum() - np.trace(layout.pair_bytes))
+        st.last_call = (call.mkey, layout, dec, total)
         log_decision(st, dec, call.op)
     if st.out_of_step is not None:
         # Every rank read the same plane words: every rank raises here.
         msg, st.out_of_step = st.out_of_step, None
         raise ValueError(f"{call.op}: {msg}")
     pair_bytes = layout.pair_bytes
-    total = int(pair_bytes.sum() - np.trace(pair_bytes))
     entry = None
     if dec.multipath:
         key = (call.mkey, dec.ident)

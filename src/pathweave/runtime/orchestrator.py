@@ -629,7 +629,7 @@ class Orchestrator:
             log.info("live adaptation: learned link capacities moved; planning on them")
             st.plan_fabric = st.adapt.fabric
             st.plan_paths = candidate_paths(st.adapt.fabric, st.paths.kinds, st.paths.max_hops)
-            st.last_call = (None, None, None)
+            st.last_call = (None, None, None, 0)
 
 
 def _runtime_model(cfg: Config) -> Any:
