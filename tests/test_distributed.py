@@ -420,27 +420,41 @@ def test_batch_isend_irecv_matches_torch_including_empty_lists():
 
 
 # ---------------------------------------------------------------- 4 ranks
-def job_four(rank, ws, cases, grouped=False):
+def job_four(rank, ws, cases, grouped=False, coalesce=True):
     out = []
     for fabric, roles, seed, dtype, chunk, window in cases:
         policy = "mwu" if roles is None else _forced(roles)
         o = _orch(fabric, policy, chunk_bytes=chunk, window=window)
         if grouped:
             # The NCCL way of posting a round (one batch_isend_irecv group),
-            # run on gloo: the per-pair order must hold without tags' help.
+            # run on gloo: the per-pair order must hold without tags' help;
+            # coalesced, a round's messages to one peer travel as one.
             tr = o._state(None).transport
             tr.grouped_rounds = True
+            tr.coalesce = coalesce
         # The same plan again with other bytes: blocking, async (its own
         # staging and scratch), blocking twice (the kept staging, scratch and
         # views of the first call).
         rows = _rows(ws, seed, scale=300)
         ok = all(_a2a_check(rank, ws, o, rows, getattr(torch, dtype), (48,), seed + 1000 * k,
                             async_op=k == 1) for k in range(4))
-        out.append((ok, o.stats.bytes_per_path_kind))
+        out.append((ok, o.stats.bytes_per_path_kind, _merged(o)))
     return out
 
 
-def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds():
+def _merged(orch):
+    """Operations of the orchestrator's schedules that coalesced rounds merge away."""
+    from pathweave.runtime.executor import _program
+
+    n = 0
+    for entry in orch._state(None).schedules.values():
+        prog = _program(entry[0])
+        n += len(prog.recvs) + len(prog.sends) - sum(len(r) + len(s)
+                                                     for r, s, _, _ in prog.coalesced)
+    return n
+
+
+def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_coalesced():
     cases = [
         (MESH4, ("relay",), 1, "float32", 4096, 2),
         (MESH4, None, 2, "bfloat16", 16384, 4),
@@ -448,13 +462,15 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds():
         (RAILS4, ("dr",), 4, "float16", 4096, 2),
         (RAILS4, None, 5, "int64", 8192, 4),
     ]
-    for grouped in (False, True):
-        results = run_local(job_four, 4, (cases, grouped), timeout_s=120)
+    for grouped, coalesce in ((False, False), (True, False), (True, True)):
+        results = run_local(job_four, 4, (cases, grouped, coalesce), timeout_s=120)
         for rank, res in enumerate(results):
-            for (ok, kinds), case in zip(res, cases, strict=True):
-                assert ok, (rank, case, grouped)
+            for (ok, kinds, _), case in zip(res, cases, strict=True):
+                assert ok, (rank, case, grouped, coalesce)
                 if case[1] is not None:
                     assert kinds.get(case[1][0], 0) > 0, (case, kinds)
+        # the relay cases really sent several operations to one peer as one message
+        assert sum(r[0][2] for r in results) > 0
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -463,10 +479,11 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds():
     roles=st.sampled_from([None, ("relay",), ("rd", "dr")]),
     chunk=st.integers(4096, 20000),
     window=st.integers(2, 5),
+    grouped=st.booleans(),
 )
-def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window):
+def test_end_to_end_random_splits_and_plans(seed, roles, chunk, window, grouped):
     fabric = MESH4 if roles == ("relay",) else RAILS4
-    res = run_local(job_four, 4, ([(fabric, roles, seed, "float32", chunk, window)],),
+    res = run_local(job_four, 4, ([(fabric, roles, seed, "float32", chunk, window)], grouped),
                     timeout_s=120)
     assert all(r[0][0] for r in res)
 

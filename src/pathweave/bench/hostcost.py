@@ -20,15 +20,17 @@ rank sends rank 0 16 MiB), timed on rank 1, which sends 16 MiB + (N - 2) MiB
 and receives (N - 1) MiB.
 
 Two ways of posting are timed (``issue``): ``"rounds"``, NCCL's (every round
-posted at once, one ``batch_isend_irecv`` group on NCCL; no threads), and
+posted at once, one ``batch_isend_irecv`` group on NCCL; no threads; a
+round's operations with one peer in one direction coalesced into one
+message, ``Transport.coalesce``), and
 ``"streams"``, gloo's (each forwarded stream advances on a thread of its
 own, :meth:`~pathweave.runtime.executor.Transport.run`). The targets are
 held against ``"rounds"``: host cost decides on NVLink and InfiniBand, where
 the data plane runs on NCCL; on gloo the transport's own latency is
 milliseconds. Each record also counts the call's point-to-point operations
-and times the fake group's own cost of one (``floor_s``: operations times
-that cost), the part of the host work no executor can cut without posting
-fewer operations.
+(``ops``, as posted; ``schedule_ops`` before coalescing) and times the fake
+group's own cost of one (``floor_s``: operations times that cost), the part
+of the host work no executor can cut without posting fewer operations.
 
 :func:`async_overlap` times, on local gloo ranks (real transfers), how
 soon an ``async_op=True`` multi-path call returns against its ``wait()``.
@@ -151,6 +153,7 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
 
     import pathweave as pw
     import pathweave.distributed as pwd
+    from pathweave.runtime.executor import _program
 
     if issue not in ISSUES:
         raise ValueError(f"issue must be one of {ISSUES}, got {issue!r}")
@@ -188,6 +191,8 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
         last = orch.stats.last_call
         sched = next(iter(orch._state(None).schedules.values()))[0]
         ops = sched.num_sends + sched.num_recvs
+        if issue == "rounds" and tr.coalesce:  # one message per peer and direction a round
+            ops = sum(len(r) + len(s) for r, s, _, _ in _program(sched).coalesced)
         view = inp.view(torch.uint8)[:64]
         pg = dist.group.WORLD
         op_s = _timed(lambda: [pg.send([view], 2, 0) for _ in range(100)], repeats)[1] / 100
@@ -196,6 +201,7 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
                 "pathweave_noop_s": noop_s, "pathweave_noop_wall_s": noop_wall,
                 "first_call_s": first_s,
                 "multipath": bool(last and last.multipath), "ops": ops,
+                "schedule_ops": sched.num_sends + sched.num_recvs,
                 "rounds": sched.num_rounds, "floor_s": ops * op_s,
                 "send_bytes": sum(send) * ELEMENT_BYTES, "repeats": repeats, "device": device}
     finally:

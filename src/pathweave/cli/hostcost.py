@@ -53,7 +53,8 @@ def bench_hostcost(
         out.print(f"  {r['ranks']:>5} ranks ({r['fabric']}), {r['issue']:>7}: pathweave "
                   f"{r['pathweave_s'] * 1e6:>9,.0f} us CPU ({r['pathweave_wall_s'] * 1e6:,.0f} "
                   f"wall; {r['pathweave_noop_s'] * 1e6:,.0f} with a no-op transport), "
-                  f"torch {r['torch_s'] * 1e6:>6,.0f} us, {r['ops']:>5} ops (fake "
+                  f"torch {r['torch_s'] * 1e6:>6,.0f} us, {r['ops']:>5} ops of "
+                  f"{r['schedule_ops']} coalesced (fake "
                   f"group's own {r['floor_s'] * 1e6:>7,.0f} us), first call "
                   f"{r['first_call_s'] * 1e3:,.0f} ms")
     print_checks(out, checks)

@@ -92,8 +92,14 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 def _wrap(exc: BaseException, rank: int, what: str) -> CommError:
     return CommError(f"rank {rank}: {what} failed: {exc}")
 
-#: Buffer kinds of a program's slots: the staging area, a send buffer, a receive buffer.
-_STAGE, _SEND, _RECV = 0, 1, 2
+#: Buffer kinds of a program's slots: the staging area, a send buffer, a receive buffer,
+#: the pack area of coalesced rounds (last: a call that does not coalesce cuts no views of it).
+_STAGE, _SEND, _RECV, _PACK = 0, 1, 2, 3
+#: One round as posted: its receives and sends ``(peer, tag offset, view)``, the packs
+#: made before posting and the unpacks done once its works are done, each
+#: ``([pack area piece views], [the operations' own views])``.
+_Round = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]],
+               list[tuple[list[int], list[int]]], list[tuple[list[int], list[int]]]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,8 +112,10 @@ class _Program:
     :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
     buffer (one C++ call for all of a buffer's pieces, half the host time of
     slicing each; gaps between pieces are cut too, and only where there are
-    any). ``rounds`` holds each round's receives and sends as such tuples;
-    the stream steps hold operation indices.
+    any). ``rounds`` holds each round's receives and sends as such tuples
+    (:data:`_Round`, with no packs); ``coalesced`` the same rounds with one
+    message per peer and direction (:func:`_coalesce`), through
+    ``pack_bytes`` of pack area; the stream steps hold operation indices.
     """
 
     slots: list[tuple[int, int, list[int] | None, int, Callable[[Any], tuple[Any, ...]],
@@ -115,7 +123,9 @@ class _Program:
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
-    rounds: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]
+    rounds: list[_Round]
+    coalesced: list[_Round]
+    pack_bytes: int
     copies: list[tuple[int, int, int, int, int]]
     first_recvs: list[int]
     first_sends: list[int]
@@ -124,21 +134,27 @@ class _Program:
     fed: list[list[int]]
 
     def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
-              recv_bufs: Sequence[torch.Tensor], memo: dict[int, Any] | None = None
-              ) -> list[torch.Tensor]:
+              recv_bufs: Sequence[torch.Tensor], memo: dict[int, Any] | None = None,
+              pack: Any = None) -> list[torch.Tensor]:
         """Every operation's tensor for one call, in view-index order.
 
         ``memo`` (slot -> (buffer key, views)) keeps the views of the staging
-        area and the receive buffers from one call to the next: cutting
-        ~2,000 views took a third of a cached call's host work at 256 ranks,
-        and a blocking call's staging and scratch are the same memory every
-        time. A slot's views are reused only for a buffer at the same
-        address, of the same size, on the same device: the kept views hold
-        their memory, so no other live buffer can be there.
+        area, the receive buffers and the pack area from one call to the
+        next: cutting ~2,000 views took a third of a cached call's host work
+        at 256 ranks, and a blocking call's staging and scratch are the same
+        memory every time. A slot's views are reused only for a buffer at the
+        same address, of the same size, on the same device: the kept views
+        hold their memory, so no other live buffer can be there. Without a
+        ``pack`` area the pack views (the last) are not cut.
         """
         out: list[torch.Tensor] = []
         for i, (kind, b, sizes, end, pick, ranges) in enumerate(self.slots):
-            t = staging if kind == _STAGE else (send_bufs if kind == _SEND else recv_bufs)[b]
+            if kind == _PACK:
+                if pack is None:
+                    break
+                t = pack
+            else:
+                t = staging if kind == _STAGE else (send_bufs if kind == _SEND else recv_bufs)[b]
             key = None
             if memo is not None and kind != _SEND:
                 key = (t.data_ptr(), t.numel(), t.device)
@@ -157,6 +173,21 @@ class _Program:
         return out
 
 
+def _unpack(views: list[torch.Tensor], unpacks: list[tuple[list[int], list[int]]]) -> None:
+    """Copy each coalesced message's pieces to where they belong (one call for all:
+    one fused kernel on CUDA)."""
+    if unpacks:
+        torch._foreach_copy_([views[i] for _, own in unpacks for i in own],
+                             [views[i] for pieces, _ in unpacks for i in pieces])
+
+
+def _pack(views: list[torch.Tensor], packs: list[tuple[list[int], list[int]]]) -> None:
+    """Copy each coalesced message's pieces into its region of the pack area (one call)."""
+    if packs:
+        torch._foreach_copy_([views[i] for pieces, _ in packs for i in pieces],
+                             [views[i] for _, own in packs for i in own])
+
+
 def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
     """``itemgetter`` of one index, returning a 1-tuple as it does for several."""
     return lambda seq: (seq[i],)
@@ -173,13 +204,19 @@ def _program(sched: RankSchedule) -> _Program:
 
 def _compile(sched: RankSchedule) -> _Program:
     df = sched.dataflow()
+    rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
     ranges: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
     ops_r = [((_STAGE, 0) if b == STAGING else (_RECV, b), (o, n), p, k)
              for p, k, b, o, n in df.recvs]
     ops_s = [((_STAGE, 0) if b == STAGING else (_SEND, b), (o, n), p, k)
              for p, k, b, o, n in df.sends]
+    groups, pack_bytes = _coalesce(df, rp, sp, sched.num_rounds)
     for slot, rng, _, _ in ops_r + ops_s:
         ranges.setdefault(slot, {}).setdefault(rng, 0)
+    for g in groups:
+        for _, _, _, _, region, pieces in g:
+            for rng in [region, *pieces] if region is not None else ():
+                ranges.setdefault((_PACK, 0), {}).setdefault(rng, 0)
     slots, base = [], 0
     for slot in sorted(ranges):
         rngs = sorted(ranges[slot])
@@ -201,16 +238,73 @@ def _compile(sched: RankSchedule) -> _Program:
         slots.append((slot[0], slot[1], sizes, end, pick, rngs))
     recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
     sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
-    rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
-    rounds = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]])
-              for t in range(sched.num_rounds)]
+    rounds: list[_Round] = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]], [], [])
+                            for t in range(sched.num_rounds)]
+    coalesced = []
+    packs = ranges.get((_PACK, 0), {})
+    for g in groups:
+        rv: list[tuple[int, int, int]] = []
+        sd: list[tuple[int, int, int]] = []
+        pk: list[tuple[list[int], list[int]]] = []
+        up: list[tuple[list[int], list[int]]] = []
+        for is_recv, peer, order, idx, region, pieces in g:
+            ops = recvs if is_recv else sends
+            if region is None:
+                v = ops[idx[0]][2]
+            else:
+                v, own = packs[region], [ops[i][2] for i in idx]
+                (up if is_recv else pk).append(([packs[pc] for pc in pieces], own))
+            (rv if is_recv else sd).append((peer, order, v))
+        coalesced.append((rv, sd, pk, up))
     copies = list(zip(*(c.tolist() for c in (
         sched.copy_send_buf, sched.copy_send_off, sched.copy_recv_buf, sched.copy_recv_off,
         sched.copy_bytes)), strict=True))
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
     first_sends, fed = _fed_sends(sched, df)
-    return _Program(slots, recvs, sends, user, rounds, copies, df.first_recvs, first_sends,
-                    df.streams, df.after, fed)
+    return _Program(slots, recvs, sends, user, rounds, coalesced, pack_bytes, copies,
+                    df.first_recvs, first_sends, df.streams, df.after, fed)
+
+
+def _coalesce(df: Any, rp: list[int], sp: list[int], num_rounds: int
+              ) -> tuple[list[list[tuple[bool, int, int, list[int], Any, list[Any]]]], int]:
+    """Each round's operations with one peer in one direction as one message.
+
+    A round's operations are sorted by peer, then order, and every send has
+    its receive in the same round with the same order and size on its peer
+    (:func:`~pathweave.runtime.schedule.check_schedules`), so both ends find
+    the same groups, in the same order, with the same pieces: a group of
+    several pieces travels as one message (the tag of its first order)
+    through a region of the pack area, packed before the round is posted
+    and unpacked once it is done. The region is laid out anew each round
+    (a round is posted only once the last one is done, on NCCL in stream
+    order), so the pack area is the largest round's packed bytes.
+
+    Returns per round ``(is_recv, peer, order, op indices, region, piece
+    ranges)`` (``region`` None for a group of one operation, sent as it is)
+    and the pack area's size in bytes.
+    """
+    out, most = [], 0
+    for t in range(num_rounds):
+        at, groups = 0, []
+        for is_recv, ops, lo, hi in ((True, df.recvs, rp[t], rp[t + 1]),
+                                     (False, df.sends, sp[t], sp[t + 1])):
+            i = lo
+            while i < hi:
+                j = i + 1
+                while j < hi and ops[j][0] == ops[i][0]:
+                    j += 1
+                idx = list(range(i, j))
+                region, pieces = None, []
+                if len(idx) > 1:
+                    for x in idx:
+                        pieces.append((at, ops[x][4]))
+                        at += ops[x][4]
+                    region = (pieces[0][0], at - pieces[0][0])
+                groups.append((is_recv, ops[i][0], ops[i][1], idx, region, pieces))
+                i = j
+        out.append(groups)
+        most = max(most, at)
+    return out, most
 
 
 def _fed_sends(sched: RankSchedule, df: Any) -> tuple[list[int], list[list[int]]]:
@@ -485,7 +579,11 @@ class Transport:
         #: The blocking calls' staging area, and the program whose views are kept
         #: with the views themselves (:meth:`_prepare`).
         self._staging: torch.Tensor | None = None
+        self._pack: torch.Tensor | None = None
         self._memo: tuple[_Program, dict[int, Any]] | None = None
+        #: In rounds posted as groups, send a round's operations with one peer in one
+        #: direction as one message (:func:`_coalesce`).
+        self.coalesce = True
 
     @property
     def process_group(self) -> Any:
@@ -598,21 +696,48 @@ class Transport:
                 handle._works = final[len(prog.user_recvs):]
             handle.wait()
             return handle
-        staged: list[Any] = []
-        for recvs, sends in prog.rounds:
-            if staged:
-                _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
-            try:
-                staged = self._post_round(views, recvs, sends, tag_base)
-            except CommError:
-                raise
-            except Exception as exc:
-                raise _wrap(exc, self.rank, "posting transfers") from exc
+        staged, finish = self._post_rounds(prog, views, tag_base, deadline, finish)
         handle = Handle(staged, rank=self.rank, deadline=deadline, finish=finish,
                         host_wait=not self.nccl, outputs=outputs)
         if wait or sched.forwards:
             handle.wait()
         return handle
+
+    def _post_rounds(self, prog: _Program, views: list[torch.Tensor], tag_base: int,
+                     deadline: float, finish: Callable[[], None] | None
+                     ) -> tuple[list[Any], Callable[[], None] | None]:
+        """Post every round once the last is done (NCCL's way); the last round's works,
+        and ``finish`` preceded by the last round's unpacks.
+
+        With :attr:`coalesce` a round's operations with one peer in one
+        direction go as one message (:func:`_coalesce`): packed into the
+        pack area before the round is posted, unpacked once it is done.
+        """
+        staged: list[Any] = []
+        unpacks: list[tuple[list[int], list[int]]] = []
+        for recvs, sends, packs, next_unpacks in (prog.coalesced if self.coalesce
+                                                  else prog.rounds):
+            if staged:
+                _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
+            try:
+                _unpack(views, unpacks)
+                _pack(views, packs)
+                staged = self._post_round(views, recvs, sends, tag_base)
+            except CommError:
+                raise
+            except Exception as exc:
+                raise _wrap(exc, self.rank, "posting transfers") from exc
+            unpacks = next_unpacks
+        if not unpacks:
+            return staged, finish
+        last = unpacks
+
+        def unpack_then_finish() -> None:
+            _unpack(views, last)
+            if finish is not None:
+                finish()
+
+        return staged, unpack_then_finish
 
     def _prepare(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
                  recv_bufs: Sequence[torch.Tensor], keep: bool = False) -> list[torch.Tensor]:
@@ -637,21 +762,29 @@ class Transport:
             if self._memo is None or self._memo[0] is not prog:
                 self._memo = (prog, {})
             memo = self._memo[1]
-        staging = None
-        if sched.staging_bytes:
-            kept = self._staging
-            if not keep or kept is None or kept.numel() < sched.staging_bytes \
-                    or kept.device != device:
-                kept = torch.empty(sched.staging_bytes, dtype=torch.uint8, device=device)
-                if keep:
-                    self._staging = kept
-            staging = kept
-        return prog.views(staging, send_bufs, recv_bufs, memo)
+        staging = self._area("_staging", sched.staging_bytes, device, keep)
+        pack = None
+        if self.grouped_rounds and self.coalesce:
+            pack = self._area("_pack", prog.pack_bytes, device, keep)
+        return prog.views(staging, send_bufs, recv_bufs, memo, pack)
+
+    def _area(self, attr: str, nbytes: int, device: Any, keep: bool) -> torch.Tensor | None:
+        """``nbytes`` of scratch on ``device`` (None for none): with ``keep`` the one kept in
+        ``attr`` (grown as needed), else a fresh one."""
+        if not nbytes:
+            return None
+        kept = getattr(self, attr)
+        if not keep or kept is None or kept.numel() < nbytes or kept.device != device:
+            kept = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            if keep:
+                setattr(self, attr, kept)
+        return kept
 
     def drop_kept(self) -> None:
         """Forget the kept staging area and views (after a failed call: receives
         may still be posted into them)."""
         self._staging = None
+        self._pack = None
         self._memo = None
 
     def _run_behind(self, prog: _Program, sched: RankSchedule, send_bufs: Sequence[torch.Tensor],
@@ -663,11 +796,7 @@ class Transport:
         """
         views = self._prepare(prog, sched, send_bufs, recv_bufs)
         if self.grouped_rounds:
-            staged: list[Any] = []
-            for recvs, sends in prog.rounds:
-                _wait_all(staged, deadline, self.rank, "forwarding")
-                staged = self._post_round(views, recvs, sends, tag_base)
-            final = staged
+            final, finish = self._post_rounds(prog, views, tag_base, deadline, finish)
         else:
             final = self._run_streams(prog, views, tag_base, deadline)
         _wait_all(final, deadline, self.rank, "waiting for the exchange")
