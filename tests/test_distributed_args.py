@@ -470,6 +470,11 @@ def test_a_split_matrix_calls_checks_are_kept_only_for_the_very_same_facts():
         check(first, matrix=bad)
     with pytest.raises(ValueError, match=r"split_matrix\[1, 0\] = 2"):
         check(first, matrix=rows.T.copy())
+    rows[1, 2] = 9  # the very same matrix object, changed in place
+    with pytest.raises(ValueError, match=r"split_matrix\[1, 2\] = 9"):
+        check(first)
+    rows[1, 2] = 4
+    assert check(first) is first
     wider = check(first, input=torch.zeros(7, 3), output=torch.zeros(7, 3))
     assert wider is not first and wider.layout.row_bytes == 12 and wider.mkey != first.mkey
     other = V.fingerprint({"x": 2})
