@@ -159,6 +159,9 @@ def _check_options(spray_delta: object, order: object) -> float:
 #: first few), and the rest of the plan is not worth sorting.
 HEAD_PAIRS_PER_RANK = 4
 
+#: The dtype code of ``int64`` (a demand :func:`pathweave.plan.make` checked).
+_INT64 = np.dtype(np.int64).char
+
 
 @register(
     "hscore",
@@ -254,16 +257,23 @@ def _plan(
 ) -> Plan | None:
     """The plan of :func:`hscore`, or None if a link passes ``limit`` (bytes per link)."""
     delta = _check_options(spray_delta, order)
-    pairs, nbytes = nonzero_pairs(demand)
+    limited = limit is not None
     if limit is None:
         limit = paths.derived("hscore.no_limit", lambda: np.full(fabric.num_links, np.inf))
-    elif order == "size" and pairs.size > 2 * HEAD_PAIRS_PER_RANK * paths.num_ranks:
-        head = _size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
-        if _route(fabric, paths, pairs[head], nbytes[head], np.arange(head.size), delta,
-                  limit)[0] < 0:
-            return None
-    # argsort of -bytes is stable, and pairs come in index order: ties by pair.
-    seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
+    if (order == "size" and paths.num_ranks <= 2 * HEAD_PAIRS_PER_RANK
+            and demand.dtype.char == _INT64 and demand.flags.c_contiguous):
+        # Too few pairs for a head (below): pairs and their order in one call.
+        pairs, nbytes, seq = _k.size_order(demand)
+    else:
+        pairs, nbytes = nonzero_pairs(demand)
+        if (order == "size" and limited
+                and pairs.size > 2 * HEAD_PAIRS_PER_RANK * paths.num_ranks):
+            head = _size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
+            if _route(fabric, paths, pairs[head], nbytes[head], np.arange(head.size), delta,
+                      limit)[0] < 0:
+                return None
+        # argsort of -bytes is stable, and pairs come in index order: ties by pair.
+        seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
     n_out, out_pid, out_bytes, counts = _route(fabric, paths, pairs, nbytes, seq, delta, limit)
     if n_out < 0:
         return None
