@@ -445,3 +445,18 @@ def test_below_is_a_sound_stop_on_random_demands(seed, share, fab_name, spray) -
 
 
 FABS = {"h100-2x4": pw.fabric.preset("h100-2x4"), "dgx-h100": pw.fabric.preset("dgx-h100")}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n", [1, 3, 8, 16])
+def test_size_order_matches_reference(seed: int, n: int) -> None:
+    """The one-call pairs and "size" order against numpy's nonzero and stable sort, on
+    demands with many equal sizes (ties must keep pair order) and empty ones."""
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, 4, size=(n, n)) * (rng.random((n, n)) < 0.7) << int(rng.integers(0, 40))
+    if seed == 3:
+        d[:] = 0
+    d = np.ascontiguousarray(d, dtype=np.int64)
+    for got, want in zip(hk.size_order(d), hk.size_order_reference(d), strict=True):
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)

@@ -90,6 +90,7 @@ ALL_KINDS = ("direct", "relay", "rail", "spine", "ecmp", "pcie")
 #: The rules planners use unless told otherwise: every rule whose paths the
 #: data plane can run, each path of a pair on a route of its own.
 DEFAULT_KINDS = ("direct", "relay", "rail", "spine")
+_DEFAULT_RULES = tuple(sorted(DEFAULT_KINDS))
 
 #: Rules whose paths the data plane cannot run, with why: models of routes
 #: that the network or a peer library picks, never pathweave's data plane.
@@ -867,7 +868,9 @@ def candidate_paths(
     max_hops: int | None = None,
 ) -> PathSet:
     """Cached :func:`compile_paths`: a fabric compiles each rule set once."""
-    key = (tuple(sorted(set(kinds))), max_hops)
+    # NOTE: the default rules' key is made once: every plan looks its paths up.
+    rules = _DEFAULT_RULES if kinds is DEFAULT_KINDS else tuple(sorted(set(kinds)))
+    key = (rules, max_hops)
 
     def build() -> PathSet:
         from pathweave.fabric._limits import check_fabric

@@ -5,8 +5,8 @@ derives the per-path segment offsets once; these functions trust their
 inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
 callable from Python, so tests can probe it with hand-made h-scores.
 Each kernel has a slow plain-Python twin at the end of the module
-(:func:`segments_reference`, :func:`decide_reference`,
-:func:`route_reference`) that tests/test_hscore.py compares it with.
+(:func:`segments_reference`, :func:`decide_reference`, :func:`route_reference`,
+:func:`size_order_reference`) that tests/test_hscore.py compares it with.
 """
 
 from __future__ import annotations
@@ -326,6 +326,31 @@ def route_kernel(
     return n_out
 
 
+@njit(cache=True)
+def size_order(demand):
+    """The pairs with bytes (flat ``s * N + d``, increasing), their bytes, and the
+    ``"size"`` order of them (largest first, ties by pair): one call for the
+    three numpy passes of :func:`size_order_reference` (~4 us of an 8-GPU plan).
+
+    ``demand``: ``int64[N, N]``, C-contiguous.
+    """
+    flat = demand.reshape(-1)
+    n = 0
+    for i in range(flat.shape[0]):
+        if flat[i] != 0:
+            n += 1
+    pairs = np.empty(n, dtype=np.int64)
+    nbytes = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(flat.shape[0]):
+        if flat[i] != 0:
+            pairs[k] = i
+            nbytes[k] = flat[i]
+            k += 1
+    # mergesort is stable: equal sizes keep pair order.
+    return pairs, nbytes, np.argsort(-nbytes, kind="mergesort")
+
+
 # ------------------------------------------------------------ slow reference twins
 # Plain Python, one rule per line, written from the module's rules rather than
 # from the kernels' loops; the tests compare every kernel above with its twin.
@@ -443,3 +468,11 @@ def route_reference(
     for i, (p, b) in enumerate(flows):
         out_pid[i], out_bytes[i] = p, b
     return len(flows)
+
+
+def size_order_reference(demand):
+    """:func:`size_order` with numpy: nonzero pairs, their bytes, a stable sort by size."""
+    flat = np.asarray(demand).reshape(-1)
+    pairs = np.flatnonzero(flat)
+    nbytes = flat[pairs].astype(np.int64)
+    return pairs.astype(np.int64), nbytes, np.argsort(-nbytes, kind="stable")

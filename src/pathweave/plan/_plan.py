@@ -25,7 +25,7 @@ class Route:
     vertices: tuple[str, ...]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Plan:
     """The result of every policy: per pair, a list of (path, bytes).
 
@@ -71,6 +71,16 @@ class Plan:
     policy: str
     plan_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, fabric: Fabric, paths: PathSet, demand: np.ndarray,
+                 flow_path: np.ndarray, flow_bytes: np.ndarray, policy: str,
+                 plan_s: float = 0.0, info: dict[str, Any] | None = None) -> None:
+        # NOTE: the fields go straight into __dict__: the frozen dataclass's own
+        # __init__ sets each through object.__setattr__, ~1-2 us a plan (an
+        # 8-GPU default plan builds two).
+        self.__dict__.update(fabric=fabric, paths=paths, demand=demand, flow_path=flow_path,
+                             flow_bytes=flow_bytes, policy=policy, plan_s=plan_s,
+                             info={} if info is None else info)
 
     # ------------------------------------------------------------ link terms
     @cached_property

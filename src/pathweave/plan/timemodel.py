@@ -68,6 +68,7 @@ One 120 MB transfer over a 120 GB/s NVLink: 1 ms, plus 20 us of set-up and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -90,8 +91,8 @@ if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
 
 __all__ = ["PathCosts", "default_model", "effective_links", "executor_rounds", "ideal_model",
-           "lower_bound_s", "path_costs", "predict_time", "round_cost_s", "stripe_time",
-           "tail_slack_s", "time_terms"]
+           "lower_bound_s", "path_costs", "predict_time", "round_cost_s", "stripe_scorer",
+           "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -505,25 +506,39 @@ def stripe_time(
         # The built plan's fragments (stripe_plan's) through predict_time's own
         # terms: its prediction by construction, without the Plan object.
         return max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), model))
+    return stripe_scorer(paths, stripes, model, key=key)(dem)
+
+
+def stripe_scorer(
+    paths: PathSet, stripes: tuple[np.ndarray, np.ndarray], model: SimModel | None = None,
+    *, key: str,
+) -> Callable[[np.ndarray], float]:
+    """``stripe_time(paths, demand, stripes, model, key=key)`` as a function of ``demand``
+    alone (``int64[N, N]``, C-contiguous), its tables looked up once: for a caller
+    that scores many demands on one path set (the default policy keeps it there)."""
     m = default_model() if model is None else model
-    # The rounds need the fragments: built only where they cost (round_s > 0).
-    host_s = (round_cost_s(paths, *stripe_flows(dem.reshape(-1), stripes), m)
-              if m.round_s > 0 else 0.0)
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
-        _, tailed_s, flows_s = factored_terms(dem, *fac)
-        return max(tailed_s, flows_s) + host_s
-    mkey = _model_key(model)
-    ptr, pid = stripes
-    flat = dem.reshape(-1)
 
-    def build() -> tuple[PathCosts, np.ndarray, np.ndarray, np.ndarray]:
-        return _link_tail_max(*_gather(path_costs(paths, m), pid))
+        def links_s(dem: np.ndarray) -> float:
+            _, tailed_s, flows_s = factored_terms(dem, *fac)
+            return max(tailed_s, flows_s)
+    else:
+        ptr, pid = stripes
+        g, lptr, lfrag, tail_max = paths.derived(
+            ("timemodel.stripes", key, _model_key(model)),
+            lambda: _link_tail_max(*_gather(path_costs(paths, m), pid)))
 
-    g, lptr, lfrag, tail_max = paths.derived(("timemodel.stripes", key, mkey), build)
-    return max(_stripe_terms_by_link(flat, ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
-                                     g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max,
-                                     g.setup_s, float(g.chunk_bytes))) + host_s
+        def links_s(dem: np.ndarray) -> float:
+            return max(_stripe_terms_by_link(
+                dem.reshape(-1), ptr, g.rate_cap_Bps, g.start_s, g.latency_s,
+                g.stage_s_per_byte, g.capacity_Bps, lptr, lfrag, tail_max, g.setup_s,
+                float(g.chunk_bytes)))
+    if m.round_s <= 0:
+        return links_s
+    # The rounds need the fragments: built only where they cost (round_s > 0).
+    return lambda dem: links_s(dem) + round_cost_s(
+        paths, *stripe_flows(dem.reshape(-1), stripes), m)
 
 
 def _link_tail_max(
