@@ -165,30 +165,9 @@ def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
 
 
 @njit(cache=True)
-def route_kernel(
-    order,
-    pairs,
-    nbytes,
-    pair_ptr,
-    vertex_node,
-    rank_vertex,
-    first_rail,
-    links,
-    length,
-    kind,
-    via,
-    sf_end,
-    core_lo,
-    core_hi,
-    df_lo,
-    num_rails,
-    delta,
-    limit,
-    load,
-    out_pid,
-    out_bytes,
-    counts,
-):
+def route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
+                 links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails, delta,
+                 limit, load, out_pid, out_bytes, counts):
     """Route the pairs ``order`` one after the other; return the number of flows.
 
     ``load`` (bytes per link) is updated as pairs are placed; ``out_pid`` and
