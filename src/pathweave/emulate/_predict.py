@@ -40,15 +40,16 @@ def emulator_model(fabric: Fabric | None = None, pipeline_bytes: int = 0) -> Any
 
     The emulated links deliver exactly their scaled capacity in payload (the
     framing is added to the tbf rate), forwarding ranks lose no throughput
-    and links have no modelled latency: the fluid model. Its one addition is
-    the pipeline fill: a forwarding rank passes bytes on in units of
-    ``pipeline_bytes`` (one chunk of the data plane: a forwarding rank sends
-    a chunk on once all of it has arrived), so each forwarding rank on a
-    path delays the flow's start by one unit over a node-local hop
-    (``relay_setup_s``; see :func:`forward_delay_s`). A start
-    delay, not an end delay: while one flow fills its pipeline, others keep
-    a shared bottleneck busy, as on the wire. NICs are kernel forwarding
-    here, not store-and-forward stages, so the model's ``chunk_bytes`` is 0.
+    and links have no modelled latency: the fluid model. What the ranks'
+    planners decide with (:func:`rank_config`) adds the pipeline fill per
+    path, as the time model can: a forwarding rank passes bytes on in units
+    of ``pipeline_bytes`` (one chunk), so each forwarding rank on a path
+    delays the flow's start by one unit over a node-local hop
+    (``relay_setup_s``; see :func:`forward_delay_s`). NICs are kernel
+    forwarding here, not store-and-forward stages, so the model's
+    ``chunk_bytes`` is 0. :func:`predict` simulates with the fluid model
+    (``emulator_model()``) and the data plane's fill per fragment instead
+    (:func:`pipeline_fill_s`: a message, placed around the bottleneck).
 
     Examples
     --------
@@ -140,6 +141,31 @@ def _messages(nbytes: np.ndarray, chunk_bytes: int, window: int) -> tuple[np.nda
     return first, last
 
 
+def _posted_late(plan: Any, live: np.ndarray,
+                 segs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each link carries as forwards, and as fed direct messages.
+
+    A rank posts its own messages at the start; its forwards as they arrive;
+    its direct messages to a peer it also forwards to one at a time behind
+    the forwards (``executor._fed_sends``).
+    """
+    from pathweave.plan.rounds import route_ranks
+
+    fab, ranks = plan.fabric, route_ranks(plan.paths)
+    forwarded, fed = np.zeros(fab.num_links), np.zeros(fab.num_links)
+    relays = set()
+    for f, (links, seg) in zip(live, segs, strict=True):
+        np.add.at(forwarded, links[seg > 0], float(plan.flow_bytes[f]))
+        r = ranks[int(plan.flow_path[f])]
+        r = r[r >= 0]
+        relays.update(zip(r[1:-1].tolist(), r[2:].tolist(), strict=True))
+    for f, (links, seg) in zip(live, segs, strict=True):
+        r = ranks[int(plan.flow_path[f])]
+        if seg[-1] == 0 and (int(r[0]), int(r[1])) in relays:
+            fed[links] += float(plan.flow_bytes[f])
+    return forwarded, fed
+
+
 def pipeline_fill_s(plan: Any, chunk_bytes: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """``(before_s, after_s)`` per fragment: the gloo data plane's store-and-forward fill.
 
@@ -157,8 +183,13 @@ def pipeline_fill_s(plan: Any, chunk_bytes: int, window: int) -> tuple[np.ndarra
     fragments keep the bottleneck busy meanwhile), the last message over
     each segment after it once its last byte has crossed (``after_s``: the
     forwarding rank behind a rail can send the stream's last message on
-    only after the rail delivered it). Direct fragments and ``chunk_bytes``
-    0 have none.
+    only after the rail delivered it), less the time the bottleneck spends
+    on bytes that cross it after the fragment's last one: gloo writes a
+    connection's messages in the order they are posted, each link carries
+    one connection per direction in the emulator, and a rank posts its own
+    messages first, its forwards as they arrive and its fed direct messages
+    behind those (:func:`_posted_late`). Direct fragments and
+    ``chunk_bytes`` 0 have none.
 
     Examples
     --------
@@ -183,7 +214,6 @@ def pipeline_fill_s(plan: Any, chunk_bytes: int, window: int) -> tuple[np.ndarra
     ([87.4, 0.0], [0.0, 87.4])
     """
     from pathweave.fabric import VertexKind
-    from pathweave.plan.rounds import route_ranks
 
     fab, ps = plan.fabric, plan.paths
     nf = plan.flow_path.size
@@ -194,25 +224,13 @@ def pipeline_fill_s(plan: Any, chunk_bytes: int, window: int) -> tuple[np.ndarra
     first, last = _messages(plan.flow_bytes[live], int(chunk_bytes), int(window))
     busy_s = np.asarray(plan.link_load_bytes, dtype=np.float64) / fab.capacity_Bps
     gpu = fab.vertex_kind == VertexKind.GPU
-    ranks = route_ranks(ps)
     segs = []
-    # Bytes each link carries as forwards, and as fed direct messages (to a
-    # peer the sender also forwards to, executor._fed_sends).
-    forwarded, fed = np.zeros(fab.num_links), np.zeros(fab.num_links)
-    relays = set()
     for f in live:
         p = int(plan.flow_path[f])
         links = ps.links[p, : ps.length[p]]
         # segment of each hop: a new one after every forwarding GPU
-        seg = np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])
-        segs.append((links, seg))
-        np.add.at(forwarded, links[seg > 0], float(plan.flow_bytes[f]))
-        r = ranks[p][ranks[p] >= 0]
-        relays.update(zip(r[1:-1].tolist(), r[2:].tolist(), strict=True))
-    for f, (links, seg) in zip(live, segs, strict=True):
-        r = ranks[int(plan.flow_path[f])]
-        if seg[-1] == 0 and (int(r[0]), int(r[1])) in relays:
-            fed[links] += float(plan.flow_bytes[f])
+        segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
+    forwarded, fed = _posted_late(plan, live, segs)
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
@@ -220,11 +238,9 @@ def pipeline_fill_s(plan: Any, chunk_bytes: int, window: int) -> tuple[np.ndarra
         hop = int(np.argmax(busy_s[links]))
         neck, e = seg[hop], links[hop]
         before[f] = first[i] * (1.0 / cap[:neck]).sum()
-        # gloo writes a connection's messages in the order they are posted
-        # (one connection per link here): the source's own messages at the
-        # start, forwards as they arrive, fed direct messages behind the
-        # forwards. What crosses the bottleneck after this fragment's last
-        # byte keeps it busy while that last message drains.
+        # What crosses the bottleneck after this fragment's last byte keeps it
+        # busy while that last message drains: behind the source's own
+        # messages the forwards and fed ones, behind a forward the fed ones.
         behind = fed[e] + (forwarded[e] if neck == 0 else 0.0)
         after[f] = max(0.0, last[i] * (1.0 / cap[neck + 1:]).sum()
                        - behind / fab.capacity_Bps[e])
