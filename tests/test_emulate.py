@@ -100,7 +100,8 @@ def test_data_plane_forwards_correct_bytes():
     forwarded = sum(v for k, v in mwu.path_kind_bytes.items() if k in ("rd", "dr", "drd"))
     assert forwarded > 0
     assert sum(mwu.path_kind_bytes.values()) == res.total_bytes
-    assert mwu.measured_s > 0 and mwu.predicted_s >= mwu.bound_s > 0
+    # The fluid model never beats the congestion bound (up to rounding of its events).
+    assert mwu.measured_s > 0 and mwu.predicted_s >= mwu.bound_s * (1 - 1e-9) > 0
     assert_nothing_left()
 
 

@@ -297,16 +297,18 @@ def test_predict_by_hand():
     assert bound == pytest.approx(0.5)
     assert pred == pytest.approx(0.5)
     # One sender over PXN (0 -> 1 -> rail 1 -> 5): the rail starts once the first
-    # chunk has crossed the 12 MB/s NVLink to the forwarding rank, which forwards
-    # each chunk as soon as it has arrived, whatever the window.
+    # message has crossed the 12 MB/s NVLink to the forwarding rank, which forwards
+    # a message once all of it has arrived. 5 MB in 256 KiB chunks is 20 chunks;
+    # the largest fragment enters window // 2 chunks a round, one message each.
     D[:] = 0
     D[0, 5] = 5_000_000
     for window in (2, 4, 8):
         pred, bound, _ = predict(fab, D, "static", chunk_bytes=1 << 18, window=window)
         assert bound == pytest.approx(1.0)
-        assert pred == pytest.approx(1.0 + (1 << 18) / 12e6)
+        assert pred == pytest.approx(1.0 + (window // 2) * (1 << 18) / 12e6)
+    # 1 MiB chunks: 5 chunks in 3 rounds, the first message 2 of them.
     pred, _, _ = predict(fab, D, "static", chunk_bytes=1 << 20)
-    assert pred == pytest.approx(1.0 + (1 << 20) / 12e6)
+    assert pred == pytest.approx(1.0 + 2 * (1 << 20) / 12e6)
     # 0 -> 4 goes straight onto rail 0 and keeps it busy while 1 -> 4 (PXN through
     # rank 0) fills its pipeline: the fill is hidden, the rail's 5 MB take 1 s.
     D[:] = 0
@@ -320,6 +322,73 @@ def test_predict_by_hand():
     D[0, 5] = 5_000_000
     pred, bound, _ = predict(fab, D, "torch")
     assert pred == pytest.approx(1.0) and bound == pytest.approx(1.0)
+
+
+def _hand_plan(fab, demand, routes):
+    """A plan of whole fragments on the paths whose ranks are ``routes`` (one per fragment)."""
+    from pathweave.plan.rounds import route_ranks
+
+    ps = pw.fabric.candidate_paths(fab)
+    rr = route_ranks(ps)
+    path = [next(p for p in ps.pair_paths(r[0], r[-1]) if rr[p][rr[p] >= 0].tolist() == r)
+            for r, _ in routes]
+    return pw.plan.Plan(fabric=fab, paths=ps, demand=demand, policy="hand",
+                        flow_path=np.array(path), flow_bytes=np.array([b for _, b in routes]))
+
+
+def test_pipeline_fill_by_hand():
+    # h100-2x4 at 1e-4: 12 MB/s NVLinks, 5 MB/s rails; 256 KiB chunks, window 4.
+    from pathweave.emulate import pipeline_fill_s
+    from pathweave.sim import SimModel, simulate
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    chunk, nvlink, rail = 1 << 18, 12e6, 5e6
+    D = np.zeros((8, 8), dtype=np.int64)
+
+    def makespan(plan):
+        fill = pipeline_fill_s(plan, chunk, 4)
+        return simulate(fab, plan, SimModel.ideal(), fill_s=fill).makespan_s, fill
+
+    # DeepEP's way, 0 -> rail 0 -> 4 -> NVLink -> 5: 5 MB is 20 chunks in 10 rounds,
+    # 2 a message; rank 4 sends the last message (chunks 18 and 19, 281 408 bytes)
+    # on once the rail has delivered all of it.
+    D[0, 5] = 5_000_000
+    t, (before, after) = makespan(_hand_plan(fab, D, [([0, 4, 5], 5_000_000)]))
+    last = 5_000_000 - 18 * chunk
+    assert before.tolist() == [0.0]
+    assert after[0] == pytest.approx(last / nvlink)
+    assert t == pytest.approx(5_000_000 / rail + last / nvlink)
+    # PXN, 0 -> NVLink -> 1 -> rail 1 -> 5: the first message before the rail.
+    t, (before, after) = makespan(_hand_plan(fab, D, [([0, 1, 5], 5_000_000)]))
+    assert before[0] == pytest.approx(2 * chunk / nvlink) and after.tolist() == [0.0]
+    assert t == pytest.approx(2 * chunk / nvlink + 5_000_000 / rail)
+    # Rank 0 posts its own messages to rank 4 at the start; 1 MB that rank 0
+    # forwards for rank 1 (1 -> 0 -> rail 0 -> 4) is posted as it arrives and
+    # crosses the rail after them, 0.2 s in which rank 4 drains 0 -> 5's last
+    # message: the rail's 6 MB decide (the largest fragment is the same, so the
+    # messages are too).
+    D[1, 4] = 1_000_000
+    plan = _hand_plan(fab, D, [([0, 4, 5], 5_000_000), ([1, 0, 4], 1_000_000)])
+    t, (before, after) = makespan(plan)
+    assert after.tolist() == [0.0, 0.0]
+    assert before[1] == pytest.approx(chunk / nvlink)  # 4 chunks in 10 rounds: 1 a message
+    assert t == pytest.approx(6_000_000 / rail)
+    # The model's own share of the bound: never below the congestion bound.
+    assert t >= plan.congestion_s - 1e-12
+
+
+def test_simulate_refuses_bad_fill_by_value():
+    from pathweave.errors import PlanError
+    from pathweave.sim import SimModel, simulate
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[0, 5] = 1_000_000
+    plan = _hand_plan(fab, D, [([0, 4, 5], 1_000_000)])
+    for bad in ((np.zeros(2), np.zeros(1)), (np.zeros(1), np.array([-1.0])),
+                (np.array([np.nan]), np.zeros(1))):
+        with pytest.raises(PlanError, match="fill_s"):
+            simulate(fab, plan, SimModel.ideal(), fill_s=bad)
 
 
 def test_forward_delay_uses_the_slowest_node_local_gpu_hop():

@@ -48,6 +48,7 @@ from pathweave.emulate._predict import (
     DEFAULT_MIN_SPLIT_BYTES,
     emulator_model,
     forward_delay_s,
+    pipeline_fill_s,
     predict,
     rank_config,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "expected_bytes",
     "forward_delay_s",
     "pattern_bytes",
+    "pipeline_fill_s",
     "predict",
     "probe_transfer",
     "run_emulated",

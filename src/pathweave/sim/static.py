@@ -201,9 +201,24 @@ def _start_of_flows(plan: Plan, fs: FlowSet, start_s: np.ndarray) -> np.ndarray:
     return start[plan.paths.src[plan.flow_path[fs.index]]]
 
 
+def _fill_of_flows(plan: Plan, fs: FlowSet,
+                   fill_s: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each engine flow's ``(before_s, after_s)`` from per-fragment arrays."""
+    nf = plan.flow_path.size
+    out = []
+    for name, a in zip(("before_s", "after_s"), fill_s, strict=True):
+        a = np.asarray(a, dtype=np.float64)
+        if a.shape != (nf,) or not np.all(np.isfinite(a)) or (a < 0).any():
+            raise PlanError(f"fill_s {name} must be {nf} finite times >= 0 (one per plan "
+                            f"fragment), got shape {a.shape}")
+        out.append(a[fs.index])
+    return out[0], out[1]
+
+
 def simulate(
     fabric: Fabric | str, plan: Plan, model: SimModel | None = None, *,
     start_s: np.ndarray | None = None,
+    fill_s: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> SimResult:
     """Simulate ``plan`` on ``fabric``: completion times and link utilisation.
 
@@ -223,6 +238,14 @@ def simulate(
         sending, in seconds (concurrent groups that start apart,
         :mod:`pathweave.plan.groups`); default all at 0. Finish times and
         the makespan count from 0.
+    fill_s
+        ``(before_s, after_s)``, optional: ``float64[F]`` each, per plan
+        fragment (``plan.flow_path`` order), a pipeline fill the caller
+        worked out per fragment, beyond the model's: ``before_s`` delays the
+        fragment's first byte (others keep its links busy meanwhile),
+        ``after_s`` is added after its last byte crossed its links (the
+        emulator's prediction of the gloo executor,
+        :func:`pathweave.emulate.predict`).
 
     Returns
     -------
@@ -254,6 +277,10 @@ def simulate(
     fs = build_flows(fab, plan, model)
     if start_s is not None:
         fs.release_s = fs.release_s + _start_of_flows(plan, fs, start_s)
+    after = 0.0
+    if fill_s is not None:
+        before, after = _fill_of_flows(plan, fs, fill_s)
+        fs.release_s = fs.release_s + before
     end_s, seg_t, seg_rate, events = run_flows(
         fs.flow_ptr,
         fs.flow_links,
@@ -269,7 +296,8 @@ def simulate(
     if np.isnan(end_s).any():
         i = int(np.flatnonzero(np.isnan(end_s))[0])
         raise PlanError(f"fragment {int(fs.index[i])} never finished (no capacity on its path)")
-    finish = end_s + fs.fill_s + round_cost_s(plan.paths, plan.flow_path, plan.flow_bytes, model)
+    finish = (end_s + fs.fill_s + after
+              + round_cost_s(plan.paths, plan.flow_path, plan.flow_bytes, model))
     nfrag = plan.flow_path.size
     flow_finish = np.full(nfrag, np.nan)
     flow_finish[fs.index] = finish
