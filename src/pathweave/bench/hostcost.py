@@ -153,8 +153,6 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
 
     import pathweave as pw
     import pathweave.distributed as pwd
-    from pathweave.runtime.executor import _program
-
     if issue not in ISSUES:
         raise ValueError(f"issue must be one of {ISSUES}, got {issue!r}")
     if dist.is_initialized():
@@ -190,9 +188,7 @@ def measure(num_ranks: int, repeats: int = 20, device: str = "meta",
             tr.process_group = None
         last = orch.stats.last_call
         sched = next(iter(orch._state(None).schedules.values()))[0]
-        ops = sched.num_sends + sched.num_recvs
-        if issue == "rounds" and tr.coalesce:  # one message per peer and direction a round
-            ops = sum(len(r) + len(s) for r, s, _, _ in _program(sched).coalesced)
+        ops = tr.messages(sched)
         view = inp.view(torch.uint8)[:64]
         pg = dist.group.WORLD
         op_s = _timed(lambda: [pg.send([view], 2, 0) for _ in range(100)], repeats)[1] / 100

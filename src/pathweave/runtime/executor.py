@@ -626,6 +626,14 @@ class Transport:
                                             thread_name_prefix="pathweave-forward")
         return self._pool
 
+    def messages(self, sched: RankSchedule) -> int:
+        """The point-to-point operations a call of ``sched`` posts here (coalesced where
+        rounds are posted as groups and :attr:`coalesce` is on)."""
+        prog = _program(sched)
+        if self.grouped_rounds and self.coalesce:
+            return sum(len(r) + len(s) for r, s, _, _ in prog.coalesced)
+        return len(prog.recvs) + len(prog.sends)
+
     def next_tag_base(self) -> int:
         base = _TAG_BASE + (self.calls % _TAG_CALLS) * (1 << _TAG_CALL_BITS)
         self.calls += 1
