@@ -364,8 +364,7 @@ def test_no_function_over_150_lines():
 
 def test_long_function_fires(monkeypatch, tmp_path):
     fake = tmp_path / "m.py"
-    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
-    body = body.replace("    ", "        ")
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     fake.write_text(f"class C:\n    @staticmethod\n    def f():\n{body}")
     monkeypatch.setitem(MODULES, "pathweave.plan.zz_long", fake)
     assert long_functions() == ["pathweave.plan.zz_long:3 f (152 lines)"]
