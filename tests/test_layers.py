@@ -337,3 +337,34 @@ def test_import_contracts_fire(tmp_path):
         "no import circle between the units of pathweave",
         "private modules of pathweave.moe stay in it",
     }, result.stdout
+
+
+# ---------------------------------------------------------------- function length
+#: The longest a function or method may be, decorators and docstring included
+#: (issue 24: "no function over 150 lines").
+MAX_FUNCTION_LINES = 150
+
+
+def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``module:line name (N lines)`` for every function or method over ``limit`` lines."""
+    out = []
+    for module in MODULES:
+        for node in ast.walk(_parse(module)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                length = node.end_lineno - first + 1
+                if length > limit:
+                    out.append(f"{module}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_function_over_150_lines():
+    assert long_functions() == []
+
+
+def test_long_function_fires(monkeypatch, tmp_path):
+    fake = tmp_path / "m.py"
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    fake.write_text(f"class C:\n    @staticmethod\n    def f():\n{body}")
+    monkeypatch.setitem(MODULES, "pathweave.plan.zz_long", fake)
+    assert long_functions() == ["pathweave.plan.zz_long:3 f (152 lines)"]

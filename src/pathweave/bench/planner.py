@@ -492,16 +492,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
             if worst is not None else "mwu/optimal worst: no case with an LP optimum",
         )
     )
-    for ranks, target in MWU_TIME_TARGET_S.items():
-        t = mwu_time.get(ranks)
-        checks.append(
-            Check.at_most(
-                f"mwu time {ranks}", t, target,
-                f"mwu planning time at {ranks:>4} ranks: "
-                + (f"{_fmt_time(t)} median" if t is not None else "not run")
-                + f" (target <= {_fmt_time(target)})",
-            )
-        )
+    checks += [_time_check("mwu", ranks, mwu_time.get(ranks), target)
+               for ranks, target in MWU_TIME_TARGET_S.items()]
     for workload, ref in STATIC_REFERENCE.items():
         got = [
             r["congestion_s"] / r["optimal_s"]
@@ -612,11 +604,16 @@ def time_checks(records: Sequence[Mapping[str, Any]]) -> list[Check]:
             times.setdefault(int(r["ranks"]), []).append(float(r["plan_s_median"]))
     for ranks, target in DEFAULT_TIME_TARGET_S.items():
         ts = times.get(ranks)
-        t = statistics.median(ts) if ts else None
-        out.append(Check.at_most(
-            f"{default} time {ranks}", t, target,
-            f"{default} planning time at {ranks:>4} ranks: "
-            + (f"{_fmt_time(t)} median" if t is not None else "not run")
-            + f" (target <= {_fmt_time(target)})",
-        ))
+        out.append(_time_check(default, ranks, statistics.median(ts) if ts else None, target))
     return out
+
+
+def _time_check(policy: str, ranks: int, t: float | None, target: float) -> Check:
+    """``policy``'s median planning time ``t`` at ``ranks`` ranks (None: not run) against
+    ``target``, one line named ``"{policy} time {ranks}"``."""
+    return Check.at_most(
+        f"{policy} time {ranks}", t, target,
+        f"{policy} planning time at {ranks:>4} ranks: "
+        + (f"{_fmt_time(t)} median" if t is not None else "not run")
+        + f" (target <= {_fmt_time(target)})",
+    )

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
@@ -53,6 +54,23 @@ def print_checks(out: Console, checks: Sequence[Any]) -> None:
     """Print every benchmark's target lines the one way: ``PASS``/``MISS``/``-`` and the text."""
     for check in checks:
         out.print(f"{CHECK_MARKS[check.passed]} {check.text}", soft_wrap=True)
+
+
+def add_columns(
+    table: Table, names: Iterable[str], *, left: Collection[str] = (), no_wrap: bool = False
+) -> Table:
+    """Add a column per name to ``table``, the one way every CLI table lays out its columns:
+    numbers right-aligned, the ``left`` columns (labels: a policy, a workload) left-aligned.
+
+    Examples
+    --------
+    >>> t = add_columns(Table(), ("policy", "time", "bytes"), left={"policy", "bytes"})
+    >>> [(c.header, c.justify) for c in t.columns]
+    [('policy', 'left'), ('time', 'right'), ('bytes', 'left')]
+    """
+    for name in names:
+        table.add_column(name, justify="left" if name in left else "right", no_wrap=no_wrap)
+    return table
 
 
 def console(*, stderr: bool = False) -> Console:

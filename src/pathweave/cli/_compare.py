@@ -16,7 +16,7 @@ from rich.table import Table
 from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave.bench.planner import warm_up
-from pathweave.cli._common import fmt_duration, fmt_ratio, fmt_time
+from pathweave.cli._common import add_columns, fmt_duration, fmt_ratio, fmt_time
 from pathweave.errors import SolverError
 from pathweave.fabric import Fabric
 from pathweave.plan import Plan
@@ -95,15 +95,12 @@ class Comparison:
     def table(self, title: str | None = None) -> Table:
         """The policy table: congestion, ratio to optimal, predicted time, paths, split pairs,
         planning time."""
-        table = Table(title=title, title_justify="left")
-        table.add_column("policy")
-        table.add_column("congestion", justify="right")
-        table.add_column("x optimal", justify="right")
-        table.add_column("time", justify="right")
-        table.add_column("paths", justify="right")
-        table.add_column("split", justify="right")
-        table.add_column("planned in", justify="right")
-        table.add_column("bottleneck link")
+        table = add_columns(
+            Table(title=title, title_justify="left"),
+            ("policy", "congestion", "x optimal", "time", "paths", "split", "planned in",
+             "bottleneck link"),
+            left={"policy", "bottleneck link"},
+        )
         for r in self.results:
             p = r.plan
             if p is None:

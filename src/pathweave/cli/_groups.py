@@ -16,7 +16,7 @@ from rich.table import Table
 
 from pathweave import sim
 from pathweave.bench.planner import warm_up
-from pathweave.cli._common import Steps, fmt_bytes, fmt_time, write_json, wrote
+from pathweave.cli._common import Steps, add_columns, fmt_bytes, fmt_time, write_json, wrote
 from pathweave.fabric import Fabric
 from pathweave.plan.groups import MODES, plan_groups, shared_links
 from pathweave.plan.registry import policies
@@ -72,11 +72,9 @@ def run_groups(out: Console, fab: Fabric, workload: str, spec: str, names: Seque
 
 def _table(records: Sequence[dict[str, Any]], simulate: bool) -> Table:
     what = "makespan" if simulate else "congestion"
-    table = Table()
-    table.add_column("policy")
-    for head in (f"{what} per group", f"{what} joint", "per group / joint", "plan per group",
-                 "plan joint", "shared links"):
-        table.add_column(head, justify="right")
+    table = add_columns(Table(), ("policy", f"{what} per group", f"{what} joint",
+                                  "per group / joint", "plan per group", "plan joint",
+                                  "shared links"), left={"policy"})
     for r in records:
         pg, jt = r[f"per_group_{what}_s"], r[f"joint_{what}_s"]
         table.add_row(r["policy"], fmt_time(pg), fmt_time(jt), f"{pg / jt:.3f}" if jt else "n/a",
@@ -92,9 +90,8 @@ def scale_tables(scale: Sequence[dict[str, Any]], joint: Sequence[dict[str, Any]
               "skewed MoE (fresh process per row)")
     # Wall time of each stage (what the targets state) and, beside it, CPU time:
     # the stable figure on a shared machine (every kernel runs on one thread).
-    for head in ("GPUs", "groups", "mode", "paths", "path set", "dense (est.)", "paths built",
-                 "plan", "simulate", "CPU (all)", "events", "peak RSS", "makespan"):
-        a.add_column(head, justify="right")
+    add_columns(a, ("GPUs", "groups", "mode", "paths", "path set", "dense (est.)", "paths built",
+                    "plan", "simulate", "CPU (all)", "events", "peak RSS", "makespan"))
     for r in scale:
         cpu = r["paths_cpu_s"] + r["plan_cpu_s"] + r["sim_cpu_s"]
         a.add_row(str(r["ranks"]), str(r["groups"]), r["mode"], f"{r['paths']:,}",
@@ -103,9 +100,8 @@ def scale_tables(scale: Sequence[dict[str, Any]], joint: Sequence[dict[str, Any]
                   fmt_time(r["plan_wall_s"]), fmt_time(r["sim_wall_s"]), fmt_time(cpu),
                   str(r["events"]), fmt_bytes(r["peak_rss_bytes"]), fmt_time(r["makespan_s"]))
     b = Table(title="joint against per-group planning (simulated makespan)")
-    for head in ("fabric", "placement", "groups", "policy", "per group", "joint", "ratio",
-                 "shared links", "union LP"):
-        b.add_column(head, justify="right" if head not in ("fabric", "placement") else "left")
+    add_columns(b, ("fabric", "placement", "groups", "policy", "per group", "joint", "ratio",
+                    "shared links", "union LP"), left={"fabric", "placement"})
     for r in joint:
         b.add_row(r["fabric"], r["placement"], str(r["groups"]), r["policy"],
                   fmt_time(r["per_group_makespan_s"]), fmt_time(r["joint_makespan_s"]),

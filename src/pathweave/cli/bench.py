@@ -19,6 +19,7 @@ from pathweave.cli._common import (
     BytesPerRank,
     JsonOut,
     Steps,
+    add_columns,
     fail,
     fmt_duration,
     fmt_ms,
@@ -154,9 +155,8 @@ def bench_sim(
         )
     table = Table(title="simulator benchmark: uniform all-to-all, 256 MiB per rank, mwu plan",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("GPUs", "flows", "events", "sim (median)", "CPU", "makespan", "/ congestion",
-                "unbatched sim", "unbatched events"):
-        table.add_column(col, justify="right", no_wrap=True)
+    add_columns(table, ("GPUs", "flows", "events", "sim (median)", "CPU", "makespan",
+                        "/ congestion", "unbatched sim", "unbatched events"), no_wrap=True)
     for r in records:
         table.add_row(
             str(r["ranks"]), f"{r['flows']:,}", str(r["events"]), fmt_duration(r["sim_s_median"]),

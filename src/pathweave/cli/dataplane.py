@@ -21,6 +21,7 @@ from rich.table import Table
 from pathweave.cli._common import (
     BENCHES,
     JsonOut,
+    add_columns,
     console,
     fail,
     fmt_bytes,
@@ -68,15 +69,9 @@ def transfer_table(records: Sequence[Mapping[str, Any]]) -> Table:
         title=f"data plane: pathweave vs torch all_to_all_single, {ranks} gloo ranks on loopback",
         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
     )
-    table.add_column("workload", no_wrap=True)
-    table.add_column("per pair", justify="right", no_wrap=True)
-    table.add_column("pathweave", no_wrap=True)
-    table.add_column("torch ms", justify="right", no_wrap=True)
-    table.add_column("pw ms", justify="right", no_wrap=True)
-    table.add_column("pw/torch", justify="right", no_wrap=True)
-    table.add_column("meta+plan us", justify="right", no_wrap=True)
-    table.add_column("forwarded", justify="right", no_wrap=True)
-    table.add_column("verified", no_wrap=True)
+    add_columns(table, ("workload", "per pair", "pathweave", "torch ms", "pw ms", "pw/torch",
+                        "meta+plan us", "forwarded", "verified"),
+                left={"workload", "pathweave", "verified"}, no_wrap=True)
     for r in rows:
         ratio = r["ratio"]
         fwd = forwarded_share(r["bytes_per_kind"])
@@ -132,18 +127,9 @@ def overhead_table(records: Sequence[Mapping[str, Any]]) -> Table:
     calls = f", {rows[0]['repeat']} calls each" if rows else ""
     table = Table(title=f"per-call overhead, {size} per pair{calls} (times in us)",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
-    table.add_column("workload", no_wrap=True)
-    table.add_column("pathweave", no_wrap=True)
-    table.add_column("pattern", no_wrap=True)
-    table.add_column("torch", justify="right", no_wrap=True)
-    table.add_column("pw", justify="right", no_wrap=True)
-    table.add_column("pw-torch", justify="right", no_wrap=True)
-    table.add_column("beyond", justify="right", no_wrap=True)
-    table.add_column("meta", justify="right", no_wrap=True)
-    table.add_column("plan", justify="right", no_wrap=True)
-    table.add_column("floor", justify="right", no_wrap=True)
-    table.add_column("a2a", justify="right", no_wrap=True)
-    table.add_column("hits", justify="right", no_wrap=True)
+    add_columns(table, ("workload", "pathweave", "pattern", "torch", "pw", "pw-torch", "beyond",
+                        "meta", "plan", "floor", "a2a", "hits"),
+                left={"workload", "pathweave", "pattern"}, no_wrap=True)
     for r in rows:
         table.add_row(
             r["workload"], _how(r, short=True), "repeated" if r["cached"] else "changing",

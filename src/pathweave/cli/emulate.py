@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pathweave.cli._common import (
     BENCHES,
+    add_columns,
     console,
     fail,
     fmt_bytes,
@@ -124,10 +125,8 @@ def up_cmd(
 def _rank_table(emu: Any) -> Table:
     lay = emu.layout
     t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), title="ranks", title_justify="left")
-    t.add_column("rank", justify="right")
-    t.add_column("vertex")
-    t.add_column("namespace")
-    t.add_column("address")
+    add_columns(t, ("rank", "vertex", "namespace", "address"),
+                left={"vertex", "namespace", "address"})
     for r in range(lay.num_ranks):
         t.add_row(str(r), emu.fabric.vertex_name(emu.fabric.rank_vertex[r]), lay.rank_ns[r],
                   lay.rank_address[r])
@@ -204,9 +203,9 @@ def result_table(res: Any) -> Table:
         + (f", co-tenant {res.background}" if res.background else ""),
         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
     )
-    for c in ("policy", "measured", "simulated", "bound", "meas/sim", "meas/bound",
-              "speed-up meas", "speed-up sim", "bytes"):
-        t.add_column(c, justify="left" if c in ("policy", "bytes") else "right", no_wrap=True)
+    add_columns(t, ("policy", "measured", "simulated", "bound", "meas/sim", "meas/bound",
+                    "speed-up meas", "speed-up sim", "bytes"),
+                left={"policy", "bytes"}, no_wrap=True)
     base = res.policies[0]
     for p in res.policies:
         t.add_row(
@@ -332,10 +331,9 @@ def sweep_table(records: list[dict[str, Any]], title: str) -> Table:
 
     vs_best = default_vs_best(records)
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
-    for c in ("workload", "policy", "measured", "spread", "simulated", "meas/sim",
-              "speed-up", "plan", "vs best"):
-        t.add_column(c, justify="left" if c in ("workload", "policy") else "right",
-                     no_wrap=True)
+    add_columns(t, ("workload", "policy", "measured", "spread", "simulated", "meas/sim",
+                    "speed-up", "plan", "vs best"),
+                left={"workload", "policy"}, no_wrap=True)
     for r in records:
         v = vs_best.get(r["workload"]) if r["policy"] == DEFAULT_POLICY else None
         t.add_row(r["workload"], r["policy"], fmt_duration(r["measured_s"]),
@@ -368,9 +366,9 @@ def _bench_background(bench: Any, fabric: str, link: str, workload: str, scale: 
     t = Table(title=f"bench emulate: {records[0]['fabric']} x {scale:g}, {workload}, "
               f"{fmt_bytes(size)} per rank, co-tenant on {link}", title_justify="left",
               box=box.SIMPLE_HEAD, padding=(0, 1))
-    for c in ("load", "policy", "measured", "simulated", "residual bound", "meas/bound",
-              "switches", "bytes"):
-        t.add_column(c, justify="left" if c in ("policy", "bytes") else "right", no_wrap=True)
+    add_columns(t, ("load", "policy", "measured", "simulated", "residual bound", "meas/bound",
+                    "switches", "bytes"),
+                left={"policy", "bytes"}, no_wrap=True)
     for r in records:
         t.add_row(f"{r['load']:g}", r["policy"], fmt_duration(r["measured_s"]),
                   fmt_duration(r["predicted_s"]), fmt_duration(r["bound_s"]),

@@ -24,6 +24,7 @@ from rich.table import Table
 from pathweave._files import atomic_write
 from pathweave.cli._common import (
     BENCHES,
+    add_columns,
     console,
     fail,
     fmt_bytes,
@@ -64,9 +65,9 @@ def moe_table(records: Sequence[Mapping[str, Any]]) -> Table:
         ),
         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
     )
-    for col in ("tokens", "hidden", "routing", "pw ms", "exact ms", "padded ms",
-                "pw/exact", "pad/pw", "bytes pw", "bytes pad", "reps", "same"):
-        table.add_column(col, justify="left" if col == "routing" else "right")
+    add_columns(table, ("tokens", "hidden", "routing", "pw ms", "exact ms", "padded ms",
+                        "pw/exact", "pad/pw", "bytes pw", "bytes pad", "reps", "same"),
+                left={"routing"})
     for r in records:
         if "skipped" in r:
             table.add_row(str(r["tokens"]), str(r["hidden"]), r["routing"], "[dim]skipped[/]",
@@ -97,9 +98,9 @@ def moe_train_table(records: Sequence[Mapping[str, Any]]) -> Table:
         title="forward + backward (identity experts, loss sum(out * G); median ms, slowest rank)",
         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
     )
-    for col in ("tokens", "hidden", "routing", "pw ms", "exact ms", "pw/exact", "grad err",
-                "reps", "grads"):
-        table.add_column(col, justify="left" if col == "routing" else "right")
+    add_columns(table, ("tokens", "hidden", "routing", "pw ms", "exact ms", "pw/exact",
+                        "grad err", "reps", "grads"),
+                left={"routing"})
     for r in records:
         if "train_pathweave_s" not in r:
             table.add_row(str(r["tokens"]), str(r["hidden"]), r["routing"], "[dim]skipped[/]",

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from pathweave.cli._common import (
     BENCHES,
+    add_columns,
     console,
     fail,
     fmt_duration,
@@ -181,10 +182,7 @@ def records(outcome: Any) -> dict[str, Any]:
 def _summary_table(outcome: Any, names: Sequence[str]) -> Table:
     table = Table(title="paper reproductions", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1))
-    table.add_column("figure")
-    table.add_column("status")
-    table.add_column("time", justify="right")
-    table.add_column("files")
+    add_columns(table, ("figure", "status", "time", "files"), left={"figure", "status", "files"})
     done = {r.name: r for r in outcome.results}
     failed = {f.name: f for f in outcome.failures}
     for name in names:

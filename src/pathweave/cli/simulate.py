@@ -17,6 +17,7 @@ from pathweave.cli._common import (
     FabricSpec,
     JsonOut,
     Steps,
+    add_columns,
     fmt_time,
     groups_option,
     handles_user_errors,
@@ -43,13 +44,10 @@ def simulation_table(
 ) -> Table:
     """One row per policy: congestion bound, simulated makespan, p99 pair finish, speedup."""
     base = results.get("static")
-    table = Table()
-    table.add_column("policy")
-    table.add_column("congestion", justify="right")
-    table.add_column("makespan", justify="right")
-    table.add_column("/ congestion", justify="right")
-    table.add_column("p99 pair", justify="right")
-    table.add_column("vs static", justify="right")
+    table = add_columns(
+        Table(), ("policy", "congestion", "makespan", "/ congestion", "p99 pair", "vs static"),
+        left={"policy"},
+    )
     for name, plan in plans:
         res = results[name]
         table.add_row(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from rich.table import Table
 
+from pathweave.cli._common import add_columns
 from pathweave.fabric import Fabric, LinkKind, PathSet, VertexKind
 from pathweave.fabric.paths import ROLES
 
@@ -112,11 +113,8 @@ def summary_tables(fab: Fabric, paths: PathSet) -> list[Table]:
         overview.add_row("source", str(source))
 
     links = Table(title="links (directed; a cable is two)", title_justify="left")
-    links.add_column("kind")
-    links.add_column("between")
-    links.add_column("links", justify="right")
-    links.add_column("GB/s each", justify="right")
-    links.add_column("GB/s total", justify="right")
+    add_columns(links, ("kind", "between", "links", "GB/s each", "GB/s total"),
+                left={"kind", "between"})
     for g in link_groups(fab):
         each = (
             _gbps(g.min_Bps)
@@ -131,9 +129,7 @@ def summary_tables(fab: Fabric, paths: PathSet) -> list[Table]:
         caption=f"{paths.num_paths} paths, {fab.num_ranks * (fab.num_ranks - 1)} ordered pairs",
         caption_justify="left",
     )
-    cands.add_column("kind")
-    cands.add_column("paths", justify="right")
-    cands.add_column("pairs using it", justify="right")
+    add_columns(cands, ("kind", "paths", "pairs using it"), left={"kind"})
     for name, count, pairs in path_counts(paths):
         cands.add_row(name, str(count), str(pairs))
     return [overview, links, cands]
