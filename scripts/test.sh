@@ -3,8 +3,10 @@
 # under src/pathweave): first all but the emulator's on PYTEST_WORKERS
 # pytest-xdist workers (default 2, the CI machine's cores: many tests start
 # 4-8 rank processes of their own, so more workers than cores oversubscribe
-# them), then the emulator's alone (marked in tests/conftest.py: they time
-# real bytes and share namespace prefixes). Extra arguments go to both.
+# them), then the tests that bring up the emulator alone (marked `emulator`
+# where they are: they time real bytes and share namespace prefixes; the
+# emulator's pure tests, layouts, argv lists, checks, run on the workers).
+# Extra arguments go to both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh

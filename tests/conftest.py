@@ -43,19 +43,3 @@ def _no_terminal_width() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("COLUMNS", raising=False)
         yield
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that bring up the network emulator ``emulator``.
-
-    They time real bytes on shaped links and set up namespaces as root under
-    one prefix per file, so scripts/test.sh runs them alone, after the rest
-    ran on pytest-xdist workers (``-m emulator`` / ``-m "not emulator"``):
-    two at once would share a prefix or the CPUs the forwarding ranks need.
-    test_cli's demo test of the emulator step is one.
-    """
-    for item in items:
-        name = item.path.name
-        if name.startswith(("test_emulate", "test_bench_emulate")) or (
-                name == "test_cli.py" and item.name.startswith("test_demo_emulate")):
-            item.add_marker(pytest.mark.emulator)

@@ -78,6 +78,7 @@ needs_root = pytest.mark.skipif(
 )
 
 
+@pytest.mark.emulator  # brings it up: scripts/test.sh runs these alone
 @needs_root
 def test_co_tenant_paces_its_datagrams_and_stops_by_itself():
     """The co-tenant's datagrams cross the emulated network beside a transfer; its
@@ -110,6 +111,7 @@ def test_co_tenant_paces_its_datagrams_and_stops_by_itself():
     assert sum(moved["received"]) <= sum(moved["sent"]), moved
 
 
+@pytest.mark.emulator
 @needs_root
 def test_interleaved_policies_each_keep_their_own_orchestrator():
     from pathweave.emulate import run_workloads

@@ -23,10 +23,13 @@ from typer.testing import CliRunner
 
 from pathweave.cli.main import app
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="the emulator needs root and iproute2 (ip, tc); CI runs as root",
-)
+pytestmark = [
+    pytest.mark.emulator,  # brings it up: scripts/test.sh runs these alone
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+        reason="the emulator needs root and iproute2 (ip, tc); CI runs as root",
+    ),
+]
 
 FABRIC = "cluster:nodes=2,gpus_per_node=2,node_kind=nvlink-mesh"
 runner = CliRunner()

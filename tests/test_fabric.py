@@ -130,6 +130,50 @@ def test_preset_errors_name_the_value():
         cluster(nodes=2, node_kind="torus")
 
 
+def _kernel_signatures() -> set[tuple[str, object]]:
+    """Every (kernel, argument types) numba holds in this process for pathweave."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    return {(f"{name}.{k}", sig) for name, mod in list(sys.modules.items())
+            if name.startswith("pathweave.")
+            for k, f in vars(mod).items() if isinstance(f, CPUDispatcher)
+            for sig in f.signatures}
+
+
+def test_a_pickled_fabric_and_path_set_plan_alike_read_only_and_without_caches():
+    # Rank processes get their fabric by pickle; pickle drops numpy's write
+    # flag, and numba compiled every planner kernel again for the writable
+    # copies (seconds each with a cold cache, in every rank at once).
+    import pickle
+
+    fab = preset("h100-2x4")
+    demand = np.zeros((fab.num_ranks, fab.num_ranks))
+    demand[0, 5] = demand[1, 2] = demand[6, 3] = 48 << 20
+    plans = {p: pw.plan.make(fab, demand, p) for p in pw.plan.policies()}
+    paths = pw.fabric.candidate_paths(fab)
+    assert vars(fab)["_path_cache"] and vars(paths)["_derived"]  # caches were filled
+    copy_fab = pickle.loads(pickle.dumps(fab))
+    copy_paths = pickle.loads(pickle.dumps(paths))
+    for orig, copy in ((fab, copy_fab), (paths, copy_paths)):
+        # the caches stay with the sender; every array arrives read-only
+        assert not [k for k, v in vars(copy).items() if isinstance(v, pw._cache.Cache)]
+        arrays = [a for v in vars(copy).values()
+                  for a in (v if isinstance(v, tuple) else (v,)) if isinstance(a, np.ndarray)]
+        assert len(arrays) >= 7 and not [a for a in arrays if a.flags.writeable]
+        for k, v in vars(copy).items():
+            if isinstance(v, np.ndarray):
+                assert np.array_equal(v, vars(orig)[k]), k
+    assert np.array_equal(copy_paths.links, paths.links) and copy_paths.fabric.name == fab.name
+    compiled = _kernel_signatures()
+    for p, want in plans.items():
+        got = pw.plan.make(copy_fab, demand, p)
+        assert np.array_equal(got.flow_path, want.flow_path), p
+        assert np.array_equal(got.flow_bytes, want.flow_bytes), p
+    assert _kernel_signatures() == compiled  # no kernel compiled again for the copy
+
+
 # ------------------------------------------------------------------- paths
 def roles(ps, s, d):
     return [ps.rail_role(p) for p in ps.pair_paths(s, d)]

@@ -199,6 +199,14 @@ def test_mwu_is_close_to_optimal_on_skewed_exchanges():
             assert pw.plan.make(fab, D, "mwu").congestion_s <= 1.05 * o, (fab.name, ratio)
 
 
+def _readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``arrays`` made read-only, as the planner hands its tables to the kernel: numba
+    compiles a kernel once more for writable arrays (seconds with a cold cache)."""
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
 @pytest.mark.parametrize(
     ("scale", "lam", "refine", "stop_s"),
     [(40 * MB, 0.4, 2, 0.0), (600 * MB, 0.5, 1, 0.0), (600 * MB, 0.75, 0, 0.0),
@@ -212,8 +220,7 @@ def test_mwu_kernel_matches_the_reference(scale, lam, refine, stop_s):
     pairs = np.flatnonzero(D.reshape(-1))
     dem = D.reshape(-1)[pairs].astype(np.int64)
     lo, hi = ps.pair_ptr[pairs], ps.pair_ptr[pairs + 1]
-    pen = (ps.length - 1) * 1e-6
-    inv = 1.0 / H100.capacity_Bps
+    pen, inv = _readonly((ps.length - 1) * 1e-6, 1.0 / H100.capacity_Bps)
     args = (lo, hi, dem, ps.links, ps.length, pen, inv, lam, 1 << 20, 2 << 20, refine)
     load_ref, flow_ref = route_reference(*args, stop_s)
     load = np.zeros(H100.num_links)
@@ -253,6 +260,7 @@ def test_link_classes_group_links_on_the_same_paths(which, tables):
     lo, hi = ps.pair_ptr[pairs], ps.pair_ptr[pairs + 1]
     pen = (ps.length - 1) * 1e-6
     _, flow_ref = route_reference(lo, hi, dem, links, length, pen, inv, 0.5, 1 << 20, 2 << 20, 1)
+    clinks, clength, pen, cinv = _readonly(clinks, clength, pen, cinv)
     load = np.zeros(n)
     flow = np.zeros(int((hi - lo).sum()), dtype=np.int64)
     route_kernel(lo, hi, dem, clinks, clength, pen, cinv, 0.5, np.int64(1 << 20),

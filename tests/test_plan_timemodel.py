@@ -521,7 +521,9 @@ def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, nam
     via_spine = bool(((ps.links[pid] >= 0) & (owner < 0)
                       & (fab.vertex_node[fab.link_dst[np.maximum(ps.links[pid], 0)]] < 0)).any())
     assert (factored(ps, stripes, name) is None) == via_spine
-    empty = np.zeros((fab.num_ranks,) * 2, dtype=np.int64)
+    # Checked (read-only), as the planners hand demands to the model: numba would
+    # compile the kernels once more for a writable one.
+    empty = pw.plan.registry.as_demand(np.zeros((fab.num_ranks,) * 2), fab.num_ranks)
     assert stripe_time(ps, empty, stripes, key=name) == 0.0
 
 
@@ -538,8 +540,11 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
     has = ps.pair_ptr[1:] > ps.pair_ptr[:-1]
     pid = (ps.pair_ptr[1:] - 1)[has]
     ptr = np.concatenate([[0], np.cumsum(has)]).astype(np.int64)
+    for a in (ptr, pid):  # read-only, as a policy's stripes are
+        a.setflags(write=False)
     assert (ps.kind[pid] == pw.fabric.PathKind.SPINE).any()
-    D = _random_demand(np.random.default_rng(3), fab.num_ranks)
+    D = pw.plan.registry.as_demand(_random_demand(np.random.default_rng(3), fab.num_ranks),
+                                   fab.num_ranks)  # read-only, as the planners check it
     got = stripe_time(ps, D, (ptr, pid), key="last")
     assert factored(ps, (ptr, pid), "last") is None
     _, tailed_s, flows_s = stripe_terms_reference(D, ptr, pid, path_costs(ps))
@@ -555,7 +560,8 @@ def test_cut_sums_equal_the_pair_by_pair_sums(fab):
     node, _, _, nout_cap, _, members_ptr, members = _cut_tables(ps, default_model())
     rng = np.random.default_rng(5)
     for kind in range(3):
-        D = _random_demand(rng, fab.num_ranks, kind=kind)
+        D = pw.plan.registry.as_demand(_random_demand(rng, fab.num_ranks, kind=kind),
+                                       fab.num_ranks)  # read-only, as the planners check it
         got = cut_sums(D, node, members_ptr, members)
         want = cut_sums_reference(D, node, nout_cap.size)
         for g, w in zip(got[:4], want[:4], strict=True):

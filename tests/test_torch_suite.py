@@ -77,7 +77,12 @@ def _main() -> int:
         TestDistBackend,
     )
 
-    import pathweave.distributed  # noqa: F401  (registers the backend)
+    # pathweave.distributed registers the backend; _preload loads the
+    # planners' kernels once here: every case forks 8 ranks from this
+    # process, and each would otherwise load them from numba's cache again on
+    # its first call (about 0.5 s of CPU a rank, 96 ranks).
+    import pathweave.distributed
+    import pathweave.runtime._preload  # noqa: F401
 
     class PathweaveAllToAll(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from pathweave._cache import Cache
 from pathweave.errors import FabricError
 
 
@@ -75,6 +76,30 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     a.setflags(write=False)
     return a
+
+
+def _pickle_state(obj: Any) -> dict[str, Any]:
+    """``obj.__dict__`` without the caches kept beside its fields (``Cache.on``).
+
+    The caches hold this process's tables (path sets, planner tables): the
+    receiver of a pickle (a rank process) builds its own, read-only, rather
+    than unpickle writable copies of them (and a smaller pickle goes over).
+    """
+    return {k: v for k, v in obj.__dict__.items() if not isinstance(v, Cache)}
+
+
+def _unpickle_state(obj: Any, state: dict[str, Any]) -> None:
+    """Set ``state`` (from :func:`_pickle_state`) with its arrays read-only again.
+
+    Pickle drops numpy's write flag, and numba compiles every kernel anew for
+    writable copies of arrays it has seen read-only (seconds a kernel when
+    its cache is cold, in every process that unpickled a fabric).
+    """
+    for v in state.values():
+        for a in v if isinstance(v, tuple) else (v,):
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+    obj.__dict__.update(state)
 
 
 class Fabric:
@@ -276,6 +301,12 @@ class Fabric:
         un = names[u] if 0 <= u < len(names) else str(u)
         vn = names[v] if 0 <= v < len(names) else str(v)
         return f"{un} -> {vn}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _pickle_state(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _unpickle_state(self, state)
 
     # ------------------------------------------------------------- attributes
     @property

@@ -74,7 +74,14 @@ import numpy as np
 from pathweave import _check as _args
 from pathweave._cache import Cache
 from pathweave.errors import FabricError
-from pathweave.fabric._core import Fabric, Kind, LinkKind, VertexKind
+from pathweave.fabric._core import (
+    Fabric,
+    Kind,
+    LinkKind,
+    VertexKind,
+    _pickle_state,
+    _unpickle_state,
+)
 
 
 class PathKind(Kind):
@@ -147,6 +154,12 @@ class PathSet:
     kinds: tuple[str, ...]
     max_hops: int | None
     rank_rails: tuple[tuple[int, ...], ...]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _pickle_state(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _unpickle_state(self, state)
 
     @property
     def num_paths(self) -> int:

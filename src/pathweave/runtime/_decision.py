@@ -161,7 +161,12 @@ def predict(st: _GroupState, dec: _Decision, demand: np.ndarray, cfg: Config) ->
     )
     from pathweave.plan.timemodel import time_terms
 
-    return max(time_terms(st.plan_paths, fpath, np.asarray(fbytes, dtype=np.int64), cfg.model))
+    fbytes = np.asarray(fbytes, dtype=np.int64)
+    # Read-only, as a plan's flows are (predict_time): numba then runs both
+    # through one compiled time model instead of compiling it again.
+    fpath.setflags(write=False)
+    fbytes.setflags(write=False)
+    return max(time_terms(st.plan_paths, fpath, fbytes, cfg.model))
 
 
 def decide(st: _GroupState, pair_bytes: np.ndarray, cfg: Config,
