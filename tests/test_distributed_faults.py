@@ -115,13 +115,17 @@ def job_peer_fault(rank, ws, mode, enabled, piddir):
     # relay paths only: ranks forward chunks between other ranks of their node
     policy = functools.partial(pw.plan.pinned, roles=("relay",)) if enabled else "mwu"
     orch = pw.Orchestrator(fabric="h100-2x4", policy=policy, enabled=enabled, chunk_bytes=4096,
-                           window=2, min_split_bytes=0, timeout_s=TIMEOUT_S)
+                           window=2, min_split_bytes=0, timeout_s=60)
     inp = torch.arange(ws * 40000, dtype=torch.float32)
     out = torch.empty_like(inp)
-    pwd.all_to_all_single(out, inp, orchestrator=orch)  # a good call first: all connected
+    # A good call first: all connected, the plan made. Its own deadline is
+    # long: on a loaded host a cold first call (planning, connecting) took
+    # more than TIMEOUT_S, and the test times the faulty call, not this one.
+    pwd.all_to_all_single(out, inp, orchestrator=orch)
     # A rank returns once its own bytes are in, while it may still relay for
     # others: the victim must not act before every rank is out of that call.
     dist.barrier()
+    orch.timeout_s = TIMEOUT_S
     out.fill_(-1.0)
     if rank == _victim(mode):
         if mode == "die-mid-transfer":
