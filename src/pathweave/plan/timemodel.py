@@ -785,11 +785,12 @@ def message_fill_terms(
     ``before_s`` (messages over the segments ahead of its bottleneck, while
     other fragments keep the bottleneck busy) and an ``after_s`` (messages
     over the segments behind it, after its last byte crossed it). As the
-    simulator does with them: a fragment's ``after_s`` is the tail of its
-    links (it drains when they do, all sharing per byte), and both delay the
-    fragment on its own::
+    simulator does with them: a link starts when the first of its fragments
+    does (``first_e``, the least ``before_s`` among them), a fragment's
+    ``after_s`` is the tail of its links (it drains when they do, all
+    sharing per byte), and both delay the fragment on its own::
 
-        links:  max(links_s, setup_s + max_f (max_{e in f} load_e / c_e + after_f))
+        links:  max(links_s, setup_s + max_f (max_{e in f} first_e + load_e / c_e + after_f))
         flows:  max(flows_s, max_f start_s[p_f] + before_f + bytes_f / rate_cap[p_f] + after_f)
 
     Examples
@@ -815,12 +816,18 @@ def message_fill_terms(
     if not (before[live].any() or after[live].any()):
         return links_s, flows_s
     fp, b = flow_path[live], flow_bytes[live].astype(np.float64)
+    bf, af = before[live], after[live]
     rows = pc.links[fp]
     used = rows >= 0
-    load = np.bincount(rows[used], weights=np.broadcast_to(b[:, None], rows.shape)[used],
+    at = rows[used]
+    load = np.bincount(at, weights=np.broadcast_to(b[:, None], rows.shape)[used],
                        minlength=pc.capacity_Bps.size)
-    drain = np.where(used, (load / pc.capacity_Bps)[np.maximum(rows, 0)], 0.0).max(axis=1)
-    links_s = max(links_s, pc.setup_s + float((drain + after[live]).max()))
+    # A link carries nothing before the first of its fragments starts.
+    first = np.full(pc.capacity_Bps.size, np.inf)
+    np.minimum.at(first, at, np.broadcast_to(bf[:, None], rows.shape)[used])
+    busy = np.where(np.isfinite(first), first, 0.0) + load / pc.capacity_Bps
+    drain = np.where(used, busy[np.maximum(rows, 0)], 0.0).max(axis=1)
+    links_s = max(links_s, pc.setup_s + float((drain + af).max()))
     alone = pc.start_s[fp] + before[live] + b / pc.rate_cap_Bps[fp] + after[live]
     return links_s, max(flows_s, float(alone.max()))
 
