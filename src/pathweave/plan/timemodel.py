@@ -85,7 +85,13 @@ from pathweave.plan._stripe_kernel import (
     intra_tables,
 )
 from pathweave.plan.model import SimModel
-from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_direct
+from pathweave.plan.rounds import (
+    entry_round,
+    pacing,
+    pipeline_fill_s,
+    route_ranks,
+    unpaced_direct,
+)
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
@@ -809,8 +815,6 @@ def message_fill_terms(
     >>> round(predict_time(plan, m) - (rail_s + nvlink_s), 12)
     0.0
     """
-    from pathweave.plan.rounds import pipeline_fill_s
-
     before, after = pipeline_fill_s(paths, flow_path, flow_bytes, model.chunk_bytes, model.window)
     live = flow_bytes > 0
     if not (before[live].any() or after[live].any()):
