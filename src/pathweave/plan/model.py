@@ -141,7 +141,7 @@ class SimModel:
 
     def __hash__(self) -> int:
         # Models key the planners' cached tables, looked up several times per
-        # plan; hashing fourteen fields cost ~1 us each time. Frozen: computed once.
+        # plan; hashing fifteen fields cost ~1 us each time. Frozen: computed once.
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash(tuple(getattr(self, f.name) for f in fields(self)))
