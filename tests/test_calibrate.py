@@ -97,6 +97,7 @@ def test_model_file_round_trip_and_errors(tmp_path):
     bad(lambda d: d["model"].update(relay_efficency=0.5), "unknown field model.relay_efficency")
     bad(lambda d: d["model"].update(relay_efficiency=1.5), r"relay_efficiency = 1.5")
     bad(lambda d: d["model"].update(setup_s="fast"), r"model.setup_s = 'fast' is not a number")
+    bad(lambda d: d["model"].update(message_fill=1), r"model.message_fill = 1 is not true or false")
     bad(lambda d: d["model"].update(setup_s=True), r"model.setup_s = True")
     bad(lambda d: d["model"].update(round_s=-1e-5), r"round_s = -1e-05")
     bad(lambda d: d["model"].update(window=1), r"window = 1")

@@ -339,15 +339,23 @@ def _hand_plan(fab, demand, routes):
 def test_pipeline_fill_by_hand():
     # h100-2x4 at 1e-4: 12 MB/s NVLinks, 5 MB/s rails; 256 KiB chunks, window 4.
     from pathweave.emulate import pipeline_fill_s
+    from pathweave.plan.timemodel import predict_time
     from pathweave.sim import SimModel, simulate
 
     fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
     chunk, nvlink, rail = 1 << 18, 12e6, 5e6
     D = np.zeros((8, 8), dtype=np.int64)
 
+    decide = SimModel.ideal(chunk_bytes=chunk, window=4, message_fill=True)
+
     def makespan(plan):
         fill = pipeline_fill_s(plan, chunk, 4)
-        return simulate(fab, plan, SimModel.ideal(), fill_s=fill).makespan_s, fill
+        t = simulate(fab, plan, SimModel.ideal(), fill_s=fill).makespan_s
+        # What the emulated ranks decide with charges the same fill, in closed
+        # form (the time model) and in the simulator.
+        assert predict_time(plan, decide) == pytest.approx(t, rel=1e-9)
+        assert simulate(fab, plan, decide).makespan_s == pytest.approx(t, rel=1e-9)
+        return t, fill
 
     # DeepEP's way, 0 -> rail 0 -> 4 -> NVLink -> 5: 5 MB is 20 chunks in 10 rounds,
     # 2 a message; rank 4 sends the last message (chunks 18 and 19, 281 408 bytes)
@@ -391,16 +399,17 @@ def test_simulate_refuses_bad_fill_by_value():
             simulate(fab, plan, SimModel.ideal(), fill_s=bad)
 
 
-def test_forward_delay_uses_the_slowest_node_local_gpu_hop():
-    from pathweave.emulate.run import emulator_model, forward_delay_s
+def test_ranks_decide_with_the_model_predict_simulates():
+    from pathweave.emulate.run import emulator_model, rank_config
+    from pathweave.sim import SimModel
 
-    fab = pw.fabric.preset("cluster:nodes=2,gpus_per_node=4,node_kind=pcie,rails=2")
-    # PCIe host nodes: GPU -> host hops of 63.0 GB/s; GPU -> NIC hops do not count.
-    assert forward_delay_s(fab, 63_015_384) == pytest.approx(
-        63_015_384 / fab.capacity_Bps[fab.link_id("n0.gpu0", "n0.host")])
-    assert forward_delay_s(fab, 0) == 0.0
-    assert emulator_model(fab, 0).relay_setup_s == 0.0
-    assert emulator_model().relay_setup_s == 0.0
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    cfg = rank_config(fab, chunk_bytes=1 << 18, window=8, min_split_bytes=1 << 16,
+                      timeout_s=60.0)
+    assert cfg.model == SimModel.ideal(chunk_bytes=1 << 18, window=8, message_fill=True)
+    assert cfg.model == emulator_model(1 << 18, 8)
+    # torch's packets are forwarded by the kernel: the fluid model alone.
+    assert emulator_model() == SimModel.ideal()
 
 
 def test_predict_applies_the_size_threshold_like_the_data_plane():

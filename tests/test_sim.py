@@ -386,6 +386,7 @@ def test_bad_arguments(h100):
         ({"round_s": -1e-6}, "round_s = -1e-06"),
         ({"round_s": float("inf")}, "round_s = inf"),
         ({"window": 1}, "window = 1"),
+        ({"message_fill": 1}, "message_fill = 1"),
         ({"round_s": 1e-5, "chunk_bytes": 0}, "round_s = 1e-05 needs chunk_bytes >= 1"),
     ],
 )

@@ -96,7 +96,18 @@ class SimModel:
         where it is above 0 (rounds are counted in chunks).
     window
         The data plane's staging window (the Orchestrator's ``window``):
-        only counts rounds for ``round_s``.
+        only counts rounds for ``round_s`` and, with ``message_fill``, sets
+        the messages' size.
+    message_fill
+        Charge the fill of pathweave's own gloo data plane instead of one
+        chunk per stage: a forwarding rank passes a message (a fragment's
+        chunks of one round, at ``chunk_bytes`` and ``window``) on once all
+        of it arrived, so each path segment between forwarding GPUs other
+        than the fragment's bottleneck adds one message, before it (a start
+        delay) or after it (after the fragment's last byte), less what the
+        executor's message order hides
+        (:func:`pathweave.plan.rounds.pipeline_fill_s`; NICs are not
+        stages). The emulator's model (:func:`pathweave.emulate.emulator_model`).
 
     Examples
     --------
@@ -126,10 +137,11 @@ class SimModel:
     max_segments: int = 256
     round_s: float = 0.0
     window: int = 4
+    message_fill: bool = False
 
     def __hash__(self) -> int:
         # Models key the planners' cached tables, looked up several times per
-        # plan; hashing fourteen fields cost ~1 us each time. Frozen: computed once.
+        # plan; hashing fifteen fields cost ~1 us each time. Frozen: computed once.
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash(tuple(getattr(self, f.name) for f in fields(self)))
@@ -164,6 +176,8 @@ class SimModel:
             raise ValueError(f"SimModel.max_segments = {self.max_segments!r}; it must be >= 1")
         if not (isinstance(self.window, (int, np.integer)) and self.window >= 2):
             raise ValueError(f"SimModel.window = {self.window!r}; it must be an int >= 2")
+        if not isinstance(self.message_fill, (bool, np.bool_)):
+            raise ValueError(f"SimModel.message_fill = {self.message_fill!r}; it must be a bool")
         if self.round_s > 0 and self.chunk_bytes < 1:
             raise ValueError(f"SimModel.round_s = {self.round_s!r} needs chunk_bytes >= 1 "
                              f"(rounds are counted in chunks), got {self.chunk_bytes}")

@@ -7,7 +7,10 @@ Both count the rounds with the functions here, so the two cannot drift apart:
 * :func:`route_ranks`: the ranks along each path (its GPU vertices);
 * :func:`pacing`: the call's entry rounds ``R`` and each stream's staging window;
 * :func:`entry_round`: the round chunk ``c`` of a fragment enters;
-* :func:`unpaced_direct`: the direct fragments that go whole in round 0.
+* :func:`unpaced_direct`: the direct fragments that go whole in round 0;
+* :func:`pipeline_fill_s`: the store-and-forward fill of the gloo data
+  plane's messages per fragment, which the emulator's prediction simulates
+  and its ranks' time model decides with (``SimModel.message_fill``).
 
 Pure numpy (scipy for the connected components); no torch.
 """
@@ -18,7 +21,7 @@ import numpy as np
 
 from pathweave.fabric import PathSet
 
-__all__ = ["entry_round", "pacing", "route_ranks", "unpaced_direct"]
+__all__ = ["entry_round", "pacing", "pipeline_fill_s", "route_ranks", "unpaced_direct"]
 
 
 def route_ranks(paths: PathSet) -> np.ndarray:
@@ -148,3 +151,127 @@ def unpaced_direct(routes: np.ndarray, links: np.ndarray, num_ranks: int) -> np.
     tainted = np.zeros(m, dtype=bool)
     tainted[comp[:nf][forwarded]] = True
     return ~forwarded & ~tainted[comp[:nf]]
+
+
+def _messages(nbytes: np.ndarray, chunk_bytes: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of each fragment's first and last message in the data plane's schedule.
+
+    The schedule (:mod:`pathweave.runtime.schedule`) cuts a fragment of ``k``
+    chunks into the call's ``R`` rounds (:func:`pathweave.plan.rounds.pacing`),
+    chunk ``c`` in round ``floor(c R / k)``, and one message carries a
+    fragment's chunks of one round: the first message holds ``ceil(k / R)``
+    chunks, the last the chunks from ``ceil(r k / R)`` on, ``r`` the last
+    chunk's round (the short last chunk included).
+    """
+    b = np.asarray(nbytes, dtype=np.int64)
+    k = np.maximum(-(-b // int(chunk_bytes)), 1)
+    rounds, _ = pacing(k, window)
+    first = np.minimum(b, -(-k // rounds) * int(chunk_bytes))
+    r_last = (k - 1) * rounds // k
+    last = b - (-(-(r_last * k) // rounds)) * int(chunk_bytes)
+    return first, last
+
+
+def _posted_late(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, live: np.ndarray,
+                 segs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each link carries as forwards, and as fed direct messages.
+
+    A rank posts its own messages at the start; its forwards as they arrive;
+    its direct messages to a peer it also forwards to one at a time behind
+    the forwards (``executor._fed_sends``).
+    """
+    fab, ranks = paths.fabric, route_ranks(paths)
+    forwarded, fed = np.zeros(fab.num_links), np.zeros(fab.num_links)
+    relays = set()
+    for f, (links, seg) in zip(live, segs, strict=True):
+        np.add.at(forwarded, links[seg > 0], float(flow_bytes[f]))
+        r = ranks[int(flow_path[f])]
+        r = r[r >= 0]
+        relays.update(zip(r[1:-1].tolist(), r[2:].tolist(), strict=True))
+    for f, (links, seg) in zip(live, segs, strict=True):
+        r = ranks[int(flow_path[f])]
+        if seg[-1] == 0 and (int(r[0]), int(r[1])) in relays:
+            fed[links] += float(flow_bytes[f])
+    return forwarded, fed
+
+
+def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray,
+                    chunk_bytes: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(before_s, after_s)`` per fragment: the gloo data plane's store-and-forward fill.
+
+    A forwarding rank passes a stream on one message at a time, once all of
+    it has arrived (``Transport._run_streams``: it waits for a step's
+    receives, then posts its forwards), and a message is a fragment's
+    chunks of one round (:func:`_messages`; ``window // 2`` chunks for the
+    call's largest fragment). The forwarding ranks (GPUs inside the path; a
+    NIC is kernel forwarding here) cut the path into segments. A pipeline
+    of messages through them streams at its slowest segment, its
+    *bottleneck*, here the segment whose most loaded link takes longest
+    (its load over its capacity), and adds one message per other
+    segment: the first message over each segment before the bottleneck
+    before the fragment's first byte crosses it (``before_s``: other
+    fragments keep the bottleneck busy meanwhile), the last message over
+    each segment after it once its last byte has crossed (``after_s``: the
+    forwarding rank behind a rail can send the stream's last message on
+    only after the rail delivered it), less the time the bottleneck spends
+    on bytes that cross it after the fragment's last one: gloo writes a
+    connection's messages in the order they are posted, each link carries
+    one connection per direction in the emulator, and a rank posts its own
+    messages first, its forwards as they arrive and its fed direct messages
+    behind those (:func:`_posted_late`). Direct fragments and
+    ``chunk_bytes`` 0 have none.
+
+    Examples
+    --------
+    6 MiB from GPU 0 to GPU 5 of the other node, half on the PXN path
+    (NVLink to GPU 1, then its 5 MB/s rail), half DeepEP's way (rail 0 to
+    GPU 4, then NVLink to 5): 3 MiB in 512 KiB chunks is 6 chunks, 3 rounds
+    at window 4, 2 chunks (1 MiB) per message; 1 MiB over a 12 MB/s NVLink
+    is 87.4 ms, before the rail on the first path, after it on the second:
+
+    >>> import numpy as np, pathweave as pw
+    >>> from pathweave.emulate import scale_fabric
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> ps = pw.fabric.candidate_paths(fab)
+    >>> via = lambda r: next(p for p in ps.pair_paths(0, 5)
+    ...                      if pw.plan.rounds.route_ranks(ps)[p][1] == r)
+    >>> D = np.zeros((8, 8), dtype=np.int64); D[0, 5] = 6 << 20
+    >>> fp, fb = np.array([via(1), via(4)]), np.array([3 << 20, 3 << 20])
+    >>> before, after = pipeline_fill_s(ps, fp, fb, 1 << 19, 4)
+    >>> np.round(before * 1e3, 1).tolist(), np.round(after * 1e3, 1).tolist()
+    ([87.4, 0.0], [0.0, 87.4])
+    """
+    from pathweave.fabric import VertexKind
+
+    fab, ps = paths.fabric, paths
+    flow_path = np.asarray(flow_path, dtype=np.int64)
+    flow_bytes = np.asarray(flow_bytes, dtype=np.int64)
+    nf = flow_path.size
+    before, after = np.zeros(nf), np.zeros(nf)
+    live = np.flatnonzero(flow_bytes > 0)
+    if chunk_bytes <= 0 or live.size == 0:
+        return before, after
+    first, last = _messages(flow_bytes[live], int(chunk_bytes), int(window))
+    busy_s = ps.link_load_bytes(flow_path, flow_bytes) / fab.capacity_Bps
+    gpu = fab.vertex_kind == VertexKind.GPU
+    segs = []
+    for f in live:
+        p = int(flow_path[f])
+        links = ps.links[p, : ps.length[p]]
+        # segment of each hop: a new one after every forwarding GPU
+        segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
+    forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
+    for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
+        if seg[-1] == 0:
+            continue
+        cap = np.array([fab.capacity_Bps[links[seg == j]].min() for j in range(seg[-1] + 1)])
+        hop = int(np.argmax(busy_s[links]))
+        neck, e = seg[hop], links[hop]
+        before[f] = first[i] * (1.0 / cap[:neck]).sum()
+        # What crosses the bottleneck after this fragment's last byte keeps it
+        # busy while that last message drains: behind the source's own
+        # messages the forwards and fed ones, behind a forward the fed ones.
+        behind = fed[e] + (forwarded[e] if neck == 0 else 0.0)
+        after[f] = max(0.0, last[i] * (1.0 / cap[neck + 1:]).sum()
+                       - behind / fab.capacity_Bps[e])
+    return before, after

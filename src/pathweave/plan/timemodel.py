@@ -85,14 +85,20 @@ from pathweave.plan._stripe_kernel import (
     intra_tables,
 )
 from pathweave.plan.model import SimModel
-from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_direct
+from pathweave.plan.rounds import (
+    entry_round,
+    pacing,
+    pipeline_fill_s,
+    route_ranks,
+    unpaced_direct,
+)
 
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
 
 __all__ = ["PathCosts", "default_model", "effective_links", "executor_rounds", "ideal_model",
-           "lower_bound_s", "path_costs", "predict_time", "round_cost_s", "stripe_scorer",
-           "stripe_time", "tail_slack_s", "time_terms"]
+           "lower_bound_s", "message_fill_terms", "path_costs", "predict_time", "round_cost_s",
+           "stripe_scorer", "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -290,7 +296,13 @@ def _build(paths: PathSet, model: SimModel) -> PathCosts:
     arrays = [ext, length, cap, rate_cap, relays, start, latency, stage_inv]
     for a in arrays:
         a.setflags(write=False)
-    return PathCosts(*arrays, setup_s=float(model.setup_s), chunk_bytes=int(model.chunk_bytes))
+    return PathCosts(*arrays, setup_s=float(model.setup_s), chunk_bytes=_stage_chunk(model))
+
+
+def _stage_chunk(model: SimModel) -> int:
+    # The chunk a store-and-forward stage holds in the per-path tables; with
+    # message_fill the fill is per fragment instead (time_terms).
+    return 0 if model.message_fill else int(model.chunk_bytes)
 
 
 def _build_reference(paths: PathSet, model: SimModel) -> PathCosts:
@@ -332,7 +344,7 @@ def _build_reference(paths: PathSet, model: SimModel) -> PathCosts:
     rate_cap = np.minimum(rate.min(axis=1), path_cap) if hmax else np.full(npaths, np.inf)
     start = model.setup_s + model.relay_setup_s * relays.astype(np.float64)
     return PathCosts(ext, length, cap, rate_cap, relays, start, latency, stage_inv,
-                     setup_s=float(model.setup_s), chunk_bytes=int(model.chunk_bytes))
+                     setup_s=float(model.setup_s), chunk_bytes=_stage_chunk(model))
 
 
 def path_costs(paths: PathSet, model: SimModel | None = None) -> PathCosts:
@@ -499,7 +511,8 @@ def stripe_time(
     stripe's links in its two end nodes: :mod:`pathweave.plan._stripe_kernel`)
     the pass instead reads the demand once into per-rank aggregates, the
     same loads exactly (whole bytes, below 2**53 per link). A model with
-    ``round_s > 0`` also builds the fragments, to count their rounds.
+    ``round_s > 0`` also builds the fragments, to count their rounds; one
+    with ``message_fill`` scores the built fragments (:func:`time_terms`).
     """
     dem = np.ascontiguousarray(demand, dtype=np.int64)
     if key is None:
@@ -517,6 +530,8 @@ def stripe_scorer(
     alone (``int64[N, N]``, C-contiguous), its tables looked up once: for a caller
     that scores many demands on one path set (the default policy keeps it there)."""
     m = default_model() if model is None else model
+    if m.message_fill:  # the fill depends on every fragment's bottleneck: build them
+        return lambda dem: max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), m))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
 
@@ -749,16 +764,76 @@ def time_terms(
     paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, model: SimModel | None = None
 ) -> tuple[float, float]:
     """``(links_s, flows_s)``: the two terms of the prediction, each with the host
-    cost of the rounds (:func:`round_cost_s`; module docstring)."""
+    cost of the rounds (:func:`round_cost_s`; module docstring), and with
+    ``model.message_fill`` the data plane's fill per fragment (:func:`message_fill_terms`)."""
     pc = path_costs(paths, model)
+    fp = np.ascontiguousarray(flow_path, dtype=np.int64)
+    fb = np.ascontiguousarray(flow_bytes, dtype=np.int64)
     links_s, flows_s = _terms(
-        np.ascontiguousarray(flow_path, dtype=np.int64),
-        np.ascontiguousarray(flow_bytes, dtype=np.int64), pc.links, pc.length,
+        fp, fb, pc.links, pc.length,
         pc.capacity_Bps, pc.rate_cap_Bps, pc.start_s, pc.latency_s, pc.stage_s_per_byte,
         pc.setup_s, float(pc.chunk_bytes),
     )
+    m = default_model() if model is None else model
+    if m.message_fill:
+        links_s, flows_s = message_fill_terms(pc, paths, fp, fb, m, links_s, flows_s)
     host_s = round_cost_s(paths, flow_path, flow_bytes, model)
     return float(links_s) + host_s, float(flows_s) + host_s
+
+
+def message_fill_terms(
+    pc: PathCosts, paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray,
+    model: SimModel, links_s: float, flows_s: float,
+) -> tuple[float, float]:
+    """The two terms with the gloo data plane's fill per fragment added.
+
+    :func:`~pathweave.plan.rounds.pipeline_fill_s` gives each fragment a
+    ``before_s`` (messages over the segments ahead of its bottleneck, while
+    other fragments keep the bottleneck busy) and an ``after_s`` (messages
+    over the segments behind it, after its last byte crossed it). As the
+    simulator does with them: a link starts when the first of its fragments
+    does (``first_e``, the least ``before_s`` among them), a fragment's
+    ``after_s`` is the tail of its links (it drains when they do, all
+    sharing per byte), and both delay the fragment on its own::
+
+        links:  max(links_s, setup_s + max_f (max_{e in f} first_e + load_e / c_e + after_f))
+        flows:  max(flows_s, max_f start_s[p_f] + before_f + bytes_f / rate_cap[p_f] + after_f)
+
+    Examples
+    --------
+    DeepEP's route for 3 MiB from GPU 5 to GPU 0: rail 1 (5 MB/s), then
+    NVLink 1 -> 0 (12 MB/s); 6 chunks of 512 KiB in 3 rounds, 2 a message,
+    so the last 1 MiB crosses the NVLink after the rail delivered it:
+
+    >>> import numpy as np, pathweave as pw
+    >>> from pathweave.emulate import scale_fabric
+    >>> fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    >>> D = np.zeros((8, 8), dtype=np.int64); D[5, 0] = 3 << 20
+    >>> plan = pw.plan.make(fab, D, "deepep")
+    >>> m = pw.sim.SimModel.ideal(chunk_bytes=1 << 19, message_fill=True)
+    >>> rail_s, nvlink_s = (3 << 20) / 5e6, (1 << 20) / 12e6
+    >>> round(predict_time(plan, m) - (rail_s + nvlink_s), 12)
+    0.0
+    """
+    before, after = pipeline_fill_s(paths, flow_path, flow_bytes, model.chunk_bytes, model.window)
+    live = flow_bytes > 0
+    if not (before[live].any() or after[live].any()):
+        return links_s, flows_s
+    fp, b = flow_path[live], flow_bytes[live].astype(np.float64)
+    bf, af = before[live], after[live]
+    rows = pc.links[fp]
+    used = rows >= 0
+    at = rows[used]
+    load = np.bincount(at, weights=np.broadcast_to(b[:, None], rows.shape)[used],
+                       minlength=pc.capacity_Bps.size)
+    # A link carries nothing before the first of its fragments starts.
+    first = np.full(pc.capacity_Bps.size, np.inf)
+    np.minimum.at(first, at, np.broadcast_to(bf[:, None], rows.shape)[used])
+    busy = np.where(np.isfinite(first), first, 0.0) + load / pc.capacity_Bps
+    drain = np.where(used, busy[np.maximum(rows, 0)], 0.0).max(axis=1)
+    links_s = max(links_s, pc.setup_s + float((drain + af).max()))
+    alone = pc.start_s[fp] + before[live] + b / pc.rate_cap_Bps[fp] + after[live]
+    return links_s, max(flows_s, float(alone.max()))
 
 
 def predict_time(plan: Plan, model: SimModel | None = None) -> float:

@@ -82,6 +82,10 @@ def load_model(path: str | os.PathLike[str]) -> SimModel:
         if key not in known:
             raise InputError(f"{where}: unknown field model.{key}; known: "
                              f"{', '.join(sorted(known))}")
+        if key == "message_fill":  # the one switch among numbers
+            if not isinstance(value, bool):
+                raise InputError(f"{where}: model.{key} = {value!r} is not true or false")
+            continue
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not (number or (value is None and key == "hop_latency_s")):
             raise InputError(f"{where}: model.{key} = {value!r} is not a number")

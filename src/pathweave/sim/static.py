@@ -24,6 +24,7 @@ from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, VertexKind
 from pathweave.fabric.presets import resolve
 from pathweave.plan import Plan
+from pathweave.plan.rounds import pipeline_fill_s
 from pathweave.plan.timemodel import effective_links, link_latency_s, round_cost_s
 from pathweave.sim._engine import run_flows
 from pathweave.sim.model import SimModel, SimResult
@@ -175,7 +176,7 @@ def build_flows(fabric: Fabric, plan: Plan, model: SimModel) -> FlowSet:
         virt_a,
         virt_b,
         float(model.relay_efficiency),
-        int(model.chunk_bytes),
+        0 if model.message_fill else int(model.chunk_bytes),  # else per fragment (simulate)
     )
     release = model.setup_s + model.relay_setup_s * relays.astype(np.float64)
     return FlowSet(
@@ -241,7 +242,9 @@ def simulate(
     fill_s
         ``(before_s, after_s)``, optional: ``float64[F]`` each, per plan
         fragment (``plan.flow_path`` order), a pipeline fill the caller
-        worked out per fragment, beyond the model's: ``before_s`` delays the
+        worked out per fragment, beyond the model's (with
+        ``model.message_fill`` the model's is the data plane's per fragment,
+        :func:`pathweave.plan.rounds.pipeline_fill_s`): ``before_s`` delays the
         fragment's first byte (others keep its links busy meanwhile),
         ``after_s`` is added after its last byte crossed its links (the
         emulator's prediction of the gloo executor,
@@ -278,9 +281,13 @@ def simulate(
     if start_s is not None:
         fs.release_s = fs.release_s + _start_of_flows(plan, fs, start_s)
     after = 0.0
-    if fill_s is not None:
-        before, after = _fill_of_flows(plan, fs, fill_s)
+    fills = [] if fill_s is None else [_fill_of_flows(plan, fs, fill_s)]
+    if model.message_fill:
+        fills.append(tuple(a[fs.index] for a in pipeline_fill_s(
+            plan.paths, plan.flow_path, plan.flow_bytes, model.chunk_bytes, model.window)))
+    for before, aft in fills:
         fs.release_s = fs.release_s + before
+        after = after + aft
     end_s, seg_t, seg_rate, events = run_flows(
         fs.flow_ptr,
         fs.flow_links,
