@@ -133,10 +133,11 @@ class PathCosts:
     Attributes
     ----------
     links
-        ``int64[P, H]``: each path's effective links (real, then the virtual
-        links they imply; ids ``>= num_links`` are virtual), -1 padded.
+        ``int32[P, H]`` (the dtype of :class:`~pathweave.fabric.PathSet`'s): each path's
+        effective links (real, then the virtual links they imply; ids ``>= num_links`` are
+        virtual), -1 padded.
     length
-        ``int64[P]``: effective links per path.
+        ``int32[P]``: effective links per path.
     capacity_Bps
         ``float64[L + V]``: effective capacity of every real and virtual link.
     rate_cap_Bps
@@ -236,7 +237,10 @@ def _path_tables(pl, virt_a, virt_b, cap, lat, src_kind, relay_eff):
     # length, latency, stage_inv, relays, rate_cap. NOTE: a kernel because
     # the numpy version's (P, 3H) temporaries took 4.4 s at 1024 GPUs.
     npaths, hmax = pl.shape
-    length = np.zeros(npaths, dtype=np.int64)
+    # int32 as the path set's own links and lengths: the routing kernels take
+    # either, and each dtype was a compiled version of its own (4.5-4.9 s cold
+    # for link_classes alone).
+    length = np.zeros(npaths, dtype=np.int32)
     width = 1
     for p in range(npaths):  # the widest row first: the table is allocated once
         n = 0
@@ -245,7 +249,7 @@ def _path_tables(pl, virt_a, virt_b, cap, lat, src_kind, relay_eff):
             if e >= 0:
                 n += 1 + (virt_a[e] >= 0) + (virt_b[e] >= 0)
         width = max(width, n)
-    ext = np.full((npaths, width), -1, dtype=np.int64)
+    ext = np.full((npaths, width), -1, dtype=np.int32)
     latency = np.zeros(npaths)
     stage_inv = np.zeros(npaths)
     relays = np.zeros(npaths, dtype=np.int64)
