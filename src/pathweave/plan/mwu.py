@@ -258,16 +258,19 @@ def route_flows(
         ``int64`` flows sorted by pair and path, without repeats.
     """
     penalty, _ = _derived(paths, hop_penalty_s)
-    flat = np.ascontiguousarray(demand_flat, dtype=np.int64)
+    # A read-only view (the caller's array stays as it is), read-only prices
+    # and stop_s given: the planner's own call's types, one compiled version.
+    flat = np.ascontiguousarray(demand_flat, dtype=np.int64).view()
+    flat.setflags(write=False)
     pin = static_pins(paths) if pin_small else _no_pins(paths)
     # The caller's prices change per call: the classes are kept, their prices are not.
     cls, clinks, clength, _ = _classes(paths, "real", paths.links, paths.length,
                                        paths.fabric.num_links)
-    cinv = class_inv(cls, np.asarray(inv_cap_per_link, dtype=np.float64))
+    cinv = _readonly(class_inv(cls, np.asarray(inv_cap_per_link, dtype=np.float64)))
     pid, fb, _ = route_pinned(
         flat, paths.pair_ptr, clinks, clength, penalty, cinv,
         float(fraction), np.int64(chunk_bytes), np.int64(min_split_bytes), np.int64(refine),
-        np.int64(cinv.size), pin,
+        np.int64(cinv.size), pin, 0.0,
     )
     return pid, fb
 
