@@ -498,6 +498,17 @@ def _link_tail(e, frag, latency, stage, chunk, lptr, lfrag):
     return tail
 
 
+def _frozen(demand: np.ndarray) -> np.ndarray:
+    """``demand`` as contiguous ``int64``, read-only (a view: the caller's array keeps its
+    flags), as the planners hand it (``registry.as_demand``): the cut and stripe kernels
+    compiled a version of their own for each writability."""
+    dem = np.ascontiguousarray(demand, dtype=np.int64)
+    if dem.flags.writeable:
+        dem = dem.view()
+        dem.setflags(write=False)
+    return dem
+
+
 def stripe_time(
     paths: PathSet, demand: np.ndarray, stripes: tuple[np.ndarray, np.ndarray],
     model: SimModel | None = None, *, key: str | None = None,
@@ -518,7 +529,7 @@ def stripe_time(
     ``round_s > 0`` also builds the fragments, to count their rounds; one
     with ``message_fill`` scores the built fragments (:func:`time_terms`).
     """
-    dem = np.ascontiguousarray(demand, dtype=np.int64)
+    dem = _frozen(demand)
     if key is None:
         # The built plan's fragments (stripe_plan's) through predict_time's own
         # terms: its prediction by construction, without the Plan object.
@@ -956,7 +967,7 @@ def lower_bound_s(
     """
     m = default_model() if model is None else model
     node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
-    dem = np.ascontiguousarray(demand, dtype=np.int64)
+    dem = _frozen(demand)
     if sums is None:
         worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
     else:
