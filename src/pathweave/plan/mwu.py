@@ -75,7 +75,7 @@ from pathweave.plan._plan import Plan
 from pathweave.plan.model import SimModel
 from pathweave.plan.registry import register
 from pathweave.plan.static import static_pins
-from pathweave.plan.timemodel import _model_key, cut_tables, ideal_model
+from pathweave.plan.timemodel import _frozen, _model_key, cut_tables, ideal_model
 
 #: Refinement stops once the congestion is within this share of the cut bound.
 CERTIFIED_GAP = 0.01
@@ -258,10 +258,9 @@ def route_flows(
         ``int64`` flows sorted by pair and path, without repeats.
     """
     penalty, _ = _derived(paths, hop_penalty_s)
-    # A read-only view (the caller's array stays as it is), read-only prices
-    # and stop_s given: the planner's own call's types, one compiled version.
-    flat = np.ascontiguousarray(demand_flat, dtype=np.int64).view()
-    flat.setflags(write=False)
+    # Read-only demand and prices and stop_s given: the planner's own call's
+    # types, one compiled version.
+    flat = _frozen(demand_flat)
     pin = static_pins(paths) if pin_small else _no_pins(paths)
     # The caller's prices change per call: the classes are kept, their prices are not.
     cls, clinks, clength, _ = _classes(paths, "real", paths.links, paths.length,

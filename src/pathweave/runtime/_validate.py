@@ -550,13 +550,13 @@ def _matrix_call_key(output: Any, input: Any, output_split_sizes: Any, input_spl
         if splits is not None and not isinstance(splits, (list, tuple)):
             return None
         facts.append(None if splits is None else tuple(splits))
-    for arr in (matrix, digests):
-        if arr is not None and not isinstance(arr, np.ndarray):
-            return None
-        # The matrix's values are compared apart (_same_matrix): N * N words
-        # copied into bytes for every call was ~0.7 ms at 1024 ranks.
-        facts.append(None if arr is None else (arr.dtype.str, arr.shape,
-                                               None if arr is matrix else arr.tobytes()))
+    if any(a is not None and not isinstance(a, np.ndarray) for a in (matrix, digests)):
+        return None
+    # The matrix's values are compared apart (_same_matrix): N * N words
+    # copied into bytes for every call was ~0.7 ms at 1024 ranks.
+    facts.append(None if matrix is None else (matrix.dtype.str, matrix.shape))
+    facts.append(None if digests is None else (digests.dtype.str, digests.shape,
+                                               digests.tobytes()))
     return tuple(facts)
 
 
