@@ -7,7 +7,7 @@ The op pipeline (:mod:`pathweave.runtime._pipeline`) and the decision
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,17 +60,11 @@ class OrchestratorStats:
     last_call: CallStats | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view (the link vector as a list)."""
+        """JSON-ready view: every field, the link vector as a list and ``total_s`` added to
+        the last call's."""
+        last = self.last_call
         return {
-            "calls": self.calls,
-            "plans_made": self.plans_made,
-            "cache_hits": self.cache_hits,
-            "multipath_calls": self.multipath_calls,
-            "plan_switches": self.plan_switches,
-            "bytes_total": self.bytes_total,
+            **asdict(self),
             "bytes_per_link": self.bytes_per_link.tolist(),
-            "bytes_per_path_kind": dict(self.bytes_per_path_kind),
-            "last_call": None if self.last_call is None else {
-                **self.last_call.__dict__, "total_s": self.last_call.total_s
-            },
+            "last_call": None if last is None else {**asdict(last), "total_s": last.total_s},
         }
