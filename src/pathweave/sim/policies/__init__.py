@@ -255,12 +255,15 @@ class DynamicPolicy:
     Subclasses set ``name``, ``summary`` and ``options`` (option name ->
     default) and implement :meth:`assign`; :meth:`on_epoch` defaults to
     "change nothing". Options arrive validated against ``options``' keys as
-    ``self.opts``; :meth:`check` helps validate their values.
+    ``self.opts``; :meth:`check` helps validate their values. Each name in
+    ``counters`` is an integer attribute that starts at 0 and that
+    :meth:`stats` reports.
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     options: ClassVar[dict[str, Any]] = {}
+    counters: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: PolicyContext, **options: Any) -> None:
         self.ctx = ctx
@@ -272,6 +275,8 @@ class DynamicPolicy:
                 f"valid options: {valid}"
             )
         self.opts: dict[str, Any] = {**self.options, **options}
+        for counter in self.counters:
+            setattr(self, counter, 0)
 
     def check(self, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
         """``self.opts[key]`` as a float in ``[lo, hi]`` (``(lo, hi]``).
@@ -291,8 +296,8 @@ class DynamicPolicy:
         return []
 
     def stats(self) -> dict[str, float]:
-        """Counters for the result's ``info``."""
-        return {}
+        """Counters for the result's ``info``: the value of each name in ``counters``."""
+        return {counter: getattr(self, counter) for counter in self.counters}
 
     # shared helper: ECMP placement, used by several policies for new flows
     def ecmp_choice(self, flows: np.ndarray, obs: Observation) -> list[PathChoice]:

@@ -46,14 +46,13 @@ class FlowBender(DynamicPolicy):
     name = "flowbender"
     summary = "ECMP, re-hashed to a random path when the flow's RTT stays high"
     options: ClassVar[dict[str, Any]] = {"threshold": 1.5, "patience_epochs": 2}
+    counters = ("rehashes", "moves")
 
     def __init__(self, ctx: PolicyContext, **options) -> None:
         super().__init__(ctx, **options)
         self.threshold = self.check("threshold", 1.0, 1e6)
         self.patience = int(self.check("patience_epochs", 1, 1e9))
         self.high_epochs = np.zeros(len(ctx.trace), dtype=np.int64)
-        self.rehashes = 0
-        self.moves = 0
 
     def assign(self, flows: np.ndarray, obs: Observation) -> list[PathChoice]:
         self.high_epochs[flows] = 0
@@ -80,6 +79,3 @@ class FlowBender(DynamicPolicy):
                 self.moves += 1
                 out.append(PathChoice(flow, (new,)))
         return out
-
-    def stats(self) -> dict[str, float]:
-        return {"rehashes": self.rehashes, "moves": self.moves}

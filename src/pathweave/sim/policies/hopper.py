@@ -60,18 +60,17 @@ class Hopper(DynamicPolicy):
         "gain": 0.5,
         "delay_switch": True,
     }
+    #: ``probes`` counts the probes sent (the option is ``probes_per_round`` here).
+    counters = ("probe_rounds", "probes", "switches")
 
     def __init__(self, ctx: PolicyContext, **options) -> None:
         super().__init__(ctx, **options)
         self.threshold = self.check("probe_threshold", 1.0, 1e6)
         self.ratio = self.check("switch_ratio", 0.0, 1.0, lo_open=True)
-        self.probes = int(self.check("probes", 1, 64))
+        self.probes_per_round = int(self.check("probes", 1, 64))
         self.gain = self.check("gain", 0.0, 1.0, lo_open=True)
         self.delay_switch = bool(self.opts["delay_switch"])
         self.rtt_avg_s = np.full(len(ctx.trace), np.nan)
-        self.probe_rounds = 0
-        self.probes_sent = 0
-        self.switches = 0
 
     def assign(self, flows: np.ndarray, obs: Observation) -> list[PathChoice]:
         self.rtt_avg_s[flows] = np.nan
@@ -93,22 +92,15 @@ class Hopper(DynamicPolicy):
             cands = cands[cands != cur]
             if cands.size == 0:
                 continue
-            k = min(self.probes, cands.size)
+            k = min(self.probes_per_round, cands.size)
             probe = self.ctx.rng.choice(cands, size=k, replace=False)
             prtt = obs.rtt_s(probe)
             b = int(np.argmin(prtt))
             self.probe_rounds += 1
-            self.probes_sent += k
+            self.probes += k
             if prtt[b] < self.ratio * avg[i]:
                 delay = float(avg[i] - prtt[b]) if self.delay_switch else 0.0
                 out.append(PathChoice(flow, (int(probe[b]),), delay_s=delay))
                 self.rtt_avg_s[flow] = prtt[b]
                 self.switches += 1
         return out
-
-    def stats(self) -> dict[str, float]:
-        return {
-            "probe_rounds": self.probe_rounds,
-            "probes": self.probes_sent,
-            "switches": self.switches,
-        }

@@ -73,6 +73,7 @@ class NimbleOnline(DynamicPolicy):
         "hop_penalty_s": 2e-6,
         "refine": 1,
     }
+    counters = ("replans", "adopted", "kept", "resplits")
 
     def __init__(self, ctx: PolicyContext, **options) -> None:
         super().__init__(ctx, **options)
@@ -84,10 +85,6 @@ class NimbleOnline(DynamicPolicy):
         self.min_split_bytes = int(self.check("min_split_bytes", 0, 2**62))
         self.refine = int(self.check("refine", 0, 1000))
         self.hop_penalty_s = self.check("hop_penalty_s", 0.0, 1.0)
-        self.replans = 0
-        self.adopted = 0
-        self.kept = 0
-        self.resplits = 0
 
     # ---------------------------------------------------------------- helpers
     def _inv_available(self, obs: Observation) -> np.ndarray:
@@ -219,11 +216,3 @@ class NimbleOnline(DynamicPolicy):
                 out.append(PathChoice(f, tuple(p.tolist()), tuple(w.tolist())))
                 self.resplits += 1
         return out
-
-    def stats(self) -> dict[str, float]:
-        return {
-            "replans": self.replans,
-            "adopted": self.adopted,
-            "kept": self.kept,
-            "resplits": self.resplits,
-        }
