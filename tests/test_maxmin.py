@@ -7,7 +7,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pathweave.sim._maxmin import maxmin_rates, maxmin_rates_reference, maxmin_subset_into
+from pathweave.sim._maxmin import (
+    FlowNet,
+    maxmin_rates,
+    maxmin_rates_reference,
+    maxmin_subset_into,
+)
 
 INF = np.inf
 
@@ -203,7 +208,7 @@ def test_subset_kernel_ignores_flows_outside_the_subset():
     subset = np.sort(rng.choice(nflows, size=25, replace=False)).astype(np.int64)
     weight = rng.uniform(0.5, 4.0, size=nflows)
     out = np.full(nflows, -1.0)
-    maxmin_subset_into(ptr, links, caps, fcap, weight, subset, out)
+    maxmin_subset_into(FlowNet(ptr, links, caps, fcap, weight), subset, out)
     sub_ptr, sub_links = _csr([flows[f] for f in subset])
     want = maxmin_rates_reference(sub_ptr, sub_links, caps, fcap[subset], weight[subset])
     np.testing.assert_allclose(out[subset], want, rtol=1e-9)

@@ -15,6 +15,7 @@ from pathweave.errors import PlanError
 from pathweave.plan import Plan
 from pathweave.sim import SimModel, SimResult, simulate
 from pathweave.sim._engine import run_flows, run_flows_reference
+from pathweave.sim._maxmin import FlowNet
 
 INF = np.inf
 IDEAL = SimModel.ideal()
@@ -38,9 +39,9 @@ def _engine(flows, cap, nbytes, release=None, fcap=None, rtol=0.0, weight=None):
     release = np.zeros(len(flows)) if release is None else np.asarray(release, dtype=np.float64)
     fcap = np.full(len(flows), INF) if fcap is None else np.asarray(fcap, dtype=np.float64)
     weight = np.ones(len(flows)) if weight is None else np.asarray(weight, dtype=np.float64)
-    end, seg_t, seg_rate, _ = run_flows(ptr, links, cap, fcap, weight, nbytes, release, rtol,
-                                        cap.size, 64)
-    ref = run_flows_reference(ptr, links, cap, fcap, weight, nbytes, release, rtol)
+    net = FlowNet(ptr, links, cap, fcap, weight)
+    end, seg_t, seg_rate, _ = run_flows(net, nbytes, release, rtol, cap.size, 64)
+    ref = run_flows_reference(net, nbytes, release, rtol)
     np.testing.assert_allclose(end, ref, rtol=1e-9)
     # The rate timeline carries exactly every flow's bytes over its links.
     carried = (seg_rate * np.diff(seg_t)[:, None]).sum(axis=0)
@@ -152,9 +153,9 @@ def test_engine_matches_its_slow_twin(inst):
         # Splitting into components is exact: one loop over every flow at
         # once (no split) gives the same ends.
         ptr, links = _csr(flows)
-        whole = run_flows_reference(ptr, links, np.asarray(cap), np.asarray(fcap),
-                                    np.asarray(weight), np.asarray(nbytes),
-                                    np.asarray(release), 0.0, components=False)
+        net = FlowNet(ptr, links, np.asarray(cap), np.asarray(fcap), np.asarray(weight))
+        whole = run_flows_reference(net, np.asarray(nbytes), np.asarray(release), 0.0,
+                                    components=False)
         np.testing.assert_allclose(end, whole, rtol=1e-9)
     # No flow ends before it could have alone at full speed.
     for f, ls in enumerate(flows):
@@ -171,7 +172,7 @@ def test_segment_merging_keeps_bytes():
     release = rng.uniform(0, 5, 40)
     cap = np.array([3.0, 5.0, 7.0])
     end, seg_t, seg_rate, events = run_flows(
-        ptr, links, cap, np.full(40, INF), np.ones(40), nbytes, release, 0.0, 3, 4
+        FlowNet(ptr, links, cap, np.full(40, INF), np.ones(40)), nbytes, release, 0.0, 3, 4
     )
     assert seg_rate.shape[0] <= 4 and events > 4
     assert seg_t[0] == 0.0 and seg_t[-1] == pytest.approx(end.max())

@@ -1,6 +1,7 @@
 """Event-driven fluid simulation of flows on links (numba kernel + slow twin).
 
-A flow ``f`` crosses the links ``flow_links[flow_ptr[f]:flow_ptr[f + 1]]``,
+The flows and links are a :class:`~pathweave.sim._maxmin.FlowNet` ``net``: a
+flow ``f`` crosses the links ``flow_links[flow_ptr[f]:flow_ptr[f + 1]]``,
 carries ``flow_bytes[f]`` and starts moving data at ``release_s[f]``. While
 it moves, its rate is its weighted max-min fair share among the flows moving
 at the same time (:mod:`pathweave.sim._maxmin`; weight ``flow_weight[f]``),
@@ -41,6 +42,7 @@ import numpy as np
 from numba import njit
 
 from pathweave.sim._maxmin import (
+    FlowNet,
     build_incidence,
     cap_order_of,
     maxmin_on_incidence,
@@ -83,25 +85,15 @@ def _record(seg_t, seg_rate, nseg, t0, t1, rates_row):
 
 
 @njit(cache=True)
-def _run_component(
-    flow_ptr,
-    flow_links,
-    capacity_Bps,
-    flow_cap_Bps,
-    flow_weight,
-    flow_bytes,
-    release_s,
-    batch_rtol,
-    num_record_links,
-    max_segments,
-):
-    # One component's event loop (every flow and link of the arrays is its
-    # own): the results of run_flows for these flows alone.
+def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max_segments):
+    # One component's event loop (every flow and link of net is its own):
+    # the results of run_flows for these flows alone.
+    flow_ptr, flow_links, capacity_Bps = net.flow_ptr, net.flow_links, net.capacity_Bps
     nflows = flow_bytes.shape[0]
     nrec = num_record_links
     order = np.argsort(release_s, kind="mergesort")
     # Caps are fixed per flow: sort them once for every rate computation.
-    cap_order = cap_order_of(flow_cap_Bps, flow_weight, np.arange(nflows))
+    cap_order = cap_order_of(net, np.arange(nflows))
     end_s = np.full(nflows, np.nan)
     remaining = flow_bytes.astype(np.float64).copy()
     rate = np.zeros(nflows, dtype=np.float64)
@@ -145,19 +137,7 @@ def _run_component(
             lptr, lflow = build_incidence(flow_ptr, flow_links, capacity_Bps.shape[0], members)
             inc_size = nact
             inc_stale = False
-        maxmin_on_incidence(
-            flow_ptr,
-            flow_links,
-            capacity_Bps,
-            flow_cap_Bps,
-            flow_weight,
-            members,
-            cap_order,
-            lptr,
-            lflow,
-            state,
-            rate,
-        )
+        maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate)
         events += 1
         t_rel = release_s[order[nxt]] if nxt < nflows else np.inf
 
@@ -327,19 +307,9 @@ def _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links, max_s
 
 
 @njit(cache=True)
-def run_flows(
-    flow_ptr,
-    flow_links,
-    capacity_Bps,
-    flow_cap_Bps,
-    flow_weight,
-    flow_bytes,
-    release_s,
-    batch_rtol,
-    num_record_links,
-    max_segments,
-):
-    """Simulate; return ``(end_s, seg_t, seg_rate, events)``.
+def run_flows(net, flow_bytes, release_s, batch_rtol, num_record_links, max_segments):
+    """Simulate the flows of the :class:`~pathweave.sim._maxmin.FlowNet` ``net``; return
+    ``(end_s, seg_t, seg_rate, events)``.
 
     ``end_s[f]``: when flow ``f``'s last byte leaves the fluid model (its
     release time for a flow of zero bytes). ``seg_t[k]..seg_t[k + 1]`` with
@@ -348,6 +318,7 @@ def run_flows(
     more entry than ``seg_rate`` has rows). ``events``: rate computations,
     summed over the components.
     """
+    flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight = net
     nflows = flow_bytes.shape[0]
     nlinks = capacity_Bps.shape[0]
     comp, ncomp = flow_components(flow_ptr, flow_links, nlinks)
@@ -388,10 +359,9 @@ def run_flows(
         nrec = 0
         while nrec < glinks.shape[0] and glinks[nrec] < num_record_links:
             nrec += 1
-        end, st, sr, ev = _run_component(
-            lp, ll, capacity_Bps[glinks], flow_cap_Bps[members], flow_weight[members],
-            flow_bytes[members], release_s[members], batch_rtol, nrec, max_segments,
-        )
+        own = FlowNet(lp, ll, capacity_Bps[glinks], flow_cap_Bps[members], flow_weight[members])
+        end, st, sr, ev = _run_component(own, flow_bytes[members], release_s[members], batch_rtol,
+                                         nrec, max_segments)
         end_s[members] = end
         events += ev
         tbuf[tptr[c]: tptr[c] + st.shape[0]] = st
@@ -431,11 +401,7 @@ def _components_reference(flow_ptr: np.ndarray, flow_links: np.ndarray) -> list[
 
 
 def run_flows_reference(
-    flow_ptr: np.ndarray,
-    flow_links: np.ndarray,
-    capacity_Bps: np.ndarray,
-    flow_cap_Bps: np.ndarray,
-    flow_weight: np.ndarray,
+    net: FlowNet,
     flow_bytes: np.ndarray,
     release_s: np.ndarray,
     batch_rtol: float,
@@ -453,17 +419,17 @@ def run_flows_reference(
     which is what makes the split exact.
     """
     nflows = len(flow_bytes)
-    groups = _components_reference(flow_ptr, flow_links) if components else [list(range(nflows))]
+    groups = (_components_reference(net.flow_ptr, net.flow_links) if components
+              else [list(range(nflows))])
     end = np.full(nflows, np.nan)
     for members in groups:
-        end[members] = _reference_loop(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps,
-                                       flow_weight, flow_bytes, release_s, batch_rtol, members)
+        end[members] = _reference_loop(net, flow_bytes, release_s, batch_rtol, members)
     return end
 
 
-def _reference_loop(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, flow_bytes,
-                    release_s, batch_rtol, members):
+def _reference_loop(net, flow_bytes, release_s, batch_rtol, members):
     """End times of the flows ``members``, simulated together and alone."""
+    flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight = net
     remaining = {f: float(flow_bytes[f]) for f in members}
     end = {f: float("nan") for f in members}
     started = {f: False for f in members}

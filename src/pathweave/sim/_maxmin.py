@@ -16,17 +16,21 @@ simulator weighs each fragment by its bytes, as the executor shares a link
 (``docs/simulator.md``); with unit weights it is plain max-min fairness.
 
 :func:`maxmin_into` and :func:`maxmin_subset_into` are the numba kernels
-(arrays in, arrays out; callable from other numba code);
+(arrays in, arrays out; callable from other numba code), which take the five
+arrays of a flow set together as one :class:`FlowNet`;
 :func:`maxmin_rates` is the validating public wrapper;
 :func:`maxmin_rates_reference` is the slow, obvious twin the tests use.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 __all__ = [
+    "FlowNet",
     "build_incidence",
     "cap_order_of",
     "maxmin_core",
@@ -36,6 +40,23 @@ __all__ = [
     "maxmin_rates_reference",
     "maxmin_subset_into",
 ]
+
+
+class FlowNet(NamedTuple):
+    """The flows and links every max-min and simulation kernel reads, as one argument.
+
+    A NamedTuple, not a dataclass, so that numba kernels take it (and build
+    one for a subset). The links of flow ``f`` are
+    ``flow_links[flow_ptr[f]:flow_ptr[f + 1]]`` (int64); ``capacity_Bps[e]``
+    is link ``e``'s capacity, ``flow_cap_Bps[f]`` flow ``f``'s rate ceiling
+    (``np.inf``: none) and ``flow_weight[f] > 0`` its weight (float64).
+    """
+
+    flow_ptr: np.ndarray
+    flow_links: np.ndarray
+    capacity_Bps: np.ndarray
+    flow_cap_Bps: np.ndarray
+    flow_weight: np.ndarray
 
 
 # ----------------------------------------------------------------- binary heap
@@ -136,20 +157,9 @@ def build_incidence(flow_ptr, flow_links, nlinks, flows):
 
 
 @njit(cache=True)
-def maxmin_on_incidence(
-    flow_ptr,
-    flow_links,
-    capacity_Bps,
-    flow_cap_Bps,
-    flow_weight,
-    members,
-    cap_order,
-    lptr,
-    lflow,
-    state,
-    rate_Bps,
-):
-    """Weighted max-min rates of ``members`` over a prebuilt incidence (numba kernel, no checks).
+def maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate_Bps):
+    """Weighted max-min rates of ``members`` of the :class:`FlowNet` ``net`` over a prebuilt
+    incidence (numba kernel, no checks).
 
     ``lptr, lflow`` (:func:`build_incidence`) may cover a superset of
     ``members``: the others are skipped, so an event-driven caller rebuilds
@@ -165,6 +175,7 @@ def maxmin_on_incidence(
     freeze at that level, and their rates are taken off the other links
     they cross. Levels never fall as flows freeze, so one pass suffices.
     """
+    flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight = net
     m = members.shape[0]
     nlinks = capacity_Bps.shape[0]
     weight = np.zeros(nlinks, dtype=np.float64)
@@ -253,34 +264,22 @@ def maxmin_on_incidence(
 
 
 @njit(cache=True)
-def maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
-                cap_order, rate_Bps):
-    """Weighted max-min rates of the flows in ``subset`` (numba kernel, no checks).
+def maxmin_core(net, subset, cap_order, rate_Bps):
+    """Weighted max-min rates of the flows in ``subset`` of ``net`` (numba kernel, no checks).
 
     Writes ``rate_Bps[subset[j]]``; other entries are left alone: flows
     outside ``subset`` take no capacity. ``cap_order``: see
     :func:`maxmin_on_incidence`.
     """
-    lptr, lflow = build_incidence(flow_ptr, flow_links, capacity_Bps.shape[0], subset)
-    state = np.zeros(flow_ptr.shape[0] - 1, dtype=np.int8)
-    return maxmin_on_incidence(
-        flow_ptr,
-        flow_links,
-        capacity_Bps,
-        flow_cap_Bps,
-        flow_weight,
-        subset,
-        cap_order,
-        lptr,
-        lflow,
-        state,
-        rate_Bps,
-    )
+    lptr, lflow = build_incidence(net.flow_ptr, net.flow_links, net.capacity_Bps.shape[0], subset)
+    state = np.zeros(net.flow_ptr.shape[0] - 1, dtype=np.int8)
+    return maxmin_on_incidence(net, subset, cap_order, lptr, lflow, state, rate_Bps)
 
 
 @njit(cache=True)
-def cap_order_of(flow_cap_Bps, flow_weight, subset):
+def cap_order_of(net, subset):
     """Members of ``subset`` with a finite cap, in ascending order of ``cap / weight`` (stable)."""
+    flow_cap_Bps, flow_weight = net.flow_cap_Bps, net.flow_weight
     n = 0
     for j in range(subset.shape[0]):
         if flow_cap_Bps[subset[j]] < np.inf:
@@ -298,27 +297,24 @@ def cap_order_of(flow_cap_Bps, flow_weight, subset):
 
 
 @njit(cache=True)
-def maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
-                       rate_Bps):
-    """Weighted max-min rates of the flows in ``subset`` only (numba kernel, no checks).
+def maxmin_subset_into(net, subset, rate_Bps):
+    """Weighted max-min rates of the flows in ``subset`` of ``net`` only (numba kernel, no
+    checks).
 
     As :func:`maxmin_core`, sorting the subset's caps itself.
     """
-    order = cap_order_of(flow_cap_Bps, flow_weight, subset)
-    return maxmin_core(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, subset,
-                       order, rate_Bps)
+    return maxmin_core(net, subset, cap_order_of(net, subset), rate_Bps)
 
 
 @njit(cache=True)
-def maxmin_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight, rate_Bps):
-    """Fill ``rate_Bps[:F]`` with the weighted max-min rates of all flows (numba, no checks)."""
-    subset = np.arange(flow_ptr.shape[0] - 1)
-    return maxmin_subset_into(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight,
-                              subset, rate_Bps)
+def maxmin_into(net, rate_Bps):
+    """Fill ``rate_Bps[:F]`` with the weighted max-min rates of all flows of ``net`` (numba, no
+    checks)."""
+    return maxmin_subset_into(net, np.arange(net.flow_ptr.shape[0] - 1), rate_Bps)
 
 
 # --------------------------------------------------------------------- wrapper
-def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight=None):
+def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight=None) -> FlowNet:
     flow_ptr = np.ascontiguousarray(flow_ptr, dtype=np.int64)
     flow_links = np.ascontiguousarray(flow_links, dtype=np.int64)
     capacity_Bps = np.ascontiguousarray(capacity_Bps, dtype=np.float64)
@@ -369,7 +365,7 @@ def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight=None):
         raise ValueError(
             f"flow_weight[{f}] = {float(flow_weight[f])!r}; weights must be finite and > 0"
         )
-    return flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight
+    return FlowNet(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight)
 
 
 def maxmin_rates(
@@ -416,9 +412,8 @@ def maxmin_rates(
     ...              np.array([np.inf, np.inf]), np.array([3.0, 1.0]))
     array([6., 2.])
     """
-    fp, fl, cap, fcap, w = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight)
-    out = np.empty(fp.size - 1, dtype=np.float64)
-    return maxmin_into(fp, fl, cap, fcap, w, out)
+    net = _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight)
+    return maxmin_into(net, np.empty(net.flow_ptr.size - 1, dtype=np.float64))
 
 
 def maxmin_rates_reference(

@@ -27,6 +27,7 @@ from pathweave.plan import Plan
 from pathweave.plan.rounds import pipeline_fill_s
 from pathweave.plan.timemodel import effective_links, link_latency_s, round_cost_s
 from pathweave.sim._engine import run_flows
+from pathweave.sim._maxmin import FlowNet
 from pathweave.sim.model import SimModel, SimResult
 
 __all__ = ["FlowSet", "build_flows", "simulate"]
@@ -288,18 +289,11 @@ def simulate(
     for before, aft in fills:
         fs.release_s = fs.release_s + before
         after = after + aft
-    end_s, seg_t, seg_rate, events = run_flows(
-        fs.flow_ptr,
-        fs.flow_links,
-        fs.capacity_Bps,
-        fs.flow_cap_Bps,
-        fs.bytes,  # weights: the executor shares a link in proportion to bytes
-        fs.bytes,
-        fs.release_s,
-        float(model.batch_rtol),
-        int(fab.num_links),
-        int(model.max_segments),
-    )
+    # Weighted by bytes: the executor shares a link in proportion to them.
+    net = FlowNet(fs.flow_ptr, fs.flow_links, fs.capacity_Bps, fs.flow_cap_Bps, fs.bytes)
+    end_s, seg_t, seg_rate, events = run_flows(net, fs.bytes, fs.release_s,
+                                               float(model.batch_rtol), int(fab.num_links),
+                                               int(model.max_segments))
     if np.isnan(end_s).any():
         i = int(np.flatnonzero(np.isnan(end_s))[0])
         raise PlanError(f"fragment {int(fs.index[i])} never finished (no capacity on its path)")
