@@ -44,16 +44,25 @@ __all__ = [
 
 
 @njit(cache=True)
-def link_in_bytes(path_links, path_len, sub_path, sent_bytes, num_links):
-    """Bytes entering each link: every subflow's ``sent_bytes`` on each link of its path."""
-    out = np.zeros(num_links, dtype=np.float64)
+def _add_arrivals(path_links, path_len, sub_path, sent_bytes, scale, arrive):
+    # Every subflow's bytes into each link of its path, in order; a link
+    # passes on scale[e] of what entered it (all ones: no shaping).
     for i in range(sub_path.shape[0]):
         b = sent_bytes[i]
         if b == 0.0:
             continue
         p = sub_path[i]
         for h in range(path_len[p]):
-            out[path_links[p, h]] += b
+            e = path_links[p, h]
+            arrive[e] += b
+            b *= scale[e]
+
+
+@njit(cache=True)
+def link_in_bytes(path_links, path_len, sub_path, sent_bytes, num_links):
+    """Bytes entering each link: every subflow's ``sent_bytes`` on each link of its path."""
+    out = np.zeros(num_links, dtype=np.float64)
+    _add_arrivals(path_links, path_len, sub_path, sent_bytes, np.ones(num_links), out)
     return out
 
 
@@ -133,15 +142,7 @@ def propagate(
     for _ in range(width + 2):
         for e in range(nl):
             arrive[e] = bg_bytes[e]
-        for i in range(sub_path.shape[0]):
-            b = sent_bytes[i]
-            if b == 0.0:
-                continue
-            p = sub_path[i]
-            for h in range(path_len[p]):
-                e = path_links[p, h]
-                arrive[e] += b
-                b *= scale[e]
+        _add_arrivals(path_links, path_len, sub_path, sent_bytes, scale, arrive)
         changed = False
         for e in range(nl):
             have = queue_bytes[e] + arrive[e]
