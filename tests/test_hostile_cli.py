@@ -101,6 +101,7 @@ CASES = [
     ("bench-dataplane-fabric-ranks", ["bench", "dataplane", "--ranks", "4"], 2),
     ("bench-moe-fabric-ranks", ["bench", "moe", "--quick", "--ranks", "4", "--fabric",
                                 "h100-2x4"], 2),
+    ("bench-moe-json-dev-full", ["bench", "moe", "--quick", "--json", "/dev/full"], 2),
     ("bench-emulate-out-dev-null", ["bench", "emulate", "--out", "/dev/null"], 2),
     ("bench-emulate-scale-nan", ["bench", "emulate", "--scale", "nan"], 2),
     ("demo-out-dev-null", ["demo", "--out", "/dev/null"], 2),

@@ -12,7 +12,6 @@ a missed speed target is reported (``MISS``) but keeps exit code 0.
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,17 +20,20 @@ import typer
 from rich import box
 from rich.table import Table
 
-from pathweave._files import atomic_write
 from pathweave.cli._common import (
     BENCHES,
+    JsonOut,
     add_columns,
     console,
     fail,
     fmt_bytes,
     fmt_ms,
     handles_user_errors,
+    human_console,
     print_checks,
     quick_option,
+    write_json,
+    wrote,
 )
 
 __all__ = ["EXIT_MISMATCH", "bench_moe", "moe_table", "moe_train_table"]
@@ -117,9 +119,7 @@ def moe_train_table(records: Sequence[Mapping[str, Any]]) -> Table:
 
 @BENCHES.register("moe")
 def bench_moe(
-    json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the records as JSON.")
-    ] = None,
+    json_out: JsonOut = None,
     quick: Annotated[bool, quick_option("128 and 1024 tokens, hidden 1024 only.")] = False,
     ranks: Annotated[int, typer.Option("--ranks", min=2, metavar="N",
                                        help="Local gloo processes.")] = 4,
@@ -158,7 +158,7 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
         from pathweave.bench.dataplane import job_fabric
 
         job_fabric(fabric, ranks, "--fabric")
-    out = console()
+    out = human_console(json_out)
     with console(stderr=True).status(f"running {len(moe.cases(quick))} cases on {ranks} ranks"):
         records = moe.run(quick=quick, world_size=ranks, num_experts=experts, k=topk,
                           fabric=fabric, budget_s=budget, backward=backward)
@@ -182,10 +182,6 @@ def _run_and_render(*, json_out: Path | None, quick: bool, ranks: int, experts: 
     s["decode"] = {"checks": [vars(c) for c in checks], **decode}
     s["outputs_equal"] = s["outputs_equal"] and checks[-1].passed is True
     if json_out is not None:
-        json_out = Path(json_out)
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(json_out, (json.dumps({"records": records, "summary": s}, indent=2)
-                                + "\n").encode())
-        out.print(f"wrote {json_out}")
+        wrote(out, write_json(json_out, {"records": records, "summary": s}))
     if not (s["outputs_equal"] and s["grads_close"]):
         raise typer.Exit(EXIT_MISMATCH)
