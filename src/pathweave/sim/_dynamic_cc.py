@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathweave.sim._dynamic_state import Network, Subflows
-from pathweave.sim._maxmin import FlowNet, maxmin_into
+from pathweave.sim._maxmin import maxmin_into
 
 #: Effective capacity never drops below this share of a link's capacity, so a
 #: sender on a link with a long queue still crawls instead of stopping.
@@ -64,8 +64,8 @@ def rates(ctl: Control, net: Network, subs: Subflows, t: float,
         rows = net.links2d[sp]
         flat = rows[rows >= 0].astype(np.int64)
         out = np.empty(sp.size)
-        maxmin_into(FlowNet(ptr, flat, ctl.effective_capacity(net), np.full(sp.size, np.inf),
-                            np.ones(sp.size)), out)
+        maxmin_into(ptr, flat, ctl.effective_capacity(net), np.full(sp.size, np.inf),
+                    np.ones(sp.size), out)
         rate[fb] = out
     fr = active & subs.fresh
     rate[fr] = subs.rate[fr]
