@@ -16,8 +16,9 @@ simulator weighs each fragment by its bytes, as the executor shares a link
 (``docs/simulator.md``); with unit weights it is plain max-min fairness.
 
 :func:`maxmin_into` and :func:`maxmin_subset_into` are the numba kernels
-(arrays in, arrays out; callable from other numba code), which take the five
-arrays of a flow set together as one :class:`FlowNet`;
+(arrays in, arrays out; callable from other numba code); the kernels take the
+five arrays of a flow set together as one :class:`FlowNet`, but for
+:func:`maxmin_into`, the entry point from Python;
 :func:`maxmin_rates` is the validating public wrapper;
 :func:`maxmin_rates_reference` is the slow, obvious twin the tests use.
 """
