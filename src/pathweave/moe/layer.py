@@ -508,7 +508,7 @@ class MoEAllToAll:
             meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
             meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
             handle.recv_src_token = (
-                meta[:, S].to(torch.int64) if meta is not None
+                meta[:, S] if meta is not None  # int32 (read by expert_src only)
                 else torch.zeros(0, dtype=torch.int64, device=dev)
             )
             starts = np.concatenate(([0], np.cumsum(recv_counts)))
@@ -630,10 +630,11 @@ class MoEAllToAll:
             ([0], np.cumsum(handle.expert_num_tokens))
         ).astype(np.int64)
         # Return order is (row, slot) ascending; where each returned pair sits when grouped.
-        ret_index = valid.to(torch.int64).cumsum(0) - 1
-        where = torch.empty(P, dtype=torch.int64, device=ids.device)
-        where[ret_index[grouped]] = torch.arange(P, device=ids.device)
-        self._combine_send_tables(handle, where, block.sum(axis=1))
+        # (A valid pair's 1-based rank among the valid ones is its return position + 1.)
+        ret_index = valid.cumsum(0, dtype=torch.int64)
+        where = torch.empty(P + 1, dtype=torch.int64, device=ids.device)
+        where.scatter_(0, ret_index[grouped], torch.arange(P, device=ids.device))
+        self._combine_send_tables(handle, where[1:], block.sum(axis=1))
 
     # ------------------------------------------------------------ combine
     def combine(

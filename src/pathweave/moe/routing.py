@@ -428,7 +428,7 @@ def send_plan(
             "ret_slot": lambda: slot[srt], "ret_ptr": lambda: _ptr(rpr)})
     q = placement[e]
     # compact: one row per (rank, token) that has a kept pair there, sorted by rank, token.
-    cell = torch.where(keep, q * mm + tok, n * mm)
+    cell = torch.where(keep, torch.add(tok, q, alpha=mm), n * mm)  # q * mm + tok
     used = torch.zeros(n * mm + 1, dtype=torch.int64, device=dev).scatter_(0, cell, 1)[:-1]
     cells = torch.sort(1 - used, stable=True).indices  # used cells first, in (rank, token)
     rpr = used.view(n, mm).sum(1)
@@ -438,7 +438,8 @@ def send_plan(
     # Local expert of every slot of the row's token on the row's rank, -1 elsewhere.
     row_local = torch.full((n * mm + 1, k), -1, dtype=torch.int64, device=dev)
     row_local[prow, slot] = local_index[e]
-    ret = torch.sort(torch.where(keep, cell * k + slot, n * mm * k), stable=True).indices
+    ret = torch.sort(torch.where(keep, torch.add(slot, cell, alpha=k), n * mm * k),
+                     stable=True).indices  # by cell * k + slot
     # The row of a slot is named once per (token, rank): by the token's first slot there.
     first = torch.full((n * mm + 1,), k, dtype=torch.int64, device=dev)
     first.scatter_reduce_(0, prow, slot, "amin")
