@@ -10,6 +10,7 @@ references them any more (:meth:`Pool.output`).
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -23,6 +24,7 @@ class Pool:
         self._bufs: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._kept: dict[tuple[torch.device, int], torch.UntypedStorage] = {}
         self.busy: set[str] = set()
+        self._lock = threading.Lock()  # one check-and-hand-out at a time: layers may share
 
     def get(self, role: str, rows: int, row_bytes: int, device: torch.device) -> torch.Tensor:
         need = rows * row_bytes
@@ -50,12 +52,13 @@ class Pool:
         nbytes = math.prod(shape) * dtype.itemsize
         if device.type != "cpu" or not nbytes:
             return torch.empty(shape, dtype=dtype, device=device)
-        kept = self._kept.get((device, nbytes))
-        if kept is not None and _unreferenced(kept):
-            return torch.empty(0, dtype=dtype, device=device).set_(kept, 0, shape)
-        out = torch.empty(shape, dtype=dtype, device=device)
-        self._kept[(device, nbytes)] = out.untyped_storage()
-        return out
+        with self._lock:
+            kept = self._kept.get((device, nbytes))
+            if kept is not None and _unreferenced(kept):
+                return torch.empty(0, dtype=dtype, device=device).set_(kept, 0, shape)
+            out = torch.empty(shape, dtype=dtype, device=device)
+            self._kept[(device, nbytes)] = out.untyped_storage()
+            return out
 
 
 def _unreferenced(storage: torch.UntypedStorage) -> bool:

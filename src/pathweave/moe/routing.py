@@ -204,7 +204,10 @@ class SendPlan:
     Built by :func:`send_plan` without reading anything back: the arrays hold
     every (token, slot) of the table, the rows and pairs in use first, in the
     documented orders. :meth:`trim` cuts them to the counts once they are on
-    the host (they travel in the metadata row anyway).
+    the host (they travel in the metadata row anyway). ``row_ptr``,
+    ``row_local``, ``ret_token``, ``ret_slot`` and ``ret_ptr`` are built on
+    first access (the layer reads none of them in expert-major layout and
+    only ``row_local`` in compact); :data:`FIELDS` names every attribute.
 
     Attributes
     ----------
