@@ -28,7 +28,7 @@ def plan(idx, placement, local, n, **kw) -> SimpleNamespace:
     p = R.send_plan(_t(idx), _t(placement), _t(local), _t(R.expert_order(placement)), n, **kw)
     p = p.trim()
     return SimpleNamespace(**{f: None if getattr(p, f) is None else getattr(p, f).numpy()
-                              for f in p.__dataclass_fields__})
+                              for f in R.SendPlan.FIELDS})
 
 
 # ----------------------------------------------------------- slow twins

@@ -113,9 +113,9 @@ def pack_dispatch(
     if S:
         assert x_scale is not None
         meta[:, :S] = x_scale.index_select(0, plan.row_token).view(torch.int32)
-    meta[:, S] = plan.row_token.to(torch.int32)
+    meta[:, S] = plan.row_token  # cast by the copy
     if layer.layout == "compact":
-        meta[:, S + 1 : S + 1 + layer.experts_per_token] = plan.row_local.to(torch.int32)
+        meta[:, S + 1 : S + 1 + layer.experts_per_token] = plan.row_local
     meta8 = meta.view(torch.uint8)
     move = move_dtype(hb, mb)
     xc = _rows_as(x.detach(), move)

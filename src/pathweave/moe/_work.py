@@ -56,7 +56,7 @@ class MoEHandle:
     num_tokens: int
     expert_num_tokens: np.ndarray
     recv_src_rank: np.ndarray  # per received row, in arrival order (from the counts)
-    recv_src_token: torch.Tensor | None = None  # per received row, from the rows' tags
+    recv_src_token: torch.Tensor | None = None  # per received row, its tag (int32 or int64)
     positions: np.ndarray | None = None  # expert-major: row of expert_x (flat) per received row
     expert_x_scale: torch.Tensor | None = None
     expert_ids: torch.Tensor | None = None

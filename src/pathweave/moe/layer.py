@@ -61,7 +61,7 @@ from pathweave.moe._checks import (
     dtype_name,
     raise_first,
 )
-from pathweave.moe._pool import Pool
+from pathweave.moe._pool import OUTPUTS, Pool
 from pathweave.moe._work import CombineWork, DispatchWork, MoEHandle
 from pathweave.runtime.executor import group_rank_size, start_row_exchange
 
@@ -319,13 +319,12 @@ class MoEAllToAll:
                 for a in (self.placement, self.local_index, R.expert_order(self.placement))
             ))
 
-    def _grid(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token and slot of every entry of a ``[max_num_tokens, k]`` table on ``dev`` (cached;
-        :func:`~pathweave.moe.routing.flat_pairs`)."""
+    def _grid(self, dev: torch.device) -> tuple[torch.Tensor, ...]:
+        """Token, slot and position of every entry of a ``[max_num_tokens, k]`` table on
+        ``dev`` (cached; :func:`~pathweave.moe.routing.pair_grid`)."""
         m, k = self.max_num_tokens, self.experts_per_token
         return self._dev_tables.get_or_build(  # type: ignore[no-any-return]
-            (dev, "grid"), lambda: (torch.arange(m, device=dev).repeat_interleave(k),
-                                    torch.arange(k, device=dev).repeat(m)))
+            (dev, "grid"), lambda: R.pair_grid(m, k, dev))
 
     def _local_plan(
         self, x: torch.Tensor, topk_idx: torch.Tensor
@@ -334,8 +333,8 @@ class MoEAllToAll:
         combine's row for each slot (:func:`~pathweave.moe.routing.return_slots`).
 
         ``counts``: the routing check (:func:`~pathweave.moe.routing.check_topk`'s
-        two words), the routing digest (0 without DP groups: only members of
-        one compare theirs), pairs per expert, rows per rank: the only numbers
+        two words), pairs per expert, rows per rank and, with DP groups, the
+        routing digest (only members of one compare theirs): the only numbers
         of a call that cross from the device to the host.
         """
         place, local, order = self._tables(x.device)
@@ -347,11 +346,13 @@ class MoEAllToAll:
         if slot_pos is None:
             slot_pos = R.return_slots(idx, place, order, layout=self.layout,
                                       dp_size=self.dp_size, pairs=pairs)
-        digest = R.routing_digest(idx).view(1) if self.dp_size > 1 else idx.new_zeros(1)
-        counts = torch.cat([
-            R.check_topk(idx, self.num_experts), digest,
-            plan.pairs_per_expert, plan.rows_per_rank,
-        ]).cpu().numpy()
+        parts = [R.check_topk(idx, self.num_experts, pairs), plan.pairs_per_expert,
+                 plan.rows_per_rank]
+        if self.dp_size > 1:
+            parts.append(R.routing_digest(idx).view(1))
+        counts = torch.cat(parts).cpu().numpy()
+        if self.dp_size == 1:
+            counts = np.append(counts, 0)
         code, i, j, v = R.topk_problem(counts[:2], *idx.shape)
         if code:
             raise ArgProblem(108 if code == 1 else 109, i, j, v)
@@ -443,10 +444,10 @@ class MoEAllToAll:
         row[PROBLEM_WORDS + 5] = self._plane_digest(x)
         if plan is not None and counts is not None:
             grad = torch.is_grad_enabled() and x.requires_grad
-            row[PROBLEM_WORDS + 1 : PROBLEM_WORDS + 5] = (int(x.shape[0]), counts[2], cols,
+            row[PROBLEM_WORDS + 1 : PROBLEM_WORDS + 5] = (int(x.shape[0]), counts[-1], cols,
                                                           int(grad))
-            row[c0:] = counts[3:]
-            plan = plan.trim(int(counts[3 + E :].sum()), int(counts[3 : 3 + E].sum()))
+            row[c0:] = counts[2:-1]
+            plan = plan.trim(int(counts[2 + E : -1].sum()), int(counts[2 : 2 + E].sum()))
         wait = self._exchange(row, x)
         packed = (
             None if plan is None else P.pack_dispatch(self, x, x_scale, plan, cols, row[c0 + E :])
@@ -507,7 +508,7 @@ class MoEAllToAll:
             meta8 = torch.cat([m for _, m in chunks]) if n_recv else None
             meta = None if meta8 is None else meta8.view(torch.int32)  # [n_recv, mb / 4]
             handle.recv_src_token = (
-                meta[:, S].to(torch.int64) if meta is not None
+                meta[:, S] if meta is not None  # int32 (read by expert_src only)
                 else torch.zeros(0, dtype=torch.int64, device=dev)
             )
             starts = np.concatenate(([0], np.cumsum(recv_counts)))
@@ -530,7 +531,7 @@ class MoEAllToAll:
                 self._compact_tables(handle, ids, block)
             else:
                 L, cap = self.num_local_experts, self.expert_capacity
-                expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
+                expert_x = OUTPUTS.output((L, cap, H), self.dtype, dev)
                 flat = expert_x.view(move).view(L * cap, hb // move.itemsize)
                 scale = None
                 if S:
@@ -629,10 +630,11 @@ class MoEAllToAll:
             ([0], np.cumsum(handle.expert_num_tokens))
         ).astype(np.int64)
         # Return order is (row, slot) ascending; where each returned pair sits when grouped.
-        ret_index = valid.to(torch.int64).cumsum(0) - 1
-        where = torch.empty(P, dtype=torch.int64, device=ids.device)
-        where[ret_index[grouped]] = torch.arange(P, device=ids.device)
-        self._combine_send_tables(handle, where, block.sum(axis=1))
+        # (A valid pair's 1-based rank among the valid ones is its return position + 1.)
+        ret_index = valid.cumsum(0, dtype=torch.int64)
+        where = torch.empty(P + 1, dtype=torch.int64, device=ids.device)
+        where.scatter_(0, ret_index[grouped], torch.arange(P, device=ids.device))
+        self._combine_send_tables(handle, where[1:], block.sum(axis=1))
 
     # ------------------------------------------------------------ combine
     def combine(
@@ -846,22 +848,25 @@ def _slot_sum(
     ``w``. An empty ``rows`` still joins the result's graph, so the
     backward's collective runs on every rank.
 
-    Without gradients the caller may pass ``zero_row``, the index of a row
-    of zeros in ``rows``: slots without a row read it (adding ``+-0.0``
-    leaves the sum's bits alone) instead of being masked, and the
+    Without gradients the caller may pass ``zero_row``, the index of the
+    last row of ``rows``, a row of zeros: slots without a row read it
+    (adding ``+-0.0`` leaves the sum's bits alone; ``-1 mod (zero_row + 1)``
+    names it in one operation) instead of being masked, and the
     temporaries come from ``pool`` (fresh buffers would cost a page fault
     per page, more than the arithmetic). Then the rows of as many slots as
     fit :data:`SLOT_SUM_BATCH_BYTES` (all of a decode step's, at least one)
-    are gathered, cast and weighted at once: four operations per group of
+    are gathered, cast and weighted at once: a few operations per group of
     slots instead of four per slot, each a kernel launch on a GPU. The
-    additions run in slot order either way, so the bits are the same.
+    additions run in slot order either way, and the sum starts as slot 0's
+    row plus ``+0.0`` (the bits of ``0.0 + row``), so the bits are the same.
     """
-    acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
     if rows.shape[0] == (0 if zero_row is None else 1) or m == 0:
         link = rows.sum().to(torch.float32) * 0
+        acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
         return acc + (link if w is None else link + w.sum() * 0)
     k = slot_row.shape[1]
     if zero_row is None or pool is None:
+        acc = torch.zeros(m, H, dtype=torch.float32, device=rows.device)
         for j in range(k):
             pos = slot_row[:, j]
             part = rows.index_select(0, pos.clamp(min=0)).to(torch.float32)
@@ -869,24 +874,30 @@ def _slot_sum(
                 part = part * w[:, j : j + 1]
             acc = acc + part.masked_fill((pos < 0).unsqueeze(1), 0.0)
         return acc
+    assert zero_row == rows.shape[0] - 1, (zero_row, rows.shape)
     f32 = rows.dtype == torch.float32  # gathered straight into the float32 temporaries
     es = 0 if f32 else rows.element_size()
     group = max(1, min(k, SLOT_SUM_BATCH_BYTES // (m * H * (es + 4))))
+    out = None
     for j0 in range(0, k, group):
         pos = slot_row[:, j0 : j0 + group]
         g = pos.shape[1]
         part = pool.get("c_tmp32", m * g, 4 * H, rows.device).view(torch.float32)
         lo = part.view(m * g, H) if f32 else pool.get(
             "c_tmp", m * g, H * es, rows.device).view(rows.dtype).view(m * g, H)
-        torch.index_select(rows, 0, torch.where(pos < 0, zero_row, pos).reshape(-1), out=lo)
+        torch.index_select(rows, 0, pos.remainder(zero_row + 1).reshape(-1), out=lo)
         part = part.view(m, g, H)
         if not f32:
             part.copy_(lo.view(m, g, H))
         if w is not None:
             part.mul_(w[:, j0 : j0 + g].unsqueeze(2))
         for j in range(g):
-            acc.add_(part[:, j])
-    return acc
+            if out is None:
+                out = part[:, j] + 0.0  # a fresh sum (the temporaries are reused)
+            else:
+                out.add_(part[:, j])
+    assert out is not None
+    return out
 
 
 class _DispatchGrad(torch.autograd.Function):

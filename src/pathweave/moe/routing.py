@@ -30,8 +30,10 @@ Orders (the contract between sender, receiver and combine):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -46,6 +48,7 @@ __all__ = [
     "fingerprint",
     "flat_pairs",
     "local_experts",
+    "pair_grid",
     "return_slots",
     "routing_digest",
     "send_plan",
@@ -91,7 +94,9 @@ def local_experts(placement: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np
     return local, per_rank
 
 
-def check_topk(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+def check_topk(
+    topk_idx: torch.Tensor, num_experts: int, pairs: tuple[torch.Tensor, ...] | None = None,
+) -> torch.Tensor:
     """The first problem of a routing table, as ``int64[2]`` on its device.
 
     ``(key, value)``, decoded on the host by :func:`topk_problem`: ``key`` is
@@ -103,6 +108,7 @@ def check_topk(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
     one. Torch ops on the table's device; nothing is read back here (the
     caller ships the two numbers with the counts), and the least of one key
     per entry takes a handful of operations (each a kernel launch on a GPU).
+    ``pairs``: :func:`flat_pairs` of the table, if the caller has them.
 
     Examples
     --------
@@ -119,13 +125,14 @@ def check_topk(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
     if not n:
         return torch.tensor([0, 0], device=idx.device)
     flat = idx.reshape(-1)
-    bad = (flat < -1) | (flat >= num_experts)
-    # A slot repeats an earlier slot of its row: compare every pair of slots (k is small).
-    earlier = torch.ones(k, k, dtype=torch.bool, device=idx.device).tril(-1)
-    dup = ((idx.unsqueeze(2) == idx.unsqueeze(1)) & earlier).any(2).reshape(-1) & (flat >= 0)
-    pos = torch.arange(n, device=idx.device)
-    first = torch.where(bad, pos, torch.where(dup, pos + n, 2 * n)).min()
-    return torch.stack([first, flat[first % n]])
+    _, _, _, valid, pos = flat_pairs(idx, num_experts) if pairs is None else pairs
+    ok = valid | (flat == -1)
+    # A slot repeats an earlier slot of its row: every pair of slots (k is small), the
+    # strict lower triangle of each row's [k, k] comparison.
+    dup = (idx.unsqueeze(2) == idx.unsqueeze(1)).tril_(-1).any(2).reshape(-1) & valid
+    first = torch.where(ok, torch.where(dup, pos + n, 2 * n), pos).min()
+    # The id there, gathered on the device (indexing by a 0-d tensor would read it back).
+    return torch.cat([first.view(1), flat.index_select(0, first.remainder(n).view(1))])
 
 
 def topk_problem(words: Sequence[int], m: int, k: int) -> tuple[int, int, int, int]:
@@ -197,7 +204,10 @@ class SendPlan:
     Built by :func:`send_plan` without reading anything back: the arrays hold
     every (token, slot) of the table, the rows and pairs in use first, in the
     documented orders. :meth:`trim` cuts them to the counts once they are on
-    the host (they travel in the metadata row anyway).
+    the host (they travel in the metadata row anyway). ``row_ptr``,
+    ``row_local``, ``ret_token``, ``ret_slot`` and ``ret_ptr`` are built on
+    first access (the layer reads none of them in expert-major layout and
+    only ``row_local`` in compact); :data:`FIELDS` names every attribute.
 
     Attributes
     ----------
@@ -232,15 +242,40 @@ class SendPlan:
     """
 
     row_token: torch.Tensor
-    row_ptr: torch.Tensor
-    row_local: torch.Tensor
-    ret_token: torch.Tensor
-    ret_slot: torch.Tensor
-    ret_ptr: torch.Tensor
     pairs_per_expert: torch.Tensor
     rows_per_rank: torch.Tensor
     slot_row: torch.Tensor
-    ret_row: torch.Tensor | None = None
+    ret_row: torch.Tensor | None
+    #: How to build the other attributes, untrimmed, on first use: the layer needs
+    #: none of them on its way (expert-major) or only ``row_local`` (compact).
+    _build: dict[str, Callable[[], torch.Tensor]] = field(repr=False, compare=False)
+    _rows: int | None = None
+    _pairs: int | None = None
+
+    #: Every attribute above, the lazily built ones included.
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "row_token", "row_ptr", "row_local", "ret_token", "ret_slot", "ret_ptr",
+        "pairs_per_expert", "rows_per_rank", "slot_row", "ret_row")
+
+    @cached_property
+    def row_ptr(self) -> torch.Tensor:
+        return _ptr(self.rows_per_rank)
+
+    @cached_property
+    def row_local(self) -> torch.Tensor:
+        return self._build["row_local"]()[: self._rows]
+
+    @cached_property
+    def ret_token(self) -> torch.Tensor:
+        return self._build["ret_token"]()[: self._pairs]
+
+    @cached_property
+    def ret_slot(self) -> torch.Tensor:
+        return self._build["ret_slot"]()[: self._pairs]
+
+    @cached_property
+    def ret_ptr(self) -> torch.Tensor:
+        return self._build["ret_ptr"]()
 
     def trim(self, num_rows: int | None = None, num_pairs: int | None = None) -> SendPlan:
         """The plan cut to ``num_rows`` send rows and ``num_pairs`` pairs.
@@ -250,10 +285,7 @@ class SendPlan:
         """
         rows = int(self.rows_per_rank.sum()) if num_rows is None else num_rows
         pairs = int(self.pairs_per_expert.sum()) if num_pairs is None else num_pairs
-        return replace(
-            self, row_token=self.row_token[:rows], row_local=self.row_local[:rows],
-            ret_token=self.ret_token[:pairs], ret_slot=self.ret_slot[:pairs],
-        )
+        return replace(self, row_token=self.row_token[:rows], _rows=rows, _pairs=pairs)
 
 
 def expert_order(placement: np.ndarray) -> np.ndarray:
@@ -272,35 +304,46 @@ def _ptr(counts: torch.Tensor) -> torch.Tensor:
     return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
 
-def _rank_of(order: torch.Tensor) -> torch.Tensor:
-    """Inverse permutation: where each element of ``order`` sits."""
-    inv = torch.empty_like(order)
-    inv[order] = torch.arange(order.numel(), device=order.device)
-    return inv
+def _rank_of(order: torch.Tensor, arange: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse permutation: where each element of ``order`` sits (``arange``: ``0, 1, ..``
+    of ``order``'s length, if the caller keeps one)."""
+    if arange is None:
+        arange = torch.arange(order.numel(), device=order.device)
+    return torch.empty_like(order).scatter_(0, order, arange)
 
 
 def flat_pairs(
-    idx: torch.Tensor, num_experts: int, grid: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token, slot, expert (clamped into range) and validity of every entry, row-major.
+    idx: torch.Tensor, num_experts: int, grid: tuple[torch.Tensor, ...] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token, slot, expert (clamped into range), validity and position of every entry,
+    row-major.
 
-    :func:`send_plan` and :func:`return_slots` take them as ``pairs`` (a
-    caller that calls both computes them once). ``grid``: the token and slot
-    of every entry of a table of at least ``m`` rows (a caller that keeps
-    them saves four operations per call).
+    :func:`send_plan`, :func:`return_slots` and :func:`check_topk` take them
+    as ``pairs`` (a caller that calls several computes them once). ``grid``:
+    the token, slot and position of every entry of a table of at least ``m``
+    rows (:func:`pair_grid`; a caller that keeps it saves its operations on
+    every call).
 
     >>> [t.tolist() for t in flat_pairs(torch.tensor([[1, -1], [0, 2]]), 2)]
-    [[0, 0, 1, 1], [0, 1, 0, 1], [1, 0, 0, 1], [True, False, True, False]]
+    [[0, 0, 1, 1], [0, 1, 0, 1], [1, 0, 0, 1], [True, False, True, False], [0, 1, 2, 3]]
     """
     m, k = idx.shape
-    dev = idx.device
     e = idx.reshape(-1).to(torch.int64)
     if grid is None:
-        grid = (torch.arange(m, device=dev).repeat_interleave(k),
-                torch.arange(k, device=dev).repeat(m))
-    tok, slot = grid[0][: m * k], grid[1][: m * k]
-    valid = (e >= 0) & (e < num_experts)
-    return tok, slot, e.clamp(0, max(num_experts - 1, 0)), valid
+        grid = pair_grid(m, k, idx.device)
+    tok, slot, pos = (g[: m * k] for g in grid)
+    clamped = e.clamp(0, max(num_experts - 1, 0))
+    return tok, slot, clamped, clamped == e, pos  # in range exactly where clamping kept it
+
+
+def pair_grid(m: int, k: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Token, slot and position of every entry of an ``[m, k]`` table, row-major.
+
+    >>> [t.tolist() for t in pair_grid(2, 2)]
+    [[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 2, 3]]
+    """
+    return (torch.arange(m, device=device).repeat_interleave(k),
+            torch.arange(k, device=device).repeat(m), torch.arange(m * k, device=device))
 
 
 def send_plan(
@@ -365,28 +408,30 @@ def send_plan(
     E = int(placement.numel())
     n = num_ranks
     dev = topk_idx.device
-    tok, slot, e, keep = flat_pairs(topk_idx, E) if pairs is None else pairs
+    tok, slot, e, keep, pos = flat_pairs(topk_idx, E) if pairs is None else pairs
     if dp_size > 1:
         keep = keep & (tok % dp_size == member)  # not in place: pairs may be shared
-    q = placement[e]
-    loc = local_index[e]
-    ones = keep.to(torch.int64)
-    ppe = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, e, ones)
+    ppe = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(0, e, keep.to(torch.int64))
+
+    def pairs_per_rank() -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, placement, ppe)
+
     mm = max(m, 1)
     if layout == "expert-major":
-        big = E * mm
-        key = torch.where(keep, order[e] * mm + tok, big)
+        # One row per pair, by (expert order, token): order[e] * mm + tok; unsent pairs last.
+        key = torch.where(keep, torch.add(tok, order[e], alpha=mm), E * mm)
         srt = torch.sort(key, stable=True).indices
-        rpr = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, q, ones)
-        ptr = _ptr(rpr)
-        slot_row = torch.where(keep, _rank_of(srt), -1).view(m, k)
+        rpr = pairs_per_rank()
+        slot_row = torch.where(keep, _rank_of(srt, pos), -1).view(m, k)
         row_tok = tok[srt]
         # Combine returns each rank's pairs in the order they were sent: without DP
         # groups the receive row of a slot is its send row.
-        return SendPlan(row_tok, ptr, loc[srt], row_tok, slot[srt], ptr.clone(), ppe, rpr,
-                        slot_row, slot_row if dp_size == 1 else None)
+        return SendPlan(row_tok, ppe, rpr, slot_row, slot_row if dp_size == 1 else None, {
+            "row_local": lambda: local_index[e[srt]], "ret_token": lambda: row_tok,
+            "ret_slot": lambda: slot[srt], "ret_ptr": lambda: _ptr(rpr)})
+    q = placement[e]
     # compact: one row per (rank, token) that has a kept pair there, sorted by rank, token.
-    cell = torch.where(keep, q * mm + tok, n * mm)
+    cell = torch.where(keep, torch.add(tok, q, alpha=mm), n * mm)  # q * mm + tok
     used = torch.zeros(n * mm + 1, dtype=torch.int64, device=dev).scatter_(0, cell, 1)[:-1]
     cells = torch.sort(1 - used, stable=True).indices  # used cells first, in (rank, token)
     rpr = used.view(n, mm).sum(1)
@@ -395,18 +440,18 @@ def send_plan(
     prow = torch.where(keep, _rank_of(cells)[cell.clamp(max=n * mm - 1)], n * mm)
     # Local expert of every slot of the row's token on the row's rank, -1 elsewhere.
     row_local = torch.full((n * mm + 1, k), -1, dtype=torch.int64, device=dev)
-    row_local[prow, slot] = loc
-    row_local = row_local[: n * mm]
-    ret = torch.sort(torch.where(keep, cell * k + slot, n * mm * k), stable=True).indices
-    ret_counts = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(0, q, ones)
+    row_local[prow, slot] = local_index[e]
+    ret = torch.sort(torch.where(keep, torch.add(slot, cell, alpha=k), n * mm * k),
+                     stable=True).indices  # by cell * k + slot
     # The row of a slot is named once per (token, rank): by the token's first slot there.
     first = torch.full((n * mm + 1,), k, dtype=torch.int64, device=dev)
     first.scatter_reduce_(0, prow, slot, "amin")
     slot_row = torch.where(keep & (first[prow] == slot), prow, -1).view(m, k)
     # Without DP groups combine's receive buffer holds the pairs in return order.
-    ret_row = torch.where(keep, _rank_of(ret), -1).view(m, k) if dp_size == 1 else None
-    return SendPlan(row_tok, _ptr(rpr), row_local, tok[ret], slot[ret], _ptr(ret_counts), ppe,
-                    rpr, slot_row, ret_row)
+    ret_row = torch.where(keep, _rank_of(ret, pos), -1).view(m, k) if dp_size == 1 else None
+    return SendPlan(row_tok, ppe, rpr, slot_row, ret_row, {
+        "row_local": lambda: row_local[: n * mm], "ret_token": lambda: tok[ret],
+        "ret_slot": lambda: slot[ret], "ret_ptr": lambda: _ptr(pairs_per_rank())})
 
 
 def return_slots(
@@ -437,7 +482,7 @@ def return_slots(
     """
     m, k = topk_idx.shape
     E = int(placement.numel())
-    tok, slot, e, valid = flat_pairs(topk_idx, E) if pairs is None else pairs
+    tok, slot, e, valid, _ = flat_pairs(topk_idx, E) if pairs is None else pairs
     mm = max(m, 1)
     block = (placement[e] * dp_size + tok % dp_size)
     if layout == "compact":
