@@ -663,7 +663,7 @@ def decode_checks(repeat: int = 200, case: dict[str, int] | None = None,
               f"{nratio:.2f}x plain torch ({pre['normal_s'] * 1e3:.1f} vs "
               f"{pre['plain_s'] * 1e3:.1f} ms), {pre['normal_ops']} torch ops; low-latency "
               f"{pre['low_latency_s'] / pre['plain_s']:.2f}x. The <= 1.2x target is a GPU's; "
-              "informative on a CPU"),
+              "informative on a CPU (the fresh expert_x's page faults count here)"),
         Check("ll_outputs", None, None, close,
               "low-latency outputs equal plain torch's within 1e-5 on 1 and 4 ranks (normal "
               f"mode too at {big['tokens']} tokens)"),

@@ -61,7 +61,7 @@ from pathweave.moe._checks import (
     dtype_name,
     raise_first,
 )
-from pathweave.moe._pool import OUTPUTS, Pool
+from pathweave.moe._pool import Pool
 from pathweave.moe._work import CombineWork, DispatchWork, MoEHandle
 from pathweave.runtime.executor import group_rank_size, start_row_exchange
 
@@ -531,7 +531,7 @@ class MoEAllToAll:
                 self._compact_tables(handle, ids, block)
             else:
                 L, cap = self.num_local_experts, self.expert_capacity
-                expert_x = OUTPUTS.output((L, cap, H), self.dtype, dev)
+                expert_x = torch.empty(L, cap, H, dtype=self.dtype, device=dev)
                 flat = expert_x.view(move).view(L * cap, hb // move.itemsize)
                 scale = None
                 if S:
