@@ -83,8 +83,9 @@ from pathweave.plan.mwu import _check_options, class_tables, route
 from pathweave.plan.registry import DEFAULT_POLICY, Policy, baselines, policy_info, register
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
+    _frozen,
     _model_key,
-    lower_bound_s,
+    bound_scorer,
     path_costs,
     predict_time,
     stripe_scorer,
@@ -170,14 +171,16 @@ def mwu_time(
 
 
 def search(
-    fabric: Fabric, demand: np.ndarray, paths: PathSet, multi: dict[str, Callable[[], Plan]],
+    fabric: Fabric, demand: np.ndarray, paths: PathSet,
+    multi: dict[str, Callable[[], Plan]] | Callable[[], dict[str, Callable[[], Plan]]],
     *, model: Any = None, margin: float, tie: float, prune: bool = True,
     first: str | None = None, sums: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[str, Plan, dict[str, float], float]:
     """Plan the candidates in order, skipping those that cannot be chosen.
 
     Baselines come first, in registration order, then the thunks of
-    ``multi`` (each returns a multi-path candidate's plan). With ``prune``,
+    ``multi`` (each returns a multi-path candidate's plan; ``multi`` may be a
+    function returning them, called only if one is tried). With ``prune``,
     :func:`~pathweave.plan.timemodel.lower_bound_s` (``lb``, a lower bound of
     every plan's predicted time) skips what :func:`choose` could not pick.
     The bound has no link tails (a link's tail, the largest fill of its
@@ -220,16 +223,25 @@ def search(
         candidates, and the bound (0.0 without ``prune``).
     """
     tab = _tables(paths, model)
-    lb = lower_bound_s(paths, demand, model, sums=sums) if prune else 0.0
+    dem = _frozen(demand)  # what the bound and the stripe scorers read
+    lb = tab.bound(dem, sums) if prune else 0.0
     slack = tab.slack_s if prune else 0.0
     reach = lb + min(slack, REACH_RTOL * lb) if prune else 0.0
     reach_base = lb + min(slack, tie * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
-    dem = np.ascontiguousarray(demand, dtype=np.int64)  # what the stripe scorers read
+    lazy = [multi]
+    tried: list[str] = []  # the multi-path candidates scored
+
+    def candidates() -> dict[str, Callable[[], Plan]]:
+        # The multi-path thunks, built on first use (most 8-GPU plans never try one).
+        if callable(lazy[0]):
+            lazy[0] = lazy[0]()
+        return lazy[0]
 
     def score(name: str, stop_s: float | None = None) -> None:
-        i = tab.index.get(name, -1) if name not in multi else -1
+        # NOTE: multi-path candidates are never baselines: index -1.
+        i = tab.index.get(name, -1)
         if i >= 0 and tab.scorers[i] is not None:  # scored without building the plan
             times[name] = tab.scorers[i](dem)
             return
@@ -239,12 +251,15 @@ def search(
             if p is None:  # predicted at least stop_s: not the fastest baseline
                 return
             plans[name] = p
+        elif pol is None:
+            plans[name] = candidates()[name]()
+            tried.append(name)
         else:
-            plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
+            plans[name] = pol.func(fabric, demand, paths)
         times[name] = predict_time(plans[name], model)
 
     best = np.inf  # the fastest baseline so far
-    if prune and first is not None and (first in multi or first in tab.index):
+    if prune and first is not None and (first in tab.index or first in candidates()):
         score(first)
         if times[first] <= reach * (1.0 + BOUND_RTOL):
             if first not in plans:
@@ -260,13 +275,14 @@ def search(
         score(name, best if prune and best < np.inf else None)
         best = min(best, times.get(name, np.inf))
     pick = _choose(times, tab.index, margin, tie, base_only=True)
-    if multi and reach * (1.0 + margin) < times[pick]:
-        for name in multi:
+    if reach * (1.0 + margin) < times[pick] and candidates():
+        for name in candidates():
             if name not in times:
                 score(name)
             if times[name] <= reach * (1.0 + BOUND_RTOL):
                 break
-    pick = _choose(times, tab.index, margin, tie)
+    if tried:  # else the choice among the baselines stands
+        pick = _choose(times, tab.index, margin, tie)
     if pick not in plans:
         plans[pick] = policy_info(pick).func(fabric, demand, paths)
     return pick, plans[pick], times, lb
@@ -283,6 +299,9 @@ class _Tables(NamedTuple):
     #: (:func:`~pathweave.plan.timemodel.stripe_scorer`); None otherwise.
     scorers: tuple[Callable[[np.ndarray], float] | None, ...]
     slack_s: float
+    #: The cut bound as a function of the demand and its sums
+    #: (:func:`~pathweave.plan.timemodel.bound_scorer`).
+    bound: Callable[[np.ndarray, tuple[np.ndarray, np.ndarray] | None], float]
 
 
 def _tables(paths: PathSet, model: Any) -> _Tables:
@@ -295,7 +314,7 @@ def _tables(paths: PathSet, model: Any) -> _Tables:
                         else stripe_scorer(paths, p.stripes(paths), model, key=p.name)
                         for p in pols)
         return _Tables(base, {n: i for i, n in enumerate(base)}, pols, scorers,
-                       tail_slack_s(paths, model))
+                       tail_slack_s(paths, model), bound_scorer(paths, model))
 
     return paths.derived(("mintime.search", _model_key(model), base), build)
 
@@ -376,10 +395,11 @@ def mintime(
 ) -> Plan:
     """Plan the candidates and return the fastest in prediction (module docstring)."""
     _check_rule(margin, tie)
-    multi = _multipath(fabric, demand, paths, chunk_bytes=chunk_bytes,
-                       min_split_bytes=min_split_bytes, model=model)
-    name, p, times, lb = search(fabric, demand, paths, multi, model=model, margin=margin,
-                                tie=tie, prune=bool(prune))
+    name, p, times, lb = search(
+        fabric, demand, paths,
+        lambda: _multipath(fabric, demand, paths, chunk_bytes=chunk_bytes,
+                           min_split_bytes=min_split_bytes, model=model),
+        model=model, margin=margin, tie=tie, prune=bool(prune))
     info = {**p.info, "chosen": name, "predicted_s": times[name],
             "candidates_s": dict(times), "bound_s": lb}
     return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)

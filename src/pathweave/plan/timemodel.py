@@ -96,9 +96,9 @@ from pathweave.plan.rounds import (
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
 
-__all__ = ["PathCosts", "default_model", "effective_links", "executor_rounds", "ideal_model",
-           "lower_bound_s", "message_fill_terms", "path_costs", "predict_time", "round_cost_s",
-           "stripe_scorer", "stripe_time", "tail_slack_s", "time_terms"]
+__all__ = ["PathCosts", "bound_scorer", "default_model", "effective_links", "executor_rounds",
+           "ideal_model", "lower_bound_s", "message_fill_terms", "path_costs", "predict_time",
+           "round_cost_s", "stripe_scorer", "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -965,12 +965,26 @@ def lower_bound_s(
     >>> lower_bound_s(ps, plan.demand) <= predict_time(plan)
     True
     """
+    return bound_scorer(paths, model)(_frozen(demand), sums)
+
+
+def bound_scorer(
+    paths: PathSet, model: SimModel | None = None
+) -> Callable[[np.ndarray, tuple[np.ndarray, np.ndarray] | None], float]:
+    """``lower_bound_s(paths, demand, model, sums=sums)`` as a function of ``(demand,
+    sums)`` alone (``demand``: ``int64[N, N]``, C-contiguous, read-only), its tables
+    looked up once: for a caller that bounds many demands on one path set (the
+    default policy keeps it there, beside :func:`stripe_scorer`'s)."""
     m = default_model() if model is None else model
     node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
-    dem = _frozen(demand)
-    if sums is None:
-        worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
-    else:
-        worst, used = cut_bound_sums(dem, sums[0], sums[1], node, members_ptr, members, gout,
-                                     gin, nout, nin)
-    return float(m.setup_s) + float(worst) if used else 0.0
+    setup_s = float(m.setup_s)
+
+    def bound(dem: np.ndarray, sums: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+        if sums is None:
+            worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
+        else:
+            worst, used = cut_bound_sums(dem, sums[0], sums[1], node, members_ptr, members,
+                                         gout, gin, nout, nin)
+        return setup_s + float(worst) if used else 0.0
+
+    return bound
