@@ -103,7 +103,7 @@ from pathweave.plan import _hscore_kernel as _k
 from pathweave.plan._flows import nonzero_pairs, plan_from_flows
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
-from pathweave.plan.timemodel import path_costs
+from pathweave.plan.timemodel import _model_key, path_costs
 
 ORDERS = ("size", "pair")
 
@@ -255,16 +255,26 @@ def hscore_below(
     >>> int(hscore_below(fab, D, ps, t).flow_bytes.sum()) == int(D.sum())
     True
     """
-    pc = path_costs(paths, model)
     if _one_call(paths, demand, order):
         # The limits below, the order and the routing in one kernel call.
         delta = _check_options(spray_delta, order)
-        return _finish(fabric, demand, paths, spray_delta, order, *_k.route_below(
-            demand, float(stop_s), pc.setup_s, pc.capacity_Bps, fabric.num_links,
-            *_kernel_tables(paths), delta))
+        return _finish(fabric, demand, paths, spray_delta, order,
+                       *_k.route_below(demand, float(stop_s), *_below_tables(paths, model),
+                                       delta))
+    pc = path_costs(paths, model)
     # A hair above the exact limit: the prediction divides where this multiplies.
     limit = (float(stop_s) - pc.setup_s) * pc.capacity_Bps[: fabric.num_links] * (1.0 + 1e-9)
     return _plan(fabric, demand, paths, spray_delta, order, limit)
+
+
+def _below_tables(paths: PathSet, model: Any) -> tuple:
+    """:func:`~pathweave.plan._hscore_kernel.route_below`'s arguments from ``setup_s``
+    to ``num_rails`` under ``model``: one look-up per call instead of two."""
+    def build() -> tuple:
+        pc = path_costs(paths, model)
+        return (pc.setup_s, pc.capacity_Bps, paths.fabric.num_links, *_kernel_tables(paths))
+
+    return paths.derived(("hscore.below", _model_key(model)), build)
 
 
 def _one_call(paths: PathSet, demand: np.ndarray, order: str) -> bool:
