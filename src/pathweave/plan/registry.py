@@ -359,7 +359,9 @@ def make(
     if policy is None:
         policy = DEFAULT_POLICY
     pol = policy_info(policy)
-    opts = pol.options  # NOTE: no option given (the usual call): no merging
+    # NOTE: no option given (the usual call): no merging, and none passed: the
+    # policy's defaults are its options' (signature_options); ~0.4 us a plan.
+    opts: dict[str, Any] = {}
     if options:
         valid = {**COMMON_OPTIONS, **pol.options}
         if set(options) - set(valid):
