@@ -103,7 +103,7 @@ from pathweave.plan import _hscore_kernel as _k
 from pathweave.plan._flows import nonzero_pairs, plan_from_flows
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
-from pathweave.plan.timemodel import _model_key, path_costs
+from pathweave.plan.timemodel import _kernel_args, _model_key, path_costs
 
 ORDERS = ("size", "pair")
 
@@ -269,12 +269,15 @@ def hscore_below(
 
 def _below_tables(paths: PathSet, model: Any) -> tuple:
     """:func:`~pathweave.plan._hscore_kernel.route_below`'s arguments from ``setup_s``
-    to ``num_rails`` under ``model``: one look-up per call instead of two."""
+    to ``num_rails`` under ``model``: one look-up per call instead of two, the
+    arrays as the kernel's own writable copies (:func:`~pathweave.plan.timemodel.
+    _kernel_args`: numba types a read-only array slower; small, for the path
+    sets of 8 GPUs and fewer that take this kernel)."""
     def build() -> tuple:
         pc = path_costs(paths, model)
         return (pc.setup_s, pc.capacity_Bps, paths.fabric.num_links, *_kernel_tables(paths))
 
-    return paths.derived(("hscore.below", _model_key(model)), build)
+    return _kernel_args(paths, ("hscore.below", _model_key(model)), build)
 
 
 def _one_call(paths: PathSet, demand: np.ndarray, order: str) -> bool:

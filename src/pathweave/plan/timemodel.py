@@ -498,6 +498,21 @@ def _link_tail(e, frag, latency, stage, chunk, lptr, lfrag):
     return tail
 
 
+def _kernel_args(paths: PathSet, key: tuple, args: Callable[[], tuple]) -> tuple:
+    """``args()`` with each array a private, writable copy, kept with ``paths`` under
+    ``key``: what a scorer's closure hands its kernel, never anyone else.
+
+    NOTE: numba types a read-only array argument by its slow path (~50 ns more
+    than a writable one, measured): the 8-GPU default plan hands its bound and
+    stripe kernels 23 table arrays, ~1 us. The cached tables themselves stay
+    read-only; these copies are small (per rank and node, not per path) and
+    only the closures of :func:`stripe_scorer` and :func:`bound_scorer`, the
+    kernels' one caller each, hold them, so each kernel has one compiled version.
+    """
+    return paths.derived(("kernel args", *key), lambda: tuple(
+        np.array(a) if isinstance(a, np.ndarray) else a for a in args()))
+
+
 def _frozen(demand: np.ndarray) -> np.ndarray:
     """``demand`` as contiguous ``int64``, read-only (a view: the caller's array keeps its
     flags), as the planners hand it (``registry.as_demand``): the cut and stripe kernels
@@ -549,6 +564,8 @@ def stripe_scorer(
         return lambda dem: max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), m))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
+        fac = _kernel_args(paths, ("timemodel.factored", key, _model_key(model)),
+                           lambda: fac)
 
         def links_s(dem: np.ndarray) -> float:
             _, tailed_s, flows_s = factored_terms(dem, *fac)
@@ -976,7 +993,9 @@ def bound_scorer(
     looked up once: for a caller that bounds many demands on one path set (the
     default policy keeps it there, beside :func:`stripe_scorer`'s)."""
     m = default_model() if model is None else model
-    node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
+    node, gout, gin, nout, nin, members_ptr, members = _kernel_args(
+        paths, ("timemodel.cuts", _model_key(model)),
+        lambda: _cut_tables(paths, m, _model_key(model)))
     setup_s = float(m.setup_s)
 
     def bound(dem: np.ndarray, sums: tuple[np.ndarray, np.ndarray] | None = None) -> float:
