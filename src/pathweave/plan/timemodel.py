@@ -941,9 +941,17 @@ def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np
 def cut_tables(paths: PathSet, model: SimModel | None = None) -> tuple[tuple, float]:
     """The tables of :func:`lower_bound_s` under ``model`` (kept with ``paths``) and its
     set-up time: what a kernel needs to compute the bound itself
-    (:func:`pathweave.plan._mwu_kernel.route_cut`)."""
+    (:func:`pathweave.plan._mwu_kernel.route_cut`). The tables are the kernels'
+    writable copies (:func:`_kernel_args`, shared with :func:`bound_scorer`): pass
+    them to a kernel, never write them."""
     m = default_model() if model is None else model
-    return _cut_tables(paths, m, _model_key(model)), float(m.setup_s)
+    return _cut_kernel_args(paths, m, model), float(m.setup_s)
+
+
+def _cut_kernel_args(paths: PathSet, m: SimModel, model: SimModel | None) -> tuple:
+    """:func:`_cut_tables` as the kernels' writable copies (:func:`_kernel_args`)."""
+    return _kernel_args(paths, ("timemodel.cuts", _model_key(model)),
+                        lambda: _cut_tables(paths, m, _model_key(model)))
 
 
 def lower_bound_s(
@@ -993,9 +1001,7 @@ def bound_scorer(
     looked up once: for a caller that bounds many demands on one path set (the
     default policy keeps it there, beside :func:`stripe_scorer`'s)."""
     m = default_model() if model is None else model
-    node, gout, gin, nout, nin, members_ptr, members = _kernel_args(
-        paths, ("timemodel.cuts", _model_key(model)),
-        lambda: _cut_tables(paths, m, _model_key(model)))
+    node, gout, gin, nout, nin, members_ptr, members = _cut_kernel_args(paths, m, model)
     setup_s = float(m.setup_s)
 
     def bound(dem: np.ndarray, sums: tuple[np.ndarray, np.ndarray] | None = None) -> float:
