@@ -368,10 +368,22 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
         np.testing.assert_array_equal(load, ref_out[0])
         return n
 
+    fused = hk.route_below
+
+    def below_both(*args):
+        # 8 ranks and fewer: hscore_below's limits, order and routing in one kernel call.
+        want = hk.route_below_reference(*args)
+        got = fused(*args)
+        assert got[0] == want[0]
+        compared.append(got[0])
+        _assert_same_routing(got, want)
+        return got
+
     fab = _fabric(fab_name)
     D = _random_demand(fab.num_ranks, seed)
     full = pw.plan.make(fab, D, "hscore", **opts)
     monkeypatch.setattr(hk, "route_kernel", both)
+    monkeypatch.setattr(hk, "route_below", below_both)
     if stop_share is None:
         pw.plan.make(fab, D, "hscore", **opts).validate()
         assert compared and compared[0] > 0
@@ -379,6 +391,42 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
         t = pw.plan.predict_time(full)
         hscore_below(fab, full.demand, full.paths, stop_share * t, **opts)
         assert compared
+
+
+def _assert_same_routing(got: tuple, want: tuple) -> None:
+    """Two ``(flows or -1, path ids, bytes, counts)`` agree (buffers past the flows aside)."""
+    n = got[0]
+    assert n == want[0]
+    if n >= 0:
+        np.testing.assert_array_equal(got[1][:n], want[1][:n])
+        np.testing.assert_array_equal(got[2][:n], want[2][:n])
+        np.testing.assert_array_equal(got[3], want[3])
+
+
+@pytest.mark.parametrize("spray", [None, 0.1])
+@pytest.mark.parametrize("seed", range(6))
+def test_route_below_matches_reference(seed: int, spray: float | None) -> None:
+    """The one-call limits, order and routing against the twins (numpy's limits and
+    stable sort, route_reference), at stops from far below the plan's time (routing
+    stops at once) to above it (the whole plan), on random and bench demands."""
+    from pathweave.plan.hscore import _kernel_tables
+
+    fab = _fabric("h100-2x4")
+    ps = pw.fabric.candidate_paths(fab)
+    pc = pw.plan.timemodel.path_costs(ps)
+    delta = -1.0 if spray is None else spray
+    stopped = finished = 0
+    for D in _bench_demands(fab, seed):
+        d = pw.plan.registry.as_demand(D, fab.num_ranks)
+        t = pw.plan.predict_time(pw.plan.make(fab, d, "hscore", spray_delta=spray))
+        for share in (0.1, 0.6, 0.95, 1.0 + 1e-6, 2.0):
+            args = (d, share * t, pc.setup_s, pc.capacity_Bps, fab.num_links,
+                    *_kernel_tables(ps), delta)
+            got = hk.route_below(*args)
+            _assert_same_routing(got, hk.route_below_reference(*args))
+            stopped += got[0] < 0
+            finished += got[0] >= 0
+    assert stopped and finished
 
 
 # ------------------------------------------------------- hscore_below: a sound stop

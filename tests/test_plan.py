@@ -349,13 +349,13 @@ def test_route_cut_stops_where_the_cut_bound_says(which):
             cut, setup = tm.cut_tables(ps, model)
             bound = max(tm.lower_bound_s(ps, D, model) - less, 0.0)
             want = route_pinned(D.reshape(-1), *tail, bound * (1.0 + CERTIFIED_GAP))
-            got = route_cut(D, *tail, cut, setup, less, CERTIFIED_GAP)
+            got = route_cut(D, *tail, *cut, setup, less, CERTIFIED_GAP)
             assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), workload
             stopped += int(got[2]) < int(route_pinned(D.reshape(-1), *tail, 0.0)[2])
     assert stopped  # some bound stopped refinement: the stop was exercised
     nothing = np.zeros((n, n), dtype=np.int64)
     cut, setup = tm.cut_tables(ps, None)
-    assert route_cut(nothing, *tail, cut, setup, 0.0, CERTIFIED_GAP)[0].size == 0
+    assert route_cut(nothing, *tail, *cut, setup, 0.0, CERTIFIED_GAP)[0].size == 0
 
 
 def test_round_within_pairs_conserves_bytes():

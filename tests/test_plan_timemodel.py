@@ -433,6 +433,32 @@ def test_pruned_default_policy_returns_the_full_searchs_plan(seed):
         assert t == full.info["candidates_s"][name]
 
 
+@pytest.mark.parametrize("fab", PRUNE_FABS, ids=lambda f: f.name)
+def test_default_plan_is_its_chosen_policys_own_plan(fab):
+    """The default policy builds the baseline it picks itself (a stripe baseline from
+    the stripes it keeps): the same flows as that policy's own planner, on ``bench
+    planner``'s workloads and a few more at small and large sizes; stripe baselines
+    must be picked. (A multi-path pick plans at the default's own granularity.)"""
+    from pathweave.bench import planner
+
+    n = fab.num_ranks
+    base = pw.plan.baselines(executable_only=True)
+    picked = set()
+    for kind in (*planner.workloads(n), "uniform", "zipf:1.2", "random_sparse:0.3"):
+        for size in (1 << 20, 256 << 20):
+            D = pw.traffic.parse_workload(kind, n, bytes_per_rank=size,
+                                          gpus_per_node=fab.gpus_per_node)
+            plan = pw.plan.make(fab, D)
+            chosen = plan.info["chosen"]
+            if chosen not in base:
+                continue
+            own = pw.plan.make(fab, D, chosen)
+            picked.add(chosen)
+            assert np.array_equal(plan.flow_path, own.flow_path), (kind, size, chosen)
+            assert np.array_equal(plan.flow_bytes, own.flow_bytes), (kind, size, chosen)
+    assert {b for b in picked if pw.plan.policy_info(b).stripes is not None}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_cut_bound_is_below_every_policy_and_the_time_yardstick(seed):
     from pathweave.plan.timemodel import lower_bound_s

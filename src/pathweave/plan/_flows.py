@@ -253,8 +253,18 @@ def stripe_plan(
     policy's stripes are fixed per path set, keys the per-pair path map of
     :func:`single_paths` kept with ``paths``.
     """
+    return striped_plan(fabric, demand, paths, stripes, single_paths(paths, stripes, policy),
+                        policy)
+
+
+def striped_plan(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, stripes: tuple[np.ndarray, np.ndarray],
+    single: np.ndarray | None, policy: str,
+) -> Plan:
+    """:func:`stripe_plan` given the stripes' :func:`single_paths` map: for a caller
+    that keeps both (the default policy, which builds the baseline it picks)."""
     flat = np.ascontiguousarray(demand, dtype=np.int64).reshape(-1)
-    fp, fb = stripe_flows(flat, stripes, single_paths(paths, stripes, policy))
+    fp, fb = stripe_flows(flat, stripes, single)
     if 2 * fp.size < stripes[1].size:  # a sparse demand: do not keep the spare room
         fp, fb = fp.copy(), fb.copy()
     fp.setflags(write=False)

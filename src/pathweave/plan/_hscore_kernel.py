@@ -6,7 +6,8 @@ inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
 callable from Python, so tests can probe it with hand-made h-scores.
 Each kernel has a slow plain-Python twin at the end of the module
 (:func:`segments_reference`, :func:`decide_reference`, :func:`route_reference`,
-:func:`size_order_reference`) that tests/test_hscore.py compares it with.
+:func:`size_order_reference`, :func:`route_below_reference`) that tests/test_hscore.py
+compares it with.
 """
 
 from __future__ import annotations
@@ -330,6 +331,34 @@ def size_order(demand):
     return pairs, nbytes, np.argsort(-nbytes, kind="mergesort")
 
 
+
+@njit(cache=True)
+def route_below(demand, stop_s, setup_s, capacity, num_links, pair_ptr, vertex_node,
+                rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo, core_hi,
+                df_lo, num_rails, delta):
+    """:func:`size_order` then :func:`route_kernel` in ``"size"`` order under the link
+    limits of ``hscore_below`` at ``stop_s``, in one call; returns ``(flows or -1,
+    path ids, bytes, decision counts)``.
+
+    Link ``e``'s limit is ``(stop_s - setup_s) * capacity[e] * (1 + 1e-9)``
+    (``capacity``: effective capacities, the first ``num_links`` the real
+    links'). NOTE: one call for the wrapper's limit, ordering, buffers and
+    routing: each was a numpy or numba call of its own, ~7 us of the ~11 us
+    that ``hscore`` took in an 8-GPU default plan it loses.
+    """
+    limit = np.empty(num_links)
+    for e in range(num_links):
+        limit[e] = (stop_s - setup_s) * capacity[e] * (1.0 + 1e-9)
+    pairs, nbytes, order = size_order(demand)
+    load = np.zeros(num_links)
+    out_pid = np.empty(pairs.shape[0] * (max(num_rails, 1) if delta >= 0 else 1), dtype=np.int64)
+    out_bytes = np.empty(out_pid.shape[0], dtype=np.int64)
+    counts = np.zeros(NUM_CODES, dtype=np.int64)
+    n_out = route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
+                         links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails,
+                         delta, limit, load, out_pid, out_bytes, counts)
+    return n_out, out_pid, out_bytes, counts
+
 # ------------------------------------------------------------ slow reference twins
 # Plain Python, one rule per line, written from the module's rules rather than
 # from the kernels' loops; the tests compare every kernel above with its twin.
@@ -455,3 +484,15 @@ def size_order_reference(demand):
     pairs = np.flatnonzero(flat)
     nbytes = flat[pairs].astype(np.int64)
     return pairs.astype(np.int64), nbytes, np.argsort(-nbytes, kind="stable")
+
+
+def route_below_reference(demand, stop_s, setup_s, capacity, num_links, *tables):
+    """:func:`route_below` from the twins: numpy's limits and order, :func:`route_reference`."""
+    pairs, nbytes, order = size_order_reference(demand)
+    limit = (stop_s - setup_s) * np.asarray(capacity[:num_links]) * (1.0 + 1e-9)
+    *rest, num_rails, delta = tables
+    rails = max(num_rails, 1) if delta >= 0 else 1
+    out = [np.zeros(num_links), np.empty(pairs.size * rails, dtype=np.int64),
+           np.empty(pairs.size * rails, dtype=np.int64), np.zeros(NUM_CODES, dtype=np.int64)]
+    n = route_reference(order, pairs, nbytes, *rest, num_rails, delta, limit, *out)
+    return n, out[1], out[2], out[3]

@@ -304,16 +304,18 @@ def route_pinned(
 
 @njit(cache=True)
 def route_cut(demand, pair_ptr, links, length, penalty_s, inv_cap, lam, chunk, min_split,
-              refine, num_links, pin, cut, setup_s, less_s, gap):
+              refine, num_links, pin, node, gout, gin, nout, nin, members_ptr, members,
+              setup_s, less_s, gap):
     """:func:`route_pinned` of ``demand`` (``int64[N, N]``) with refinement's early stop
     ``gap`` above ``max(bound - less_s, 0)``, the bound computed here: the cut bound
-    (:func:`pathweave.plan.timemodel.lower_bound_s`) of the tables ``cut`` and set-up
-    ``setup_s`` (:func:`pathweave.plan.timemodel.cut_tables`).
+    (:func:`pathweave.plan.timemodel.lower_bound_s`) of the tables ``node`` to
+    ``members`` and set-up ``setup_s`` (:func:`pathweave.plan.timemodel.cut_tables`).
 
     NOTE: one call instead of two: at 8 ranks the bound's own call (numba's
-    dispatch and the Python around it) cost ~2.7 us of a ~30 us plan.
+    dispatch and the Python around it) cost ~2.7 us of a ~30 us plan. The
+    tables come as arrays, not a tuple of them: numba types a tuple argument
+    in Python, arrays in C.
     """
-    node, gout, gin, nout, nin, members_ptr, members = cut
     worst, used = cut_bound(demand, node, members_ptr, members, gout, gin, nout, nin)
     bound = setup_s + worst if used else 0.0
     stop = max(bound - less_s, 0.0) * (1.0 + gap)

@@ -103,7 +103,7 @@ from pathweave.plan import _hscore_kernel as _k
 from pathweave.plan._flows import nonzero_pairs, plan_from_flows
 from pathweave.plan._plan import Plan
 from pathweave.plan.registry import register
-from pathweave.plan.timemodel import path_costs
+from pathweave.plan.timemodel import _kernel_args, _model_key, path_costs
 
 ORDERS = ("size", "pair")
 
@@ -255,10 +255,36 @@ def hscore_below(
     >>> int(hscore_below(fab, D, ps, t).flow_bytes.sum()) == int(D.sum())
     True
     """
+    if _one_call(paths, demand, order):
+        # The limits below, the order and the routing in one kernel call.
+        delta = _check_options(spray_delta, order)
+        return _finish(fabric, demand, paths, spray_delta, order,
+                       *_k.route_below(demand, float(stop_s), *_below_tables(paths, model),
+                                       delta))
     pc = path_costs(paths, model)
     # A hair above the exact limit: the prediction divides where this multiplies.
     limit = (float(stop_s) - pc.setup_s) * pc.capacity_Bps[: fabric.num_links] * (1.0 + 1e-9)
     return _plan(fabric, demand, paths, spray_delta, order, limit)
+
+
+def _below_tables(paths: PathSet, model: Any) -> tuple:
+    """:func:`~pathweave.plan._hscore_kernel.route_below`'s arguments from ``setup_s``
+    to ``num_rails`` under ``model``: one look-up per call instead of two, the
+    arrays as the kernel's own writable copies (:func:`~pathweave.plan.timemodel.
+    _kernel_args`: numba types a read-only array slower; small, for the path
+    sets of 8 GPUs and fewer that take this kernel)."""
+    def build() -> tuple:
+        pc = path_costs(paths, model)
+        return (pc.setup_s, pc.capacity_Bps, paths.fabric.num_links, *_kernel_tables(paths))
+
+    return _kernel_args(paths, ("hscore.below", _model_key(model)), build)
+
+
+def _one_call(paths: PathSet, demand: np.ndarray, order: str) -> bool:
+    """Whether pairs and their order come from one :func:`~._hscore_kernel.size_order`
+    call: too few pairs for a head (see :func:`_plan`), a checked demand."""
+    return (order == "size" and paths.num_ranks <= 2 * HEAD_PAIRS_PER_RANK
+            and demand.dtype.char == _INT64 and demand.flags.c_contiguous)
 
 
 def _plan(
@@ -270,8 +296,7 @@ def _plan(
     limited = limit is not None
     if limit is None:
         limit = paths.derived("hscore.no_limit", lambda: np.full(fabric.num_links, np.inf))
-    if (order == "size" and paths.num_ranks <= 2 * HEAD_PAIRS_PER_RANK
-            and demand.dtype.char == _INT64 and demand.flags.c_contiguous):
+    if _one_call(paths, demand, order):
         # Too few pairs for a head (below): pairs and their order in one call.
         pairs, nbytes, seq = _k.size_order(demand)
     else:
@@ -284,7 +309,15 @@ def _plan(
                 return None
         # argsort of -bytes is stable, and pairs come in index order: ties by pair.
         seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
-    n_out, out_pid, out_bytes, counts = _route(fabric, paths, pairs, nbytes, seq, delta, limit)
+    return _finish(fabric, demand, paths, spray_delta, order,
+                   *_route(fabric, paths, pairs, nbytes, seq, delta, limit))
+
+
+def _finish(
+    fabric: Fabric, demand: np.ndarray, paths: PathSet, spray_delta: float | None, order: str,
+    n_out: int, out_pid: np.ndarray, out_bytes: np.ndarray, counts: np.ndarray,
+) -> Plan | None:
+    """The plan of the routed flows (None where routing stopped: ``n_out < 0``)."""
     if n_out < 0:
         return None
     info = {

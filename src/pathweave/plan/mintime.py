@@ -76,15 +76,24 @@ import numpy as np
 
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
+from pathweave.plan._flows import single_paths, striped_plan
 from pathweave.plan._mwu_kernel import compact_flows, refine_kernel
 from pathweave.plan._plan import Plan
 from pathweave.plan.mwu import DEFAULTS as MWU_DEFAULTS
 from pathweave.plan.mwu import _check_options, class_tables, route
-from pathweave.plan.registry import DEFAULT_POLICY, Policy, baselines, policy_info, register
+from pathweave.plan.registry import (
+    DEFAULT_POLICY,
+    Policy,
+    baseline_names,
+    baselines,
+    policy_info,
+    register,
+)
 from pathweave.plan.static import static_pins
 from pathweave.plan.timemodel import (
+    _frozen,
     _model_key,
-    lower_bound_s,
+    bound_scorer,
     path_costs,
     predict_time,
     stripe_scorer,
@@ -170,14 +179,16 @@ def mwu_time(
 
 
 def search(
-    fabric: Fabric, demand: np.ndarray, paths: PathSet, multi: dict[str, Callable[[], Plan]],
+    fabric: Fabric, demand: np.ndarray, paths: PathSet,
+    multi: dict[str, Callable[[], Plan]] | Callable[[], dict[str, Callable[[], Plan]]],
     *, model: Any = None, margin: float, tie: float, prune: bool = True,
     first: str | None = None, sums: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[str, Plan, dict[str, float], float]:
     """Plan the candidates in order, skipping those that cannot be chosen.
 
     Baselines come first, in registration order, then the thunks of
-    ``multi`` (each returns a multi-path candidate's plan). With ``prune``,
+    ``multi`` (each returns a multi-path candidate's plan; ``multi`` may be a
+    function returning them, called only if one is tried). With ``prune``,
     :func:`~pathweave.plan.timemodel.lower_bound_s` (``lb``, a lower bound of
     every plan's predicted time) skips what :func:`choose` could not pick.
     The bound has no link tails (a link's tail, the largest fill of its
@@ -220,16 +231,25 @@ def search(
         candidates, and the bound (0.0 without ``prune``).
     """
     tab = _tables(paths, model)
-    lb = lower_bound_s(paths, demand, model, sums=sums) if prune else 0.0
+    dem = _frozen(demand)  # what the bound and the stripe scorers read
+    lb = tab.bound(dem, sums) if prune else 0.0
     slack = tab.slack_s if prune else 0.0
     reach = lb + min(slack, REACH_RTOL * lb) if prune else 0.0
     reach_base = lb + min(slack, tie * lb) if prune else 0.0
     plans: dict[str, Plan] = {}
     times: dict[str, float] = {}
-    dem = np.ascontiguousarray(demand, dtype=np.int64)  # what the stripe scorers read
+    lazy = [multi]
+    tried: list[str] = []  # the multi-path candidates scored
+
+    def candidates() -> dict[str, Callable[[], Plan]]:
+        # The multi-path thunks, built on first use (most 8-GPU plans never try one).
+        if callable(lazy[0]):
+            lazy[0] = lazy[0]()
+        return lazy[0]
 
     def score(name: str, stop_s: float | None = None) -> None:
-        i = tab.index.get(name, -1) if name not in multi else -1
+        # NOTE: multi-path candidates are never baselines: index -1.
+        i = tab.index.get(name, -1)
         if i >= 0 and tab.scorers[i] is not None:  # scored without building the plan
             times[name] = tab.scorers[i](dem)
             return
@@ -239,37 +259,55 @@ def search(
             if p is None:  # predicted at least stop_s: not the fastest baseline
                 return
             plans[name] = p
+        elif pol is None:
+            plans[name] = candidates()[name]()
+            tried.append(name)
         else:
-            plans[name] = multi[name]() if pol is None else pol.func(fabric, demand, paths)
+            plans[name] = pol.func(fabric, demand, paths)
         times[name] = predict_time(plans[name], model)
 
     best = np.inf  # the fastest baseline so far
-    if prune and first is not None and (first in multi or first in tab.index):
+    if prune and first is not None and (first in tab.index or first in candidates()):
         score(first)
         if times[first] <= reach * (1.0 + BOUND_RTOL):
             if first not in plans:
-                plans[first] = policy_info(first).func(fabric, demand, paths)
+                plans[first] = _build(fabric, demand, paths, tab, first)
             return first, plans[first], times, lb
         if first in tab.index:
             best = times[first]
-    for name in tab.base:
+    for name, scorer in zip(tab.base, tab.scorers, strict=True):
         if name in times or reach_base >= best:
             continue
-        # A baseline that cannot beat the fastest so far cannot change the
-        # choice (choose() ranks baselines from the fastest): stop it early.
-        score(name, best if prune and best < np.inf else None)
-        best = min(best, times.get(name, np.inf))
+        if scorer is not None:  # NOTE: score()'s first case inline: two per 8-GPU plan
+            t = times[name] = scorer(dem)
+        else:
+            # A baseline that cannot beat the fastest so far cannot change the
+            # choice (choose() ranks baselines from the fastest): stop it early.
+            score(name, best if prune and best < np.inf else None)
+            t = times.get(name, np.inf)
+        if t < best:
+            best = t
     pick = _choose(times, tab.index, margin, tie, base_only=True)
-    if multi and reach * (1.0 + margin) < times[pick]:
-        for name in multi:
+    if reach * (1.0 + margin) < times[pick] and candidates():
+        for name in candidates():
             if name not in times:
                 score(name)
             if times[name] <= reach * (1.0 + BOUND_RTOL):
                 break
-    pick = _choose(times, tab.index, margin, tie)
+    if tried:  # else the choice among the baselines stands
+        pick = _choose(times, tab.index, margin, tie)
     if pick not in plans:
-        plans[pick] = policy_info(pick).func(fabric, demand, paths)
+        plans[pick] = _build(fabric, demand, paths, tab, pick)
     return pick, plans[pick], times, lb
+
+
+def _build(fabric: Fabric, demand: np.ndarray, paths: PathSet, tab: _Tables, name: str) -> Plan:
+    """The plan of policy ``name``; a baseline with stripes from the kept tables (its
+    plan is its stripes' by :attr:`~pathweave.plan.Policy.stripes`' contract)."""
+    i = tab.index.get(name, -1)
+    if i >= 0 and tab.stripes[i] is not None:
+        return striped_plan(fabric, demand, paths, *tab.stripes[i], name)
+    return policy_info(name).func(fabric, demand, paths)
 
 
 class _Tables(NamedTuple):
@@ -283,19 +321,26 @@ class _Tables(NamedTuple):
     #: (:func:`~pathweave.plan.timemodel.stripe_scorer`); None otherwise.
     scorers: tuple[Callable[[np.ndarray], float] | None, ...]
     slack_s: float
+    #: The cut bound as a function of the demand and its sums
+    #: (:func:`~pathweave.plan.timemodel.bound_scorer`).
+    bound: Callable[[np.ndarray, tuple[np.ndarray, np.ndarray] | None], float]
+    #: A baseline with stripes: ``(stripes, single_paths map)``; None otherwise.
+    stripes: tuple[tuple[tuple[np.ndarray, np.ndarray], np.ndarray | None] | None, ...]
 
 
 def _tables(paths: PathSet, model: Any) -> _Tables:
     """:class:`_Tables`, kept with ``paths`` (rebuilt when a baseline registers)."""
-    base = tuple(baselines(executable_only=True))
+    base = baseline_names(True)
 
     def build() -> _Tables:
         pols = tuple(policy_info(n) for n in base)
-        scorers = tuple(None if p.stripes is None
-                        else stripe_scorer(paths, p.stripes(paths), model, key=p.name)
-                        for p in pols)
+        stripes = tuple(None if p.stripes is None else p.stripes(paths) for p in pols)
+        scorers = tuple(None if st is None else stripe_scorer(paths, st, model, key=p.name)
+                        for p, st in zip(pols, stripes, strict=True))
         return _Tables(base, {n: i for i, n in enumerate(base)}, pols, scorers,
-                       tail_slack_s(paths, model))
+                       tail_slack_s(paths, model), bound_scorer(paths, model),
+                       tuple(None if st is None else (st, single_paths(paths, st, p.name))
+                             for p, st in zip(pols, stripes, strict=True)))
 
     return paths.derived(("mintime.search", _model_key(model), base), build)
 
@@ -328,11 +373,18 @@ def choose(times_s: dict[str, float], *, margin: float, tie: float) -> str:
 def _choose(times_s: dict[str, float], base: Collection[str], margin: float, tie: float,
             *, base_only: bool = False) -> str:
     """:func:`choose` given the baselines' names (``base_only``: among them alone)."""
-    # NOTE: one pass per rule, no lists: choose ran twice per 8-GPU plan at ~5 us each.
-    best_base = min(t for n, t in times_s.items() if n in base)
+    # NOTE: plain loops, no lists or generators: choose ran twice per 8-GPU plan at
+    # ~5 us each, and each generator cost ~0.4 us of the 1.3 us left.
+    best_base = np.inf
+    for n, t in times_s.items():
+        if n in base and t < best_base:
+            best_base = t
     near = best_base * (1.0 + tie)
     # The first within tie of the fastest, in times_s's order: the simplest.
-    pick = next(n for n, t in times_s.items() if n in base and t <= near)
+    for n, t in times_s.items():
+        if n in base and t <= near:
+            pick = n
+            break
     if base_only:
         return pick
     m, tm = None, np.inf
@@ -345,6 +397,8 @@ def _choose(times_s: dict[str, float], base: Collection[str], margin: float, tie
 
 
 def _check_rule(margin: float, tie: float) -> None:
+    if 0.0 <= margin < 1.0 and 0.0 <= tie < 1.0:  # NOTE: every plan passes here: no loop
+        return
     for name, v in (("margin", margin), ("tie", tie)):
         if not (0.0 <= v < 1.0):
             raise PlanError(f"mintime option {name}={v!r} must lie in [0, 1)")
@@ -376,10 +430,11 @@ def mintime(
 ) -> Plan:
     """Plan the candidates and return the fastest in prediction (module docstring)."""
     _check_rule(margin, tie)
-    multi = _multipath(fabric, demand, paths, chunk_bytes=chunk_bytes,
-                       min_split_bytes=min_split_bytes, model=model)
-    name, p, times, lb = search(fabric, demand, paths, multi, model=model, margin=margin,
-                                tie=tie, prune=bool(prune))
+    name, p, times, lb = search(
+        fabric, demand, paths,
+        lambda: _multipath(fabric, demand, paths, chunk_bytes=chunk_bytes,
+                           min_split_bytes=min_split_bytes, model=model),
+        model=model, margin=margin, tie=tie, prune=bool(prune))
     info = {**p.info, "chosen": name, "predicted_s": times[name],
             "candidates_s": dict(times), "bound_s": lb}
     return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)

@@ -314,8 +314,9 @@ def route(
 
     def build() -> tuple:
         # The kernel pins only the pairs below min_split_bytes to static_pins' paths.
+        cut = None if bound is None else cut_tables(paths, model)
         return (*class_tables(paths, key, links, length, inv_cap), static_pins(paths),
-                None if bound is None else cut_tables(paths, model))
+                None if cut is None else (*cut[0], cut[1]))
 
     # NOTE: one look-up of every table a plan reads (four were ~1.5 us of an 8-GPU plan).
     clinks, clength, cinv, pins, cut = paths.derived(
@@ -326,8 +327,7 @@ def route(
     if cut is None:
         pid, fb, sweeps = route_pinned(demand.reshape(-1), *args, 0.0)
     else:
-        pid, fb, sweeps = route_cut(demand, *args, *cut, float(bound[1]),
-                                    CERTIFIED_GAP)
+        pid, fb, sweeps = route_cut(demand, *args, *cut, float(bound[1]), CERTIFIED_GAP)
     pid.setflags(write=False)
     fb.setflags(write=False)
     # compact_flows yields ids sorted by pair and path without repeats: the

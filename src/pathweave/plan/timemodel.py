@@ -96,9 +96,9 @@ from pathweave.plan.rounds import (
 if TYPE_CHECKING:
     from pathweave.plan._plan import Plan
 
-__all__ = ["PathCosts", "default_model", "effective_links", "executor_rounds", "ideal_model",
-           "lower_bound_s", "message_fill_terms", "path_costs", "predict_time", "round_cost_s",
-           "stripe_scorer", "stripe_time", "tail_slack_s", "time_terms"]
+__all__ = ["PathCosts", "bound_scorer", "default_model", "effective_links", "executor_rounds",
+           "ideal_model", "lower_bound_s", "message_fill_terms", "path_costs", "predict_time",
+           "round_cost_s", "stripe_scorer", "stripe_time", "tail_slack_s", "time_terms"]
 
 _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
@@ -498,6 +498,21 @@ def _link_tail(e, frag, latency, stage, chunk, lptr, lfrag):
     return tail
 
 
+def _kernel_args(paths: PathSet, key: tuple, args: Callable[[], tuple]) -> tuple:
+    """``args()`` with each array a private, writable copy, kept with ``paths`` under
+    ``key``: what a scorer's closure hands its kernel, never anyone else.
+
+    NOTE: numba types a read-only array argument by its slow path (~50 ns more
+    than a writable one, measured): the 8-GPU default plan hands its bound and
+    stripe kernels 23 table arrays, ~1 us. The cached tables themselves stay
+    read-only; these copies are small (per rank and node, not per path) and
+    only the closures of :func:`stripe_scorer` and :func:`bound_scorer`, the
+    kernels' one caller each, hold them, so each kernel has one compiled version.
+    """
+    return paths.derived(("kernel args", *key), lambda: tuple(
+        np.array(a) if isinstance(a, np.ndarray) else a for a in args()))
+
+
 def _frozen(demand: np.ndarray) -> np.ndarray:
     """``demand`` as contiguous ``int64``, read-only (a view: the caller's array keeps its
     flags), as the planners hand it (``registry.as_demand``): the cut and stripe kernels
@@ -549,6 +564,8 @@ def stripe_scorer(
         return lambda dem: max(time_terms(paths, *stripe_flows(dem.reshape(-1), stripes), m))
     fac = factored(paths, stripes, key, model)
     if fac is not None:  # fac: every argument of the kernel but the demand
+        fac = _kernel_args(paths, ("timemodel.factored", key, _model_key(model)),
+                           lambda: fac)
 
         def links_s(dem: np.ndarray) -> float:
             _, tailed_s, flows_s = factored_terms(dem, *fac)
@@ -924,9 +941,17 @@ def _cut_tables(paths: PathSet, model: SimModel, key: object = None) -> tuple[np
 def cut_tables(paths: PathSet, model: SimModel | None = None) -> tuple[tuple, float]:
     """The tables of :func:`lower_bound_s` under ``model`` (kept with ``paths``) and its
     set-up time: what a kernel needs to compute the bound itself
-    (:func:`pathweave.plan._mwu_kernel.route_cut`)."""
+    (:func:`pathweave.plan._mwu_kernel.route_cut`). The tables are the kernels'
+    writable copies (:func:`_kernel_args`, shared with :func:`bound_scorer`): pass
+    them to a kernel, never write them."""
     m = default_model() if model is None else model
-    return _cut_tables(paths, m, _model_key(model)), float(m.setup_s)
+    return _cut_kernel_args(paths, m, model), float(m.setup_s)
+
+
+def _cut_kernel_args(paths: PathSet, m: SimModel, model: SimModel | None) -> tuple:
+    """:func:`_cut_tables` as the kernels' writable copies (:func:`_kernel_args`)."""
+    return _kernel_args(paths, ("timemodel.cuts", _model_key(model)),
+                        lambda: _cut_tables(paths, m, _model_key(model)))
 
 
 def lower_bound_s(
@@ -965,12 +990,26 @@ def lower_bound_s(
     >>> lower_bound_s(ps, plan.demand) <= predict_time(plan)
     True
     """
+    return bound_scorer(paths, model)(_frozen(demand), sums)
+
+
+def bound_scorer(
+    paths: PathSet, model: SimModel | None = None
+) -> Callable[[np.ndarray, tuple[np.ndarray, np.ndarray] | None], float]:
+    """``lower_bound_s(paths, demand, model, sums=sums)`` as a function of ``(demand,
+    sums)`` alone (``demand``: ``int64[N, N]``, C-contiguous, read-only), its tables
+    looked up once: for a caller that bounds many demands on one path set (the
+    default policy keeps it there, beside :func:`stripe_scorer`'s)."""
     m = default_model() if model is None else model
-    node, gout, gin, nout, nin, members_ptr, members = _cut_tables(paths, m, _model_key(model))
-    dem = _frozen(demand)
-    if sums is None:
-        worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
-    else:
-        worst, used = cut_bound_sums(dem, sums[0], sums[1], node, members_ptr, members, gout,
-                                     gin, nout, nin)
-    return float(m.setup_s) + float(worst) if used else 0.0
+    node, gout, gin, nout, nin, members_ptr, members = _cut_kernel_args(paths, m, model)
+    setup_s = float(m.setup_s)
+
+    def bound(dem: np.ndarray, sums: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+        if sums is None:
+            worst, used = cut_bound(dem, node, members_ptr, members, gout, gin, nout, nin)
+        else:
+            worst, used = cut_bound_sums(dem, sums[0], sums[1], node, members_ptr, members,
+                                         gout, gin, nout, nin)
+        return setup_s + float(worst) if used else 0.0
+
+    return bound
