@@ -443,15 +443,22 @@ def job_four(rank, ws, cases, grouped=False, coalesce=True):
 
 
 def _merged(orch):
-    """Operations of the orchestrator's schedules that coalesced rounds merge away."""
-    from pathweave.runtime.executor import _program
+    """Operations of the orchestrator's schedules that coalesced rounds merge away, and
+    the merged messages posted as their pieces lie (they abut) and through the pack area."""
+    from pathweave.runtime.executor import _coalesce, _program
 
-    n = 0
+    n = as_they_lie = packed = 0
     for entry in orch._state(None).schedules.values():
-        prog = _program(entry[0])
+        sched = entry[0]
+        prog, coalesced = _program(sched), _program(sched, coalesced=True)
         n += len(prog.recvs) + len(prog.sends) - sum(len(r) + len(s)
-                                                     for r, s, _, _ in prog.coalesced)
-    return n
+                                                     for r, s, _, _ in coalesced.coalesced)
+        groups, _ = _coalesce(sched.dataflow(), sched.recv_ptr.tolist(),
+                              sched.send_ptr.tolist(), sched.num_rounds)
+        for g in (g for rnd in groups for g in rnd if len(g[3]) > 1):
+            as_they_lie += g[4] is None
+            packed += g[4] is not None
+    return n, as_they_lie, packed
 
 
 def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_coalesced():
@@ -469,8 +476,11 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_
                 assert ok, (rank, case, grouped, coalesce)
                 if case[1] is not None:
                     assert kinds.get(case[1][0], 0) > 0, (case, kinds)
-        # the relay cases really sent several operations to one peer as one message
-        assert sum(r[0][2] for r in results) > 0
+        # the relay cases really sent several operations to one peer as one message,
+        # some from (into) pieces that abut, posted as they lie, some through the pack area
+        assert sum(r[0][2][0] for r in results) > 0
+        for k in (1, 2):
+            assert sum(c[2][k] for r in results for c in r) > 0, k
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -760,14 +770,8 @@ def test_destroy_process_group_frees_the_group_and_a_new_one_gets_a_fresh_state(
         dist.destroy_process_group()
 
 
-def test_a_programs_views_are_the_schedules_byte_ranges():
-    """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
-
-    Hand-made schedule: a relay receives two messages into staging slots
-    0-7 and 12-15 (a gap of 4 between them, none before) and forwards them,
-    a rank sends 3 + 5 abutting bytes of its input and 2 after a gap of 6.
-    """
-    from pathweave.runtime.executor import _program
+def _hand_schedule():
+    """The hand-made schedule of the two tests below (their docstrings say what it does)."""
     from pathweave.runtime.schedule import STAGING, RankSchedule
 
     z = np.zeros(0, dtype=np.int64)
@@ -775,7 +779,7 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
     def a(*v):
         return np.array(v, dtype=np.int64)
 
-    sched = RankSchedule(
+    return RankSchedule(
         rank=0, num_rounds=2,
         send_round=a(0, 0, 0, 1, 1), send_peer=a(1, 1, 2, 1, 1), send_order=a(0, 1, 0, 2, 3),
         send_buf=a(0, 0, 0, STAGING, STAGING), send_off=a(0, 3, 14, 0, 12),
@@ -786,6 +790,19 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
         staging_bytes=16, forwards=True, window=2, stream_window=a(2),
         send_stream=a(-1, -1, -1, 0, 0), send_chunk=a(-1, -1, -1, 0, 1),
         recv_stream=a(0, 0), recv_chunk=a(0, 1))
+
+
+def test_a_programs_views_are_the_schedules_byte_ranges():
+    """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
+
+    Hand-made schedule: a relay receives two messages into staging slots
+    0-7 and 12-15 (a gap of 4 between them, none before) and forwards them,
+    a rank sends 3 + 5 abutting bytes of its input and 2 after a gap of 6.
+    """
+    from pathweave.runtime.executor import _program
+    from pathweave.runtime.schedule import STAGING
+
+    sched = _hand_schedule()
     prog = _program(sched)
     staging = torch.arange(16, dtype=torch.uint8)
     inp = torch.arange(100, 120, dtype=torch.uint8)
@@ -812,6 +829,53 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
             assert moved[v].tolist() == other[off : off + nb].tolist()
         else:
             assert again[v] is not first[v]  # the caller's input: cut afresh every call
+
+
+def test_a_coalesced_programs_messages_packs_and_unpacks_are_the_schedules_bytes():
+    """The hand-made schedule above, coalesced: rank 1's two abutting pieces of the
+    input go as one message cut from the input itself; the relay's two staging slots
+    (received from 2 in round 0, forwarded to 1 in round 1) go through the pack area.
+    Byte values are checked against the schedule's ranges, by hand."""
+    from pathweave.runtime.executor import _copy, _program
+
+    sched = _hand_schedule()
+    prog = _program(sched, coalesced=True)
+    assert prog.pack_bytes == 12 and not prog.recvs and not prog.sends
+    staging = torch.arange(16, dtype=torch.uint8)
+    inp = torch.arange(100, 120, dtype=torch.uint8)
+    pack = torch.zeros(12, dtype=torch.uint8)
+    views = prog.views(staging, [inp], [], pack=pack)
+    (rv0, sd0, pk0, up0), (rv1, sd1, pk1, up1) = prog.coalesced
+    assert [(p, k) for p, k, _ in sd0] == [(1, 0), (2, 0)] and not pk0[0] and not up1[0]
+    to1, to2 = (views[v] for _, _, v in sd0)
+    assert to1.tolist() == list(range(100, 108)) and to1.data_ptr() == inp.data_ptr()
+    assert to2.tolist() == [114, 115]
+    # round 0: one message from 2 (orders 1 and 2) into the pack area, then unpacked
+    [(peer, order, v)] = rv0
+    assert (peer, order) == (2, 1) and views[v].data_ptr() == pack.data_ptr()
+    views[v].copy_(torch.arange(200, 212, dtype=torch.uint8))
+    _copy(views, up0)
+    assert staging.tolist() == [*range(200, 208), 8, 9, 10, 11, *range(208, 212)]
+    # round 1: both slots packed and forwarded to 1 as one message (order 2)
+    _copy(views, pk1)
+    [(peer, order, v)] = sd1
+    assert (peer, order) == (1, 2) and not rv1
+    assert views[v].tolist() == [*range(200, 208), *range(208, 212)]
+
+
+def test_a_slots_overlapping_ranges_are_sliced_beside_its_split():
+    """_slots: ranges that overlap others (a message whole and in pieces) are cut too."""
+    from pathweave.runtime.executor import _Program, _slots
+
+    slot = (0, 0)
+    wanted = [(0, 8), (0, 4), (4, 4), (10, 2), (9, 3), (0, 8), (14, 1)]
+    slots, index = _slots([(slot, r) for r in wanted])
+    prog = _Program(slots, [], [], [], [], [], 0, [], [], [], [], [], [])
+    t = torch.arange(16, dtype=torch.uint8)
+    views = prog.views(t, [], [])
+    assert len(views) == len(set(wanted)) == len(index)
+    for o, n in wanted:
+        assert views[index[slot, (o, n)]].tolist() == list(range(o, o + n))
 
 
 # ------------------------------------------------- fed direct messages (gloo)
