@@ -420,7 +420,11 @@ def test_batch_isend_irecv_matches_torch_including_empty_lists():
 
 
 # ---------------------------------------------------------------- 4 ranks
-def job_four(rank, ws, cases, grouped=False, coalesce=True):
+def job_four(rank, ws, cases, grouped=False, coalesce=True, min_run=None):
+    if min_run is not None:  # runs of this many pieces packed as one 2-D copy
+        from pathweave.runtime import executor
+
+        executor._MIN_RUN = min_run
     out = []
     for fabric, roles, seed, dtype, chunk, window in cases:
         policy = "mwu" if roles is None else _forced(roles)
@@ -443,11 +447,12 @@ def job_four(rank, ws, cases, grouped=False, coalesce=True):
 
 
 def _merged(orch):
-    """Operations of the orchestrator's schedules that coalesced rounds merge away, and
-    the merged messages posted as their pieces lie (they abut) and through the pack area."""
+    """Operations of the orchestrator's schedules that coalesced rounds merge away, the
+    merged messages posted as their pieces lie (they abut) and through the pack area, and
+    the runs of pieces packed or unpacked as one 2-D copy."""
     from pathweave.runtime.executor import _coalesce, _program
 
-    n = as_they_lie = packed = 0
+    n = as_they_lie = packed = runs = 0
     for entry in orch._state(None).schedules.values():
         sched = entry[0]
         prog, coalesced = _program(sched), _program(sched, coalesced=True)
@@ -458,7 +463,8 @@ def _merged(orch):
         for g in (g for rnd in groups for g in rnd if len(g[3]) > 1):
             as_they_lie += g[4] is None
             packed += g[4] is not None
-    return n, as_they_lie, packed
+        runs += sum(len(pk[2]) + len(up[2]) for _, _, pk, up in coalesced.coalesced)
+    return n, as_they_lie, packed, runs
 
 
 def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_coalesced():
@@ -469,8 +475,9 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_
         (RAILS4, ("dr",), 4, "float16", 4096, 2),
         (RAILS4, None, 5, "int64", 8192, 4),
     ]
-    for grouped, coalesce in ((False, False), (True, False), (True, True)):
-        results = run_local(job_four, 4, (cases, grouped, coalesce), timeout_s=120)
+    for grouped, coalesce, min_run in ((False, False, None), (True, False, None),
+                                       (True, True, None), (True, True, 2)):
+        results = run_local(job_four, 4, (cases, grouped, coalesce, min_run), timeout_s=120)
         for rank, res in enumerate(results):
             for (ok, kinds, _), case in zip(res, cases, strict=True):
                 assert ok, (rank, case, grouped, coalesce)
@@ -481,6 +488,8 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_
         assert sum(r[0][2][0] for r in results) > 0
         for k in (1, 2):
             assert sum(c[2][k] for r in results for c in r) > 0, k
+        if min_run is not None:  # ... some runs of pieces as one 2-D copy
+            assert sum(c[2][3] for r in results for c in r) > 0
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -876,6 +885,37 @@ def test_a_slots_overlapping_ranges_are_sliced_beside_its_split():
     assert len(views) == len(set(wanted)) == len(index)
     for o, n in wanted:
         assert views[index[slot, (o, n)]].tolist() == list(range(o, o + n))
+
+
+def test_a_run_of_equal_pieces_at_one_stride_is_packed_as_one_2d_copy():
+    """_piece_copies: 40 pieces of 10 bytes every 100 bytes of one buffer are one run
+    (a 2-D view of the buffer and of the pack area, copied in one); a broken stride and
+    a short run stay pieces. The copies move the bytes a piece-by-piece pack would."""
+    from pathweave.runtime.executor import _MIN_RUN, _copy, _piece_copies, _Program, _slots
+
+    assert _MIN_RUN <= 40
+    send = (1, 0)  # a send buffer
+    offs = [100 * i for i in range(40)] + [4005, 4100, 4200]  # then a stride of 95, 100
+    ops_s = [(send, (o, 10), 3, i) for i, o in enumerate(offs)]
+    pieces, at = [], 0
+    for _ in offs:
+        pieces.append((at, 10))
+        at += 10
+    group = (False, 3, 0, list(range(len(offs))), (0, at), pieces)
+    copies = _piece_copies(group, [], ops_s)
+    assert copies[0] == ((send, (0, 40, 10, 100)), ((3, 0), (0, 40, 10, 10)))
+    assert [own for own, _ in copies[1:]] == [(send, (o, 10)) for o in offs[40:]]
+    assert [pk for _, pk in copies[1:]] == [((3, 0), p) for p in pieces[40:]]
+    slots, index = _slots([r for pair in copies for r in pair])
+    prog = _Program(slots, [], [], [], [], [], at, [], [], [], [], [], [])
+    inp = torch.arange(5000, dtype=torch.int64).to(torch.uint8)
+    pack = torch.zeros(at, dtype=torch.uint8)
+    views = prog.views(None, [inp], [], pack=pack)
+    (own, pk), rest = copies[0], copies[1:]
+    _copy(views, ([index[p] for _, p in rest], [index[o] for o, _ in rest],
+                  [(index[pk], index[own])]))
+    want = torch.cat([inp[o : o + 10] for o in offs])
+    assert pack.tolist() == want.tolist()
 
 
 # ------------------------------------------------- fed direct messages (gloo)

@@ -95,12 +95,19 @@ def _wrap(exc: BaseException, rank: int, what: str) -> CommError:
 #: the pack area of coalesced rounds (last: a call that does not coalesce cuts no views of it).
 _STAGE, _SEND, _RECV, _PACK = 0, 1, 2, 3
 #: A round's copies between the pack area and the operations' own views: the view
-#: indices copied into, and those copied from, in pairs (one ``_foreach_copy_``).
-_Copies = tuple[list[int], list[int]]
+#: indices copied into, and those copied from, in pairs (one ``_foreach_copy_``), and
+#: ``(into, from)`` pairs of 2-D views (a run of :data:`_MIN_RUN` pieces or more, each
+#: one ``copy_``).
+_Copies = tuple[list[int], list[int], list[tuple[int, int]]]
 #: One round as posted: its receives and sends ``(peer, tag offset, view)``, the packs
 #: made before posting and the unpacks done once its works are done.
 _Round = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], _Copies, _Copies]
-_NO_COPIES: _Copies = ([], [])
+_NO_COPIES: _Copies = ([], [], [])
+#: The fewest pieces of equal size at a constant stride in one buffer that a pack or
+#: unpack copies as one 2-D view instead of one by one: on CUDA such a copy is a kernel
+#: launch of its own (a few us of host time), where ``_foreach_copy_`` spends a
+#: fraction of a us per piece; on other devices every piece is a copy of its own.
+_MIN_RUN = 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,7 +130,7 @@ class _Program:
     """
 
     slots: list[tuple[int, int, list[int], int, Callable[[Any], tuple[Any, ...]],
-                      list[tuple[int, int]]]]
+                      list[tuple[int, int]], list[tuple[int, int, int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
@@ -152,7 +159,7 @@ class _Program:
         ``pack`` area the pack views (the last) are not cut.
         """
         out: list[torch.Tensor] = []
-        for i, (kind, b, sizes, end, pick, extra) in enumerate(self.slots):
+        for i, (kind, b, sizes, end, pick, extra, runs) in enumerate(self.slots):
             if kind == _PACK:
                 if pack is None:
                     break
@@ -168,8 +175,10 @@ class _Program:
                     continue
             rest = t.numel() - end
             vs = pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
-            if extra:
-                vs = [*vs, *(t[o : o + n] for o, n in extra)]
+            if extra or runs:
+                at = t.storage_offset()
+                vs = [*vs, *(t[o : o + n] for o, n in extra),
+                      *(t.as_strided((k, n), (s, 1), at + o) for o, k, n, s in runs)]
             if key is not None:
                 memo[i] = (key, vs)
             out += vs
@@ -177,11 +186,13 @@ class _Program:
 
 
 def _copy(views: list[torch.Tensor], copies: _Copies) -> None:
-    """A round's packs or unpacks (:data:`_Copies`): one call for all, one fused kernel
-    on CUDA."""
-    dst, src = copies
+    """A round's packs or unpacks (:data:`_Copies`): the pieces in one call (one fused
+    kernel on CUDA), each run of pieces in one ``copy_``."""
+    dst, src, runs = copies
     if dst:
         torch._foreach_copy_([views[i] for i in dst], [views[i] for i in src])
+    for d, f in runs:
+        views[d].copy_(views[f])
 
 
 def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
@@ -202,8 +213,10 @@ def _program(sched: RankSchedule, coalesced: bool = False) -> _Program:
     return prog
 
 
-#: A view to cut: (slot, (offset, bytes)); a slot is (buffer kind, buffer index).
-_Range = tuple[tuple[int, int], tuple[int, int]]
+#: A view to cut: (slot, (offset, bytes)), or (slot, (offset, count, bytes, stride)) for
+#: ``count`` pieces of ``bytes`` every ``stride`` bytes as one 2-D view; a slot is
+#: (buffer kind, buffer index).
+_Range = tuple[tuple[int, int], tuple[int, ...]]
 
 
 def _slots(wanted: list[_Range]) -> tuple[list[Any], dict[_Range, int]]:
@@ -214,13 +227,14 @@ def _slots(wanted: list[_Range]) -> tuple[list[Any], dict[_Range, int]]:
     the others (a staging slot's message received whole and forwarded in
     pieces, or the other way) are sliced one by one.
     """
-    ranges: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    ranges: dict[tuple[int, int], set[tuple[int, ...]]] = {}
     for slot, rng in wanted:
         ranges.setdefault(slot, set()).add(rng)
     slots, index = [], {}
     for slot in sorted(ranges):
         apart, extra, end = [], [], 0
-        for o, n in sorted(ranges[slot]):
+        runs = sorted(r for r in ranges[slot] if len(r) == 4)
+        for o, n in sorted(r for r in ranges[slot] if len(r) == 2):
             if o >= end:
                 apart.append((o, n))
                 end = o + n
@@ -235,9 +249,9 @@ def _slots(wanted: list[_Range]) -> tuple[list[Any], dict[_Range, int]]:
             sizes.append(n)
             end = o + n
         pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
-        for r in apart + extra:
+        for r in apart + extra + runs:
             index[slot, r] = len(index)
-        slots.append((slot[0], slot[1], sizes, end, pick, extra))
+        slots.append((slot[0], slot[1], sizes, end, pick, extra, runs))
     return slots, index
 
 
@@ -283,17 +297,41 @@ def _group_message(group: _Group, ops_r: list[Any], ops_s: list[Any]) -> _Range:
     return slot, (o, sum(ops[i][1][1] for i in idx))
 
 
+def _piece_copies(group: _Group, ops_r: list[Any], ops_s: list[Any]
+                  ) -> list[tuple[_Range, _Range]]:
+    """A packed group's copies: ``(own range, pack area range)`` per piece, or per run of
+    at least :data:`_MIN_RUN` pieces of one size at one stride in one buffer (both as
+    2-D ranges; its pieces lie one after another in the pack area)."""
+    is_recv, _, _, idx, _, pieces = group
+    own = [(ops_r if is_recv else ops_s)[i][:2] for i in idx]
+    out: list[tuple[_Range, _Range]] = []
+    j = 0
+    while j < len(own):
+        (slot, (o, n)), e = own[j], j + 1
+        if e < len(own) and own[e][0] == slot and own[e][1][1] == n:
+            stride = own[e][1][0] - o
+            while (e < len(own) and own[e][0] == slot and own[e][1][1] == n
+                   and own[e][1][0] - own[e - 1][1][0] == stride):
+                e += 1
+            if e - j >= _MIN_RUN and stride >= n:
+                at = pieces[j][0]
+                out.append(((slot, (o, e - j, n, stride)), ((_PACK, 0), (at, e - j, n, n))))
+                j = e
+                continue
+        out.append((own[j], ((_PACK, 0), pieces[j])))
+        j += 1
+    return out
+
+
 def _group_ranges(groups: list[_Group], ops_r: list[Any], ops_s: list[Any]) -> list[_Range]:
     """Every range a coalesced round's groups post or copy."""
     out = []
     for g in groups:
-        is_recv, _, _, idx, region, pieces = g
-        if region is None:
+        if g[4] is None:
             out.append(_group_message(g, ops_r, ops_s))
         else:
-            ops = ops_r if is_recv else ops_s
-            out += [(ops[i][0], ops[i][1]) for i in idx]
-            out += [((_PACK, 0), r) for r in [region, *pieces]]
+            out.append(((_PACK, 0), g[4]))
+            out += [r for pair in _piece_copies(g, ops_r, ops_s) for r in pair]
     return out
 
 
@@ -302,21 +340,22 @@ def _coalesced_round(groups: list[_Group], ops_r: list[Any], ops_s: list[Any],
     """One round of a coalesced program (:data:`_Round`) from :func:`_coalesce`'s groups."""
     rv: list[tuple[int, int, int]] = []
     sd: list[tuple[int, int, int]] = []
-    pk: _Copies = ([], [])
-    up: _Copies = ([], [])
+    pk: _Copies = ([], [], [])
+    up: _Copies = ([], [], [])
     for g in groups:
-        is_recv, peer, order, idx, region, pieces = g
+        is_recv, peer, order, _, region, _ = g
         if region is None:
             v = index[_group_message(g, ops_r, ops_s)]
         else:
-            ops = ops_r if is_recv else ops_s
             v = index[(_PACK, 0), region]
-            own = [index[ops[i][0], ops[i][1]] for i in idx]
-            packed = [index[(_PACK, 0), r] for r in pieces]
-            dst, src = (own, packed) if is_recv else (packed, own)
-            cp = up if is_recv else pk
-            cp[0].extend(dst)
-            cp[1].extend(src)
+            for own, packed in _piece_copies(g, ops_r, ops_s):
+                dst, src = (own, packed) if is_recv else (packed, own)
+                cp = up if is_recv else pk
+                if len(own[1]) == 4:
+                    cp[2].append((index[dst], index[src]))
+                else:
+                    cp[0].append(index[dst])
+                    cp[1].append(index[src])
         (rv if is_recv else sd).append((peer, order, v))
     return rv, sd, pk, up
 
@@ -802,7 +841,7 @@ class Transport:
             except Exception as exc:
                 raise _wrap(exc, self.rank, "posting transfers") from exc
             unpacks = next_unpacks
-        if not unpacks[0]:
+        if not (unpacks[0] or unpacks[2]):
             return staged, finish
         last = unpacks
 
