@@ -916,6 +916,15 @@ def test_a_run_of_equal_pieces_at_one_stride_is_packed_as_one_2d_copy():
                   [(index[pk], index[own])]))
     want = torch.cat([inp[o : o + 10] for o in offs])
     assert pack.tolist() == want.tolist()
+    # A buffer whose only view is a run (no piece cut by split_with_sizes): unpacked into.
+    slots, index = _slots([copies[0][0], copies[0][1]])
+    prog = _Program(slots, [], [], [], [], [], 400, [], [], [], [], [], [])
+    out = torch.zeros(5000, dtype=torch.uint8)
+    views = prog.views(None, [out], [], pack=pack)
+    assert len(views) == 2
+    _copy(views, ([], [], [(index[copies[0][0]], index[copies[0][1]])]))
+    assert torch.equal(out.view(50, 100)[:40, :10].reshape(-1), want[:400])
+    assert int(out.count_nonzero()) == int(want[:400].count_nonzero())
 
 
 # ------------------------------------------------- fed direct messages (gloo)

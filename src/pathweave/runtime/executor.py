@@ -129,7 +129,7 @@ class _Program:
     the views those messages and copies use.
     """
 
-    slots: list[tuple[int, int, list[int], int, Callable[[Any], tuple[Any, ...]],
+    slots: list[tuple[int, int, list[int], int, Callable[[Any], tuple[Any, ...]] | None,
                       list[tuple[int, int]], list[tuple[int, int, int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
@@ -173,8 +173,10 @@ class _Program:
                 if hit is not None and hit[0] == key:
                     out += hit[1]
                     continue
-            rest = t.numel() - end
-            vs = pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
+            vs: Sequence[torch.Tensor] = ()
+            if pick is not None:
+                rest = t.numel() - end
+                vs = pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
             if extra or runs:
                 at = t.storage_offset()
                 vs = [*vs, *(t[o : o + n] for o, n in extra),
@@ -248,7 +250,9 @@ def _slots(wanted: list[_Range]) -> tuple[list[Any], dict[_Range, int]]:
             at.append(len(sizes))
             sizes.append(n)
             end = o + n
-        pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
+        pick: Callable[[Any], tuple[Any, ...]] | None = None  # a slot of runs only: none
+        if at:
+            pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
         for r in apart + extra + runs:
             index[slot, r] = len(index)
         slots.append((slot[0], slot[1], sizes, end, pick, extra, runs))
