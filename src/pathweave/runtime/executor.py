@@ -361,7 +361,8 @@ def _coalesced_round(groups: list[_Group], ops_r: list[Any], ops_s: list[Any],
                     cp[0].append(index[dst])
                     cp[1].append(index[src])
         (rv if is_recv else sd).append((peer, order, v))
-    return rv, sd, pk, up
+    # The shared empty copies where there are none: posting skips them by identity.
+    return rv, sd, pk if pk[0] or pk[2] else _NO_COPIES, up if up[0] or up[2] else _NO_COPIES
 
 
 def _coalesce(df: Any, rp: list[int], sp: list[int], num_rounds: int
@@ -837,15 +838,17 @@ class Transport:
             if staged:
                 _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
             try:
-                _copy(views, unpacks)
-                _copy(views, packs)
+                if unpacks is not _NO_COPIES:
+                    _copy(views, unpacks)
+                if packs is not _NO_COPIES:
+                    _copy(views, packs)
                 staged = self._post_round(views, recvs, sends, tag_base)
             except CommError:
                 raise
             except Exception as exc:
                 raise _wrap(exc, self.rank, "posting transfers") from exc
             unpacks = next_unpacks
-        if not (unpacks[0] or unpacks[2]):
+        if unpacks is _NO_COPIES:
             return staged, finish
         last = unpacks
 
