@@ -420,7 +420,11 @@ def test_batch_isend_irecv_matches_torch_including_empty_lists():
 
 
 # ---------------------------------------------------------------- 4 ranks
-def job_four(rank, ws, cases, grouped=False, coalesce=True):
+def job_four(rank, ws, cases, grouped=False, coalesce=True, min_run=None):
+    if min_run is not None:  # runs of this many pieces packed as one 2-D copy
+        from pathweave.runtime import executor
+
+        executor._MIN_RUN = min_run
     out = []
     for fabric, roles, seed, dtype, chunk, window in cases:
         policy = "mwu" if roles is None else _forced(roles)
@@ -443,15 +447,24 @@ def job_four(rank, ws, cases, grouped=False, coalesce=True):
 
 
 def _merged(orch):
-    """Operations of the orchestrator's schedules that coalesced rounds merge away."""
-    from pathweave.runtime.executor import _program
+    """Operations of the orchestrator's schedules that coalesced rounds merge away, the
+    merged messages posted as their pieces lie (they abut) and through the pack area, and
+    the runs of pieces packed or unpacked as one 2-D copy."""
+    from pathweave.runtime.executor import _coalesce, _program
 
-    n = 0
+    n = as_they_lie = packed = runs = 0
     for entry in orch._state(None).schedules.values():
-        prog = _program(entry[0])
+        sched = entry[0]
+        prog, coalesced = _program(sched), _program(sched, coalesced=True)
         n += len(prog.recvs) + len(prog.sends) - sum(len(r) + len(s)
-                                                     for r, s, _, _ in prog.coalesced)
-    return n
+                                                     for r, s, _, _ in coalesced.coalesced)
+        groups, _ = _coalesce(sched.dataflow(), sched.recv_ptr.tolist(),
+                              sched.send_ptr.tolist(), sched.num_rounds)
+        for g in (g for rnd in groups for g in rnd if len(g[3]) > 1):
+            as_they_lie += g[4] is None
+            packed += g[4] is not None
+        runs += sum(len(pk[2]) + len(up[2]) for _, _, pk, up in coalesced.coalesced)
+    return n, as_they_lie, packed, runs
 
 
 def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_coalesced():
@@ -462,15 +475,21 @@ def test_four_ranks_relay_and_rail_forwarding_gloo_and_grouped_rounds_plain_and_
         (RAILS4, ("dr",), 4, "float16", 4096, 2),
         (RAILS4, None, 5, "int64", 8192, 4),
     ]
-    for grouped, coalesce in ((False, False), (True, False), (True, True)):
-        results = run_local(job_four, 4, (cases, grouped, coalesce), timeout_s=120)
+    for grouped, coalesce, min_run in ((False, False, None), (True, False, None),
+                                       (True, True, None), (True, True, 2)):
+        results = run_local(job_four, 4, (cases, grouped, coalesce, min_run), timeout_s=120)
         for rank, res in enumerate(results):
             for (ok, kinds, _), case in zip(res, cases, strict=True):
                 assert ok, (rank, case, grouped, coalesce)
                 if case[1] is not None:
                     assert kinds.get(case[1][0], 0) > 0, (case, kinds)
-        # the relay cases really sent several operations to one peer as one message
-        assert sum(r[0][2] for r in results) > 0
+        # the relay cases really sent several operations to one peer as one message,
+        # some from (into) pieces that abut, posted as they lie, some through the pack area
+        assert sum(r[0][2][0] for r in results) > 0
+        for k in (1, 2):
+            assert sum(c[2][k] for r in results for c in r) > 0, k
+        if min_run is not None:  # ... some runs of pieces as one 2-D copy
+            assert sum(c[2][3] for r in results for c in r) > 0
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -760,14 +779,8 @@ def test_destroy_process_group_frees_the_group_and_a_new_one_gets_a_fresh_state(
         dist.destroy_process_group()
 
 
-def test_a_programs_views_are_the_schedules_byte_ranges():
-    """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
-
-    Hand-made schedule: a relay receives two messages into staging slots
-    0-7 and 12-15 (a gap of 4 between them, none before) and forwards them,
-    a rank sends 3 + 5 abutting bytes of its input and 2 after a gap of 6.
-    """
-    from pathweave.runtime.executor import _program
+def _hand_schedule():
+    """The hand-made schedule of the two tests below (their docstrings say what it does)."""
     from pathweave.runtime.schedule import STAGING, RankSchedule
 
     z = np.zeros(0, dtype=np.int64)
@@ -775,7 +788,7 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
     def a(*v):
         return np.array(v, dtype=np.int64)
 
-    sched = RankSchedule(
+    return RankSchedule(
         rank=0, num_rounds=2,
         send_round=a(0, 0, 0, 1, 1), send_peer=a(1, 1, 2, 1, 1), send_order=a(0, 1, 0, 2, 3),
         send_buf=a(0, 0, 0, STAGING, STAGING), send_off=a(0, 3, 14, 0, 12),
@@ -786,6 +799,19 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
         staging_bytes=16, forwards=True, window=2, stream_window=a(2),
         send_stream=a(-1, -1, -1, 0, 0), send_chunk=a(-1, -1, -1, 0, 1),
         recv_stream=a(0, 0), recv_chunk=a(0, 1))
+
+
+def test_a_programs_views_are_the_schedules_byte_ranges():
+    """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
+
+    Hand-made schedule: a relay receives two messages into staging slots
+    0-7 and 12-15 (a gap of 4 between them, none before) and forwards them,
+    a rank sends 3 + 5 abutting bytes of its input and 2 after a gap of 6.
+    """
+    from pathweave.runtime.executor import _program
+    from pathweave.runtime.schedule import STAGING
+
+    sched = _hand_schedule()
     prog = _program(sched)
     staging = torch.arange(16, dtype=torch.uint8)
     inp = torch.arange(100, 120, dtype=torch.uint8)
@@ -812,6 +838,93 @@ def test_a_programs_views_are_the_schedules_byte_ranges():
             assert moved[v].tolist() == other[off : off + nb].tolist()
         else:
             assert again[v] is not first[v]  # the caller's input: cut afresh every call
+
+
+def test_a_coalesced_programs_messages_packs_and_unpacks_are_the_schedules_bytes():
+    """The hand-made schedule above, coalesced: rank 1's two abutting pieces of the
+    input go as one message cut from the input itself; the relay's two staging slots
+    (received from 2 in round 0, forwarded to 1 in round 1) go through the pack area.
+    Byte values are checked against the schedule's ranges, by hand."""
+    from pathweave.runtime.executor import _copy, _program
+
+    sched = _hand_schedule()
+    prog = _program(sched, coalesced=True)
+    assert prog.pack_bytes == 12 and not prog.recvs and not prog.sends
+    staging = torch.arange(16, dtype=torch.uint8)
+    inp = torch.arange(100, 120, dtype=torch.uint8)
+    pack = torch.zeros(12, dtype=torch.uint8)
+    views = prog.views(staging, [inp], [], pack=pack)
+    (rv0, sd0, pk0, up0), (rv1, sd1, pk1, up1) = prog.coalesced
+    assert [(p, k) for p, k, _ in sd0] == [(1, 0), (2, 0)] and not pk0[0] and not up1[0]
+    to1, to2 = (views[v] for _, _, v in sd0)
+    assert to1.tolist() == list(range(100, 108)) and to1.data_ptr() == inp.data_ptr()
+    assert to2.tolist() == [114, 115]
+    # round 0: one message from 2 (orders 1 and 2) into the pack area, then unpacked
+    [(peer, order, v)] = rv0
+    assert (peer, order) == (2, 1) and views[v].data_ptr() == pack.data_ptr()
+    views[v].copy_(torch.arange(200, 212, dtype=torch.uint8))
+    _copy(views, up0)
+    assert staging.tolist() == [*range(200, 208), 8, 9, 10, 11, *range(208, 212)]
+    # round 1: both slots packed and forwarded to 1 as one message (order 2)
+    _copy(views, pk1)
+    [(peer, order, v)] = sd1
+    assert (peer, order) == (1, 2) and not rv1
+    assert views[v].tolist() == [*range(200, 208), *range(208, 212)]
+
+
+def test_a_slots_overlapping_ranges_are_sliced_beside_its_split():
+    """_slots: ranges that overlap others (a message whole and in pieces) are cut too."""
+    from pathweave.runtime.executor import _Program, _slots
+
+    slot = (0, 0)
+    wanted = [(0, 8), (0, 4), (4, 4), (10, 2), (9, 3), (0, 8), (14, 1)]
+    slots, index = _slots([(slot, r) for r in wanted])
+    prog = _Program(slots, [], [], [], [], [], 0, [], [], [], [], [], [])
+    t = torch.arange(16, dtype=torch.uint8)
+    views = prog.views(t, [], [])
+    assert len(views) == len(set(wanted)) == len(index)
+    for o, n in wanted:
+        assert views[index[slot, (o, n)]].tolist() == list(range(o, o + n))
+
+
+def test_a_run_of_equal_pieces_at_one_stride_is_packed_as_one_2d_copy():
+    """_piece_copies: 40 pieces of 10 bytes every 100 bytes of one buffer are one run
+    (a 2-D view of the buffer and of the pack area, copied in one); a broken stride and
+    a short run stay pieces. The copies move the bytes a piece-by-piece pack would."""
+    from pathweave.runtime.executor import _MIN_RUN, _copy, _piece_copies, _Program, _slots
+
+    assert _MIN_RUN <= 40
+    send = (1, 0)  # a send buffer
+    offs = [100 * i for i in range(40)] + [4005, 4100, 4200]  # then a stride of 95, 100
+    ops_s = [(send, (o, 10), 3, i) for i, o in enumerate(offs)]
+    pieces, at = [], 0
+    for _ in offs:
+        pieces.append((at, 10))
+        at += 10
+    group = (False, 3, 0, list(range(len(offs))), (0, at), pieces)
+    copies = _piece_copies(group, [], ops_s)
+    assert copies[0] == ((send, (0, 40, 10, 100)), ((3, 0), (0, 40, 10, 10)))
+    assert [own for own, _ in copies[1:]] == [(send, (o, 10)) for o in offs[40:]]
+    assert [pk for _, pk in copies[1:]] == [((3, 0), p) for p in pieces[40:]]
+    slots, index = _slots([r for pair in copies for r in pair])
+    prog = _Program(slots, [], [], [], [], [], at, [], [], [], [], [], [])
+    inp = torch.arange(5000, dtype=torch.int64).to(torch.uint8)
+    pack = torch.zeros(at, dtype=torch.uint8)
+    views = prog.views(None, [inp], [], pack=pack)
+    (own, pk), rest = copies[0], copies[1:]
+    _copy(views, ([index[p] for _, p in rest], [index[o] for o, _ in rest],
+                  [(index[pk], index[own])]))
+    want = torch.cat([inp[o : o + 10] for o in offs])
+    assert pack.tolist() == want.tolist()
+    # A buffer whose only view is a run (no piece cut by split_with_sizes): unpacked into.
+    slots, index = _slots([copies[0][0], copies[0][1]])
+    prog = _Program(slots, [], [], [], [], [], 400, [], [], [], [], [], [])
+    out = torch.zeros(5000, dtype=torch.uint8)
+    views = prog.views(None, [out], [], pack=pack)
+    assert len(views) == 2
+    _copy(views, ([], [], [(index[copies[0][0]], index[copies[0][1]])]))
+    assert torch.equal(out.view(50, 100)[:40, :10].reshape(-1), want[:400])
+    assert int(out.count_nonzero()) == int(want[:400].count_nonzero())
 
 
 # ------------------------------------------------- fed direct messages (gloo)

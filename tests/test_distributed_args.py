@@ -435,6 +435,26 @@ def test_a_callers_config_fields_are_checked_on_every_rank():
         assert res["differ, split_matrix"] == ("ValueError", msg, 1), (rank, res)
 
 
+def test_same_words_kernel_matches_its_slow_twin():
+    """_same_words (numba) against np.array_equal, on equal arrays and on single-word
+    changes (first, last, inside word; the sign bit; a low bit); _same_matrix on layouts."""
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 49, 4096):
+        a = rng.integers(-(1 << 40), 1 << 40, size)
+        variants = [a.copy(), a[::-1].copy()]
+        for i in {0, size // 2, size - 1}:
+            for flip in (np.int64(1), np.int64(-(1 << 63))):
+                b = a.copy()
+                b[i] ^= flip
+                variants.append(b)
+        for b in variants:
+            assert V._same_words(a, b) == V._same_words_reference(a, b)
+    rows = rng.integers(0, 9, (5, 5))
+    kept = V.MatrixCall(None, rows, rows, None, True, b"", np.array(rows, order="C"))
+    for m in (rows.copy(), np.asfortranarray(rows), rows[::-1].copy(), rows.T.copy()):
+        assert V._same_matrix(kept, m) is bool(np.array_equal(rows, m))
+
+
 def test_a_split_matrix_calls_checks_are_kept_only_for_the_very_same_facts():
     """check_matrix_call returns its last result for the same facts; any change is checked."""
     n, rank = 3, 1

@@ -33,7 +33,6 @@ The deadlock-freedom arguments of both are in ``docs/runtime.md``.
 from __future__ import annotations
 
 import datetime
-import itertools
 import operator
 import threading
 import time
@@ -95,16 +94,26 @@ def _wrap(exc: BaseException, rank: int, what: str) -> CommError:
 #: Buffer kinds of a program's slots: the staging area, a send buffer, a receive buffer,
 #: the pack area of coalesced rounds (last: a call that does not coalesce cuts no views of it).
 _STAGE, _SEND, _RECV, _PACK = 0, 1, 2, 3
+#: A round's copies between the pack area and the operations' own views: the view
+#: indices copied into, and those copied from, in pairs (one ``_foreach_copy_``), and
+#: ``(into, from)`` pairs of 2-D views (a run of :data:`_MIN_RUN` pieces or more, each
+#: one ``copy_``).
+_Copies = tuple[list[int], list[int], list[tuple[int, int]]]
 #: One round as posted: its receives and sends ``(peer, tag offset, view)``, the packs
-#: made before posting and the unpacks done once its works are done, each
-#: ``([pack area piece views], [the operations' own views])``.
-_Round = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]],
-               list[tuple[list[int], list[int]]], list[tuple[list[int], list[int]]]]
+#: made before posting and the unpacks done once its works are done.
+_Round = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], _Copies, _Copies]
+_NO_COPIES: _Copies = ([], [], [])
+#: The fewest pieces of equal size at a constant stride in one buffer that a pack or
+#: unpack copies as one 2-D view instead of one by one: on CUDA such a copy is a kernel
+#: launch of its own (a few us of host time), where ``_foreach_copy_`` spends a
+#: fraction of a us per piece; on other devices every piece is a copy of its own.
+_MIN_RUN = 32
 
 
 @dataclass(frozen=True, eq=False)
 class _Program:
-    """A :class:`RankSchedule` compiled for posting; made once per schedule and kept with it.
+    """A :class:`RankSchedule` compiled for posting; made once per schedule and way of
+    posting (:func:`_program`) and kept with it.
 
     A cached plan's calls differ only in their tensors, so everything that
     depends on the schedule alone is worked out here: every operation is
@@ -112,14 +121,16 @@ class _Program:
     :meth:`views` cuts from a call's buffers, one ``split_with_sizes`` per
     buffer (one C++ call for all of a buffer's pieces, half the host time of
     slicing each; gaps between pieces are cut too, and only where there are
-    any). ``rounds`` holds each round's receives and sends as such tuples
-    (:data:`_Round`, with no packs); ``coalesced`` the same rounds with one
-    message per peer and direction (:func:`_coalesce`), through
-    ``pack_bytes`` of pack area; the stream steps hold operation indices.
+    any). A plain program (``coalesced`` empty) holds each operation
+    (``recvs``, ``sends``) and each round's (``rounds``: :data:`_Round`, with
+    no copies); the stream steps hold operation indices. A coalesced one holds
+    only ``coalesced``, the rounds with one message per peer and direction
+    (:func:`_coalesce`), through ``pack_bytes`` of pack area, and cuts only
+    the views those messages and copies use.
     """
 
-    slots: list[tuple[int, int, list[int] | None, int, Callable[[Any], tuple[Any, ...]],
-                      list[tuple[int, int]]]]
+    slots: list[tuple[int, int, list[int], int, Callable[[Any], tuple[Any, ...]] | None,
+                      list[tuple[int, int]], list[tuple[int, int, int, int]]]]
     recvs: list[tuple[int, int, int]]
     sends: list[tuple[int, int, int]]
     user_recvs: list[int]
@@ -148,7 +159,7 @@ class _Program:
         ``pack`` area the pack views (the last) are not cut.
         """
         out: list[torch.Tensor] = []
-        for i, (kind, b, sizes, end, pick, ranges) in enumerate(self.slots):
+        for i, (kind, b, sizes, end, pick, extra, runs) in enumerate(self.slots):
             if kind == _PACK:
                 if pack is None:
                     break
@@ -162,30 +173,28 @@ class _Program:
                 if hit is not None and hit[0] == key:
                     out += hit[1]
                     continue
-            if sizes is None:
-                vs = [t[o : o + n] for o, n in ranges]
-            else:
+            vs: Sequence[torch.Tensor] = ()
+            if pick is not None:
                 rest = t.numel() - end
                 vs = pick(t.split_with_sizes([*sizes, rest] if rest else sizes))
+            if extra or runs:
+                at = t.storage_offset()
+                vs = [*vs, *(t[o : o + n] for o, n in extra),
+                      *(t.as_strided((k, n), (s, 1), at + o) for o, k, n, s in runs)]
             if key is not None:
                 memo[i] = (key, vs)
             out += vs
         return out
 
 
-def _unpack(views: list[torch.Tensor], unpacks: list[tuple[list[int], list[int]]]) -> None:
-    """Copy each coalesced message's pieces to where they belong (one call for all:
-    one fused kernel on CUDA)."""
-    if unpacks:
-        torch._foreach_copy_([views[i] for _, own in unpacks for i in own],
-                             [views[i] for pieces, _ in unpacks for i in pieces])
-
-
-def _pack(views: list[torch.Tensor], packs: list[tuple[list[int], list[int]]]) -> None:
-    """Copy each coalesced message's pieces into its region of the pack area (one call)."""
-    if packs:
-        torch._foreach_copy_([views[i] for pieces, _ in packs for i in pieces],
-                             [views[i] for _, own in packs for i in own])
+def _copy(views: list[torch.Tensor], copies: _Copies) -> None:
+    """A round's packs or unpacks (:data:`_Copies`): the pieces in one call (one fused
+    kernel on CUDA), each run of pieces in one ``copy_``."""
+    dst, src, runs = copies
+    if dst:
+        torch._foreach_copy_([views[i] for i in dst], [views[i] for i in src])
+    for d, f in runs:
+        views[d].copy_(views[f])
 
 
 def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
@@ -193,95 +202,189 @@ def _first_of(i: int) -> Callable[[Any], tuple[Any, ...]]:
     return lambda seq: (seq[i],)
 
 
-def _program(sched: RankSchedule) -> _Program:
-    """:class:`_Program` of ``sched``, compiled on first use and kept with the schedule."""
-    cached = sched.__dict__.get("_program")
-    if cached is None:
-        cached = _compile(sched)
-        object.__setattr__(sched, "_program", cached)
-    return cached
+def _program(sched: RankSchedule, coalesced: bool = False) -> _Program:
+    """``sched`` compiled for posting (``coalesced``: as :func:`_coalesce` groups its
+    rounds; else each operation on its own), on first use, and kept with the schedule."""
+    kept = sched.__dict__.get("_programs")
+    if kept is None:
+        kept = {}
+        object.__setattr__(sched, "_programs", kept)
+    prog = kept.get(coalesced)
+    if prog is None:
+        prog = kept[coalesced] = _compile(sched, coalesced)
+    return prog
 
 
-def _compile(sched: RankSchedule) -> _Program:
+#: A view to cut: (slot, (offset, bytes)), or (slot, (offset, count, bytes, stride)) for
+#: ``count`` pieces of ``bytes`` every ``stride`` bytes as one 2-D view; a slot is
+#: (buffer kind, buffer index).
+_Range = tuple[tuple[int, int], tuple[int, ...]]
+
+
+def _slots(wanted: list[_Range]) -> tuple[list[Any], dict[_Range, int]]:
+    """The slots of :class:`_Program` that cut ``wanted``, and each range's view index.
+
+    A slot's ranges that lie apart (in offset order, each taken if it starts
+    where the last taken ends or later) come from one ``split_with_sizes``;
+    the others (a staging slot's message received whole and forwarded in
+    pieces, or the other way) are sliced one by one.
+    """
+    ranges: dict[tuple[int, int], set[tuple[int, ...]]] = {}
+    for slot, rng in wanted:
+        ranges.setdefault(slot, set()).add(rng)
+    slots, index = [], {}
+    for slot in sorted(ranges):
+        apart, extra, end = [], [], 0
+        runs = sorted(r for r in ranges[slot] if len(r) == 4)
+        for o, n in sorted(r for r in ranges[slot] if len(r) == 2):
+            if o >= end:
+                apart.append((o, n))
+                end = o + n
+            else:
+                extra.append((o, n))
+        # The pieces and the gaps between them (none where pieces abut).
+        sizes, at, end = [], [], 0
+        for o, n in apart:
+            if o > end:
+                sizes.append(o - end)
+            at.append(len(sizes))
+            sizes.append(n)
+            end = o + n
+        pick: Callable[[Any], tuple[Any, ...]] | None = None  # a slot of runs only: none
+        if at:
+            pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
+        for r in apart + extra + runs:
+            index[slot, r] = len(index)
+        slots.append((slot[0], slot[1], sizes, end, pick, extra, runs))
+    return slots, index
+
+
+def _compile(sched: RankSchedule, coalesced: bool) -> _Program:
     df = sched.dataflow()
     rp, sp = sched.recv_ptr.tolist(), sched.send_ptr.tolist()
-    ranges: dict[tuple[int, int], dict[tuple[int, int], int]] = {}
     ops_r = [((_STAGE, 0) if b == STAGING else (_RECV, b), (o, n), p, k)
              for p, k, b, o, n in df.recvs]
     ops_s = [((_STAGE, 0) if b == STAGING else (_SEND, b), (o, n), p, k)
              for p, k, b, o, n in df.sends]
-    groups, pack_bytes = _coalesce(df, rp, sp, sched.num_rounds)
-    for slot, rng, _, _ in ops_r + ops_s:
-        ranges.setdefault(slot, {}).setdefault(rng, 0)
-    for g in groups:
-        for _, _, _, _, region, pieces in g:
-            for rng in [region, *pieces] if region is not None else ():
-                ranges.setdefault((_PACK, 0), {}).setdefault(rng, 0)
-    slots, base = [], 0
-    for slot in sorted(ranges):
-        rngs = sorted(ranges[slot])
-        for i, r in enumerate(rngs):
-            ranges[slot][r] = base + i
-        base += len(rngs)
-        apart = all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(rngs))
-        sizes, end, pick = None, 0, None
-        if apart:
-            # The pieces and the gaps between them (none where pieces abut).
-            sizes, at = [], []
-            for o, n in rngs:
-                if o > end:
-                    sizes.append(o - end)
-                at.append(len(sizes))
-                sizes.append(n)
-                end = o + n
-            pick = operator.itemgetter(*at) if len(at) > 1 else _first_of(at[0])
-        slots.append((slot[0], slot[1], sizes, end, pick, rngs))
-    recvs = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_r]
-    sends = [(p, k, ranges[slot][rng]) for slot, rng, p, k in ops_s]
-    rounds: list[_Round] = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]], [], [])
-                            for t in range(sched.num_rounds)]
-    coalesced = []
-    packs = ranges.get((_PACK, 0), {})
-    for g in groups:
-        rv: list[tuple[int, int, int]] = []
-        sd: list[tuple[int, int, int]] = []
-        pk: list[tuple[list[int], list[int]]] = []
-        up: list[tuple[list[int], list[int]]] = []
-        for is_recv, peer, order, idx, region, pieces in g:
-            ops = recvs if is_recv else sends
-            if region is None:
-                v = ops[idx[0]][2]
-            else:
-                v, own = packs[region], [ops[i][2] for i in idx]
-                (up if is_recv else pk).append(([packs[pc] for pc in pieces], own))
-            (rv if is_recv else sd).append((peer, order, v))
-        coalesced.append((rv, sd, pk, up))
+    recvs: list[tuple[int, int, int]] = []
+    sends: list[tuple[int, int, int]] = []
+    rounds: list[_Round] = []
+    groups, pack_bytes = _coalesce(df, rp, sp, sched.num_rounds) if coalesced else ([], 0)
+    if coalesced:
+        slots, index = _slots([r for g in groups for r in _group_ranges(g, ops_r, ops_s)])
+        coalesced_rounds = [_coalesced_round(g, ops_r, ops_s, index) for g in groups]
+    else:
+        slots, index = _slots([(slot, rng) for slot, rng, _, _ in ops_r + ops_s])
+        coalesced_rounds = []
+        recvs = [(p, k, index[slot, rng]) for slot, rng, p, k in ops_r]
+        sends = [(p, k, index[slot, rng]) for slot, rng, p, k in ops_s]
+        rounds = [(recvs[rp[t] : rp[t + 1]], sends[sp[t] : sp[t + 1]], _NO_COPIES, _NO_COPIES)
+                  for t in range(sched.num_rounds)]
     copies = list(zip(*(c.tolist() for c in (
         sched.copy_send_buf, sched.copy_send_off, sched.copy_recv_buf, sched.copy_recv_off,
         sched.copy_bytes)), strict=True))
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
     first_sends, fed = _fed_sends(sched, df)
-    return _Program(slots, recvs, sends, user, rounds, coalesced, pack_bytes, copies,
+    return _Program(slots, recvs, sends, user, rounds, coalesced_rounds, pack_bytes, copies,
                     df.first_recvs, first_sends, df.streams, df.after, fed)
 
 
+_Group = tuple[bool, int, int, list[int], Any, list[Any]]
+
+
+def _group_message(group: _Group, ops_r: list[Any], ops_s: list[Any]) -> _Range:
+    """The range a group of :func:`_coalesce` without a pack region travels from or into:
+    its one operation's, or its abutting operations' together."""
+    is_recv, _, _, idx, _, _ = group
+    ops = ops_r if is_recv else ops_s
+    slot, (o, _), _, _ = ops[idx[0]]
+    return slot, (o, sum(ops[i][1][1] for i in idx))
+
+
+def _piece_copies(group: _Group, ops_r: list[Any], ops_s: list[Any]
+                  ) -> list[tuple[_Range, _Range]]:
+    """A packed group's copies: ``(own range, pack area range)`` per piece, or per run of
+    at least :data:`_MIN_RUN` pieces of one size at one stride in one buffer (both as
+    2-D ranges; its pieces lie one after another in the pack area)."""
+    is_recv, _, _, idx, _, pieces = group
+    own = [(ops_r if is_recv else ops_s)[i][:2] for i in idx]
+    out: list[tuple[_Range, _Range]] = []
+    j = 0
+    while j < len(own):
+        (slot, (o, n)), e = own[j], j + 1
+        if e < len(own) and own[e][0] == slot and own[e][1][1] == n:
+            stride = own[e][1][0] - o
+            while (e < len(own) and own[e][0] == slot and own[e][1][1] == n
+                   and own[e][1][0] - own[e - 1][1][0] == stride):
+                e += 1
+            if e - j >= _MIN_RUN and stride >= n:
+                at = pieces[j][0]
+                out.append(((slot, (o, e - j, n, stride)), ((_PACK, 0), (at, e - j, n, n))))
+                j = e
+                continue
+        out.append((own[j], ((_PACK, 0), pieces[j])))
+        j += 1
+    return out
+
+
+def _group_ranges(groups: list[_Group], ops_r: list[Any], ops_s: list[Any]) -> list[_Range]:
+    """Every range a coalesced round's groups post or copy."""
+    out = []
+    for g in groups:
+        if g[4] is None:
+            out.append(_group_message(g, ops_r, ops_s))
+        else:
+            out.append(((_PACK, 0), g[4]))
+            out += [r for pair in _piece_copies(g, ops_r, ops_s) for r in pair]
+    return out
+
+
+def _coalesced_round(groups: list[_Group], ops_r: list[Any], ops_s: list[Any],
+                     index: dict[_Range, int]) -> _Round:
+    """One round of a coalesced program (:data:`_Round`) from :func:`_coalesce`'s groups."""
+    rv: list[tuple[int, int, int]] = []
+    sd: list[tuple[int, int, int]] = []
+    pk: _Copies = ([], [], [])
+    up: _Copies = ([], [], [])
+    for g in groups:
+        is_recv, peer, order, _, region, _ = g
+        if region is None:
+            v = index[_group_message(g, ops_r, ops_s)]
+        else:
+            v = index[(_PACK, 0), region]
+            for own, packed in _piece_copies(g, ops_r, ops_s):
+                dst, src = (own, packed) if is_recv else (packed, own)
+                cp = up if is_recv else pk
+                if len(own[1]) == 4:
+                    cp[2].append((index[dst], index[src]))
+                else:
+                    cp[0].append(index[dst])
+                    cp[1].append(index[src])
+        (rv if is_recv else sd).append((peer, order, v))
+    # The shared empty copies where there are none: posting skips them by identity.
+    return rv, sd, pk if pk[0] or pk[2] else _NO_COPIES, up if up[0] or up[2] else _NO_COPIES
+
+
 def _coalesce(df: Any, rp: list[int], sp: list[int], num_rounds: int
-              ) -> tuple[list[list[tuple[bool, int, int, list[int], Any, list[Any]]]], int]:
+              ) -> tuple[list[list[_Group]], int]:
     """Each round's operations with one peer in one direction as one message.
 
     A round's operations are sorted by peer, then order, and every send has
     its receive in the same round with the same order and size on its peer
     (:func:`~pathweave.runtime.schedule.check_schedules`), so both ends find
     the same groups, in the same order, with the same pieces: a group of
-    several pieces travels as one message (the tag of its first order)
-    through a region of the pack area, packed before the round is posted
-    and unpacked once it is done. The region is laid out anew each round
-    (a round is posted only once the last one is done, on NCCL in stream
-    order), so the pack area is the largest round's packed bytes.
+    several pieces travels as one message (the tag of its first order).
+    Where a group's pieces abut in one buffer, in order, the message is
+    posted from (or into) them as they lie; elsewhere it goes through a region
+    of the pack area, packed before the round is posted and unpacked once it
+    is done. Which of the two is each end's own affair: the bytes on the wire
+    are the same. The region is laid out anew each round (a round is posted
+    only once the last one is done, on NCCL in stream order), so the pack
+    area is the largest round's packed bytes.
 
     Returns per round ``(is_recv, peer, order, op indices, region, piece
-    ranges)`` (``region`` None for a group of one operation, sent as it is)
-    and the pack area's size in bytes.
+    ranges)`` (``region`` None for a group posted as it lies) and the pack
+    area's size in bytes.
     """
     out, most = [], 0
     for t in range(num_rounds):
@@ -295,7 +398,10 @@ def _coalesce(df: Any, rp: list[int], sp: list[int], num_rounds: int
                     j += 1
                 idx = list(range(i, j))
                 region, pieces = None, []
-                if len(idx) > 1:
+                # ops: (peer, order, buffer, offset, bytes)
+                abut = all(ops[x][2] == ops[x + 1][2] and ops[x][3] + ops[x][4] == ops[x + 1][3]
+                           for x in idx[:-1])
+                if not abut:
                     for x in idx:
                         pieces.append((at, ops[x][4]))
                         at += ops[x][4]
@@ -586,6 +692,11 @@ class Transport:
         self.coalesce = True
 
     @property
+    def coalesces(self) -> bool:
+        """Whether calls post coalesced rounds (:attr:`grouped_rounds` and :attr:`coalesce`)."""
+        return self.grouped_rounds and self.coalesce
+
+    @property
     def process_group(self) -> Any:
         """The group the point-to-point operations are posted on (the group itself held weakly).
 
@@ -629,8 +740,8 @@ class Transport:
     def messages(self, sched: RankSchedule) -> int:
         """The point-to-point operations a call of ``sched`` posts here (coalesced where
         rounds are posted as groups and :attr:`coalesce` is on)."""
-        prog = _program(sched)
-        if self.grouped_rounds and self.coalesce:
+        prog = _program(sched, self.coalesces)
+        if self.coalesces:
             return sum(len(r) + len(s) for r, s, _, _ in prog.coalesced)
         return len(prog.recvs) + len(prog.sends)
 
@@ -678,7 +789,7 @@ class Transport:
         blocking call, so their views and the staging area are kept
         (:meth:`_prepare`).
         """
-        prog = _program(sched)
+        prog = _program(sched, self.coalesces)
         tag_base = self.next_tag_base()
         if not wait and not self.nccl:
             # The work item holds the group until the exchange is done: a rank
@@ -722,26 +833,27 @@ class Transport:
         pack area before the round is posted, unpacked once it is done.
         """
         staged: list[Any] = []
-        unpacks: list[tuple[list[int], list[int]]] = []
-        for recvs, sends, packs, next_unpacks in (prog.coalesced if self.coalesce
-                                                  else prog.rounds):
+        unpacks = _NO_COPIES
+        for recvs, sends, packs, next_unpacks in prog.coalesced or prog.rounds:
             if staged:
                 _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
             try:
-                _unpack(views, unpacks)
-                _pack(views, packs)
+                if unpacks is not _NO_COPIES:
+                    _copy(views, unpacks)
+                if packs is not _NO_COPIES:
+                    _copy(views, packs)
                 staged = self._post_round(views, recvs, sends, tag_base)
             except CommError:
                 raise
             except Exception as exc:
                 raise _wrap(exc, self.rank, "posting transfers") from exc
             unpacks = next_unpacks
-        if not unpacks:
+        if unpacks is _NO_COPIES:
             return staged, finish
         last = unpacks
 
         def unpack_then_finish() -> None:
-            _unpack(views, last)
+            _copy(views, last)
             if finish is not None:
                 finish()
 
@@ -772,7 +884,7 @@ class Transport:
             memo = self._memo[1]
         staging = self._area("_staging", sched.staging_bytes, device, keep)
         pack = None
-        if self.grouped_rounds and self.coalesce:
+        if self.coalesces:
             pack = self._area("_pack", prog.pack_bytes, device, keep)
         return prog.views(staging, send_bufs, recv_bufs, memo, pack)
 
