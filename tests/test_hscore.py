@@ -372,16 +372,19 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
 
     def below_both(*args):
         # 8 ranks and fewer: hscore_below's limits, order and routing in one kernel call.
-        want = hk.route_below_reference(*args)
+        *inputs, out = args
+        ref_out = out.copy()
+        want = hk.route_below_reference(*inputs, ref_out)
         got = fused(*args)
-        assert got[0] == want[0]
-        compared.append(got[0])
-        _assert_same_routing(got, want)
+        compared.append(got)
+        _assert_same_routing((got, out), (want, ref_out))
         return got
 
     fab = _fabric(fab_name)
     D = _random_demand(fab.num_ranks, seed)
     full = pw.plan.make(fab, D, "hscore", **opts)
+    # Numba reads route_kernel (patched below) when it compiles route_below: compile first.
+    hscore_below(fab, full.demand, full.paths, np.inf, **opts)
     monkeypatch.setattr(hk, "route_kernel", both)
     monkeypatch.setattr(hk, "route_below", below_both)
     if stop_share is None:
@@ -394,13 +397,14 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
 
 
 def _assert_same_routing(got: tuple, want: tuple) -> None:
-    """Two ``(flows or -1, path ids, bytes, counts)`` agree (buffers past the flows aside)."""
+    """Two ``(flows or -1, out)`` of route_below agree: path ids, bytes and decision
+    counts in ``out`` (buffers past the flows aside)."""
     n = got[0]
     assert n == want[0]
     if n >= 0:
-        np.testing.assert_array_equal(got[1][:n], want[1][:n])
-        np.testing.assert_array_equal(got[2][:n], want[2][:n])
-        np.testing.assert_array_equal(got[3], want[3])
+        np.testing.assert_array_equal(got[1][0, :n], want[1][0, :n])
+        np.testing.assert_array_equal(got[1][1, :n], want[1][1, :n])
+        np.testing.assert_array_equal(got[1][2, :hk.NUM_CODES], want[1][2, :hk.NUM_CODES])
 
 
 @pytest.mark.parametrize("spray", [None, 0.1])
@@ -420,12 +424,19 @@ def test_route_below_matches_reference(seed: int, spray: float | None) -> None:
         d = pw.plan.registry.as_demand(D, fab.num_ranks)
         t = pw.plan.predict_time(pw.plan.make(fab, d, "hscore", spray_delta=spray))
         for share in (0.1, 0.6, 0.95, 1.0 + 1e-6, 2.0):
-            args = (d, share * t, pc.setup_s, pc.capacity_Bps, fab.num_links,
-                    *_kernel_tables(ps), delta)
-            got = hk.route_below(*args)
-            _assert_same_routing(got, hk.route_below_reference(*args))
-            stopped += got[0] < 0
-            finished += got[0] >= 0
+            tables = (d, share * t, pc.setup_s, pc.capacity_Bps, fab.num_links,
+                      *_kernel_tables(ps), delta)
+            width = hk.below_width(fab.num_ranks, tables[-2], delta)
+            # Garbage in the buffers: every slot read back must have been written.
+            out, ref_out = (np.full((3, width), -7, dtype=np.int64) for _ in range(2))
+            got = hk.route_below(*tables, out)
+            _assert_same_routing((got, out), (hk.route_below_reference(*tables, ref_out),
+                                              ref_out))
+            if got >= 0:
+                assert (out[0, :got] >= 0).all() and (out[1, :got] > 0).all()
+                assert out[2, :hk.NUM_CODES].sum() == np.count_nonzero(d)
+            stopped += got < 0
+            finished += got >= 0
     assert stopped and finished
 
 

@@ -335,29 +335,37 @@ def size_order(demand):
 @njit(cache=True)
 def route_below(demand, stop_s, setup_s, capacity, num_links, pair_ptr, vertex_node,
                 rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo, core_hi,
-                df_lo, num_rails, delta):
+                df_lo, num_rails, delta, out):
     """:func:`size_order` then :func:`route_kernel` in ``"size"`` order under the link
-    limits of ``hscore_below`` at ``stop_s``, in one call; returns ``(flows or -1,
-    path ids, bytes, decision counts)``.
+    limits of ``hscore_below`` at ``stop_s``, in one call; returns the flows or -1.
 
     Link ``e``'s limit is ``(stop_s - setup_s) * capacity[e] * (1 + 1e-9)``
     (``capacity``: effective capacities, the first ``num_links`` the real
-    links'). NOTE: one call for the wrapper's limit, ordering, buffers and
-    routing: each was a numpy or numba call of its own, ~7 us of the ~11 us
-    that ``hscore`` took in an 8-GPU default plan it loses.
+    links'). ``out``: ``int64[3, M]`` with ``M >= max(pairs * rails, NUM_CODES)``
+    (:func:`below_width`), written as ``out[0]`` path ids, ``out[1]`` bytes,
+    ``out[2, :NUM_CODES]`` decision counts. NOTE: one call for the wrapper's limit,
+    ordering, buffers and routing: each was a numpy or numba call of its own,
+    ~7 us of the ~11 us that ``hscore`` took in an 8-GPU default plan it loses;
+    and the outputs go into the caller's one buffer: three arrays returned
+    (boxed) cost ~1 us more than one passed in.
     """
     limit = np.empty(num_links)
     for e in range(num_links):
         limit[e] = (stop_s - setup_s) * capacity[e] * (1.0 + 1e-9)
     pairs, nbytes, order = size_order(demand)
     load = np.zeros(num_links)
-    out_pid = np.empty(pairs.shape[0] * (max(num_rails, 1) if delta >= 0 else 1), dtype=np.int64)
-    out_bytes = np.empty(out_pid.shape[0], dtype=np.int64)
-    counts = np.zeros(NUM_CODES, dtype=np.int64)
-    n_out = route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
-                         links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails,
-                         delta, limit, load, out_pid, out_bytes, counts)
-    return n_out, out_pid, out_bytes, counts
+    counts = out[2, :NUM_CODES]
+    counts[:] = 0
+    return route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
+                        links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails,
+                        delta, limit, load, out[0], out[1], counts)
+
+
+def below_width(ranks: int, num_rails: int, delta: float) -> int:
+    """The row length :func:`route_below`'s ``out`` needs for ``ranks`` ranks: a slot
+    per fragment of every pair (``max(1, num_rails)`` a pair when spraying), and
+    room for the decision counts."""
+    return max(ranks * ranks * (max(num_rails, 1) if delta >= 0 else 1), NUM_CODES)
 
 # ------------------------------------------------------------ slow reference twins
 # Plain Python, one rule per line, written from the module's rules rather than
@@ -487,12 +495,16 @@ def size_order_reference(demand):
 
 
 def route_below_reference(demand, stop_s, setup_s, capacity, num_links, *tables):
-    """:func:`route_below` from the twins: numpy's limits and order, :func:`route_reference`."""
+    """:func:`route_below` from the twins: numpy's limits and order, :func:`route_reference`
+    (the same arguments, ``out`` last, and the same result)."""
     pairs, nbytes, order = size_order_reference(demand)
     limit = (stop_s - setup_s) * np.asarray(capacity[:num_links]) * (1.0 + 1e-9)
-    *rest, num_rails, delta = tables
+    *rest, num_rails, delta, out = tables
     rails = max(num_rails, 1) if delta >= 0 else 1
-    out = [np.zeros(num_links), np.empty(pairs.size * rails, dtype=np.int64),
-           np.empty(pairs.size * rails, dtype=np.int64), np.zeros(NUM_CODES, dtype=np.int64)]
-    n = route_reference(order, pairs, nbytes, *rest, num_rails, delta, limit, *out)
-    return n, out[1], out[2], out[3]
+    flows = [np.zeros(num_links), np.empty(pairs.size * rails, dtype=np.int64),
+             np.empty(pairs.size * rails, dtype=np.int64), np.zeros(NUM_CODES, dtype=np.int64)]
+    n = route_reference(order, pairs, nbytes, *rest, num_rails, delta, limit, *flows)
+    if n >= 0:
+        out[0, :n], out[1, :n] = flows[1][:n], flows[2][:n]
+        out[2, :NUM_CODES] = flows[3]
+    return n

@@ -258,9 +258,13 @@ def hscore_below(
     if _one_call(paths, demand, order):
         # The limits below, the order and the routing in one kernel call.
         delta = _check_options(spray_delta, order)
-        return _finish(fabric, demand, paths, spray_delta, order,
-                       *_k.route_below(demand, float(stop_s), *_below_tables(paths, model),
-                                       delta))
+        tables = _below_tables(paths, model)
+        out = np.empty((3, _k.below_width(paths.num_ranks, tables[-1], delta)), dtype=np.int64)
+        n = _k.route_below(demand, float(stop_s), *tables, delta, out)
+        if n < 0:  # the usual answer inside the default policy: no views to take
+            return None
+        return _finish(fabric, demand, paths, spray_delta, order, n, out[0], out[1],
+                       out[2, :_k.NUM_CODES])
     pc = path_costs(paths, model)
     # A hair above the exact limit: the prediction divides where this multiplies.
     limit = (float(stop_s) - pc.setup_s) * pc.capacity_Bps[: fabric.num_links] * (1.0 + 1e-9)
