@@ -71,7 +71,7 @@ def path_segments(links, length, into_rail, from_rail, from_gpu, to_gpu, sf_end,
             df_lo[p] = down + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def decide(hx, hsf, hdf, rail_pid, g1, g2, delta, chosen):
     """The rail(s) for one inter-node pair, from its per-rail h-scores.
 
