@@ -437,7 +437,18 @@ def mintime(
         model=model, margin=margin, tie=tie, prune=bool(prune))
     info = {**p.info, "chosen": name, "predicted_s": times[name],
             "candidates_s": dict(times), "bound_s": lb}
-    return Plan(fabric, paths, demand, p.flow_path, p.flow_bytes, DEFAULT_POLICY, 0.0, info)
+    return _as_default(p, demand, 0.0, info)
+
+
+def _as_default(p: Plan, demand: np.ndarray, plan_s: float, info: dict[str, Any]) -> Plan:
+    """:func:`search`'s plan ``p`` as the default policy's: the same flows, renamed.
+
+    NOTE: in place: every plan :func:`search` returns was made for that call
+    and no one else holds it (a copy was ~0.6 us of an 8-GPU plan); what the
+    plan cached of its flows (link loads) stays true.
+    """
+    p.__dict__.update(demand=demand, policy=DEFAULT_POLICY, plan_s=plan_s, info=info)
+    return p
 
 
 #: The default policy's options and their defaults (declared once, in :func:`mintime`'s
@@ -547,5 +558,4 @@ def replan(
                                 first=first, sums=(checked.rows, checked.cols))
     info = {"chosen": name, "predicted_s": times[name], "candidates_s": dict(times),
             "bound_s": lb}
-    return Plan(fab, ps, dem, p.flow_path, p.flow_bytes, DEFAULT_POLICY,
-                time.perf_counter() - t0, info)
+    return _as_default(p, dem, time.perf_counter() - t0, info)
