@@ -659,9 +659,10 @@ def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
     cases.append(diag)
     for D in cases:
         out = np.empty(D.shape, dtype=np.int64)
-        rows, cols = np.zeros(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
+        sums = np.zeros((2, 8), dtype=np.int64)
+        rows, cols = sums
         want = whole_bytes_reference(D)
-        got = whole_bytes(D, out, rows, cols)
+        got = whole_bytes(D, out, sums)
         # the largest entry where the matrix is plain bytes, else -1
         assert got == (-1 if want is None else want.max())
         if want is not None:

@@ -125,20 +125,22 @@ def _stripe_flows(flat, ptr, pid, fp, fb):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def whole_bytes(src, out, rows, cols):  # pragma: no cover - numba
+def whole_bytes(src, out, sums):  # pragma: no cover - numba
     """Copy square ``src`` into int64 ``out``; the largest entry if every entry is
     a whole, non-negative number and the diagonal is zero, else -1. Adds each
-    row's sum to ``rows`` and each column's to ``cols`` (int64, valid when
-    the result is not -1).
+    row's sum to ``sums[0]`` and each column's to ``sums[1]`` (``int64[2, N]``,
+    valid when the result is not -1).
 
     NOTE: one pass instead of numpy's five (finite, min, diagonal, rint,
     compare, cast): the demand checks were most of a 1024-GPU replan. The
     largest entry and the sums (the cut bound's) come with it, saving the
-    replan two passes of their own.
+    replan two passes of their own; both sums in one array: one allocation.
     """
     n = src.shape[0]
     bad = False
     top = np.int64(0)
+    rows = sums[0]
+    cols = sums[1]
     for i in range(n):
         row = src[i]
         dst = out[i]
