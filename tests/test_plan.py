@@ -345,6 +345,7 @@ def test_route_cut_stops_where_the_cut_bound_says(which):
     for workload in ("hotspot:0.5", "stencil:dims=1", "zipf", "many_to_few:sinks=0;"):
         D = pw.plan.registry.as_demand(pw.traffic.parse_workload(
             workload, n, bytes_per_rank=256 * MB, gpus_per_node=fab.gpus_per_node), n)
+        D.setflags(write=False)  # as mwu hands it: numba compiles a version per writability
         for model, less in ((tm.ideal_model(), 0.0), (None, 2e-5), (pw.sim.SimModel(), 1.0)):
             cut, setup = tm.cut_tables(ps, model)
             bound = max(tm.lower_bound_s(ps, D, model) - less, 0.0)
@@ -354,6 +355,7 @@ def test_route_cut_stops_where_the_cut_bound_says(which):
             stopped += int(got[2]) < int(route_pinned(D.reshape(-1), *tail, 0.0)[2])
     assert stopped  # some bound stopped refinement: the stop was exercised
     nothing = np.zeros((n, n), dtype=np.int64)
+    nothing.setflags(write=False)
     cut, setup = tm.cut_tables(ps, None)
     assert route_cut(nothing, *tail, *cut, setup, 0.0, CERTIFIED_GAP)[0].size == 0
 
