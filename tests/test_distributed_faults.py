@@ -300,8 +300,11 @@ def test_interrupted_or_killed_caller_leaves_no_process(tmp_path):
     first.mkdir()
     second.mkdir()
     script = tmp_path / "caller.py"
+    # The caller raises KeyboardInterrupt on SIGINT even when started from a
+    # shell's background job, which hands its children SIGINT ignored.
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_distributed_faults import job_sleep
         from pathweave.runtime.launch import run_local

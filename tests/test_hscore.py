@@ -413,19 +413,20 @@ def test_route_below_matches_reference(seed: int, spray: float | None) -> None:
     """The one-call limits, order and routing against the twins (numpy's limits and
     stable sort, route_reference), at stops from far below the plan's time (routing
     stops at once) to above it (the whole plan), on random and bench demands."""
-    from pathweave.plan.hscore import _kernel_tables
+    from pathweave.plan.hscore import _below_tables
 
     fab = _fabric("h100-2x4")
     ps = pw.fabric.candidate_paths(fab)
-    pc = pw.plan.timemodel.path_costs(ps)
     delta = -1.0 if spray is None else spray
     stopped = finished = 0
     for D in _bench_demands(fab, seed):
         d = pw.plan.registry.as_demand(D, fab.num_ranks)
         t = pw.plan.predict_time(pw.plan.make(fab, d, "hscore", spray_delta=spray))
         for share in (0.1, 0.6, 0.95, 1.0 + 1e-6, 2.0):
-            tables = (d, share * t, pc.setup_s, pc.capacity_Bps, fab.num_links,
-                      *_kernel_tables(ps), delta)
+            # The tables as hscore_below hands them (writable copies): numba
+            # compiles a version per writability.
+            kept, _ = _below_tables(ps, None)
+            tables = (d, share * t, *kept, delta)
             width = hk.below_width(fab.num_ranks, tables[-2], delta)
             # Garbage in the buffers: every slot read back must have been written.
             out, ref_out = (np.full((3, width), -7, dtype=np.int64) for _ in range(2))
@@ -516,6 +517,7 @@ def test_size_order_matches_reference(seed: int, n: int) -> None:
     if seed == 3:
         d[:] = 0
     d = np.ascontiguousarray(d, dtype=np.int64)
+    d.setflags(write=False)  # as the planner hands it: numba compiles a version per writability
     for got, want in zip(hk.size_order(d), hk.size_order_reference(d), strict=True):
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, want)

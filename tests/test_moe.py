@@ -488,24 +488,29 @@ def test_example_moe_layer_matches_dense() -> None:
     assert max(errs) < 1e-4, errs
 
 
-def test_example_one_rank_cost_checks_every_output() -> None:
-    """examples/moe_one_rank_cost.py: both layouts and plain torch against x * sum(w)."""
-    import subprocess
+def test_example_one_rank_cost_checks_every_output(capsys) -> None:
+    """examples/moe_one_rank_cost.py: both layouts and plain torch against x * sum(w).
 
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, str(root / "examples" / "moe_one_rank_cost.py"), "--tokens", "48",
-         "--hidden", "32", "--experts", "8", "--topk", "3", "--capacity", "48", "--repeat", "1"],
-        capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    assert lines[-1] == "outputs: all equal x * sum(w) within bf16 rounding", proc.stdout
+    Its ``main`` runs here (a one-rank group of its own on a ``HashStore``, torn
+    down when it returns), not in a fresh Python that imports torch again.
+    """
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import moe_one_rank_cost
+
+    status = moe_one_rank_cost.main(["--tokens", "48", "--hidden", "32", "--experts", "8",
+                                     "--topk", "3", "--capacity", "48", "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    lines = out.splitlines()
+    assert lines[-1] == "outputs: all equal x * sum(w) within bf16 rounding", out
     from pathweave.moe.routing import LAYOUTS
 
     # plain torch, every layout, the low-latency mode
     rows = sum(line.startswith(("plain torch", "pathweave ")) for line in lines)
-    assert rows == 2 + len(LAYOUTS), proc.stdout
-    assert sum(line.startswith(("PASS", "MISS")) for line in lines) == 2, proc.stdout
+    assert rows == 2 + len(LAYOUTS), out
+    assert sum(line.startswith(("PASS", "MISS")) for line in lines) == 2, out
     assert any(line.startswith("low-latency: torch ops per round trip") for line in lines)
 
 

@@ -582,7 +582,10 @@ def test_node_factored_stripe_score_equals_the_fragment_by_fragment_sum(fab, nam
         assert stripe_time(ps, plan.demand, stripes, key=name) == want == predict_time(plan)
         # Every term of the kernel, the tailed links term too, equals its twin's.
         tables = factored(ps, stripes, name)
-        assert tables is None or factored_terms(plan.demand, *tables) == (
+        # Writable copies of the tables, as the stripe scorer hands them
+        # (timemodel._kernel_args): numba compiles a version per writability.
+        assert tables is None or factored_terms(plan.demand, *(
+            np.array(t) if isinstance(t, np.ndarray) else t for t in tables)) == (
             links_s, tailed_s, flows_s)
     # The fast path was taken (tables kept with the paths), not the link-major gather,
     # except for stripes through a switch-to-switch link (a spine hop), which
@@ -625,10 +628,12 @@ def test_stripes_through_spines_fall_back_to_the_link_major_score():
 @pytest.mark.parametrize("fab", PRUNE_FABS, ids=lambda f: f.name)
 def test_cut_sums_equal_the_pair_by_pair_sums(fab):
     from pathweave.plan._stripe_kernel import cut_sums, cut_sums_reference
-    from pathweave.plan.timemodel import _cut_tables, default_model, lower_bound_s
+    from pathweave.plan.timemodel import cut_tables, lower_bound_s
 
     ps = pw.fabric.candidate_paths(fab)
-    node, _, _, nout_cap, _, members_ptr, members = _cut_tables(ps, default_model())
+    # The tables as the planners hand them to the kernels (writable copies):
+    # numba compiles a version per writability.
+    node, _, _, nout_cap, _, members_ptr, members = cut_tables(ps)[0]
     rng = np.random.default_rng(5)
     for kind in range(3):
         D = pw.plan.registry.as_demand(_random_demand(rng, fab.num_ranks, kind=kind),
