@@ -864,7 +864,7 @@ def message_fill_terms(
     busy = np.where(np.isfinite(first), first, 0.0) + load / pc.capacity_Bps
     drain = np.where(used, busy[np.maximum(rows, 0)], 0.0).max(axis=1)
     links_s = max(links_s, pc.setup_s + float((drain + af).max()))
-    alone = pc.start_s[fp] + before[live] + b / pc.rate_cap_Bps[fp] + after[live]
+    alone = pc.start_s[fp] + bf + b / pc.rate_cap_Bps[fp] + af
     return links_s, max(flows_s, float(alone.max()))
 
 
