@@ -86,6 +86,12 @@ def test_shaped_rate_forwarding_and_teardown():
             f"{PREFIX}-r0", f"{PREFIX}-r1", f"{PREFIX}-r3"]
         relayed = best_rate(emu, 0, 3, 2 << 20, 5e6)
         assert relayed == pytest.approx(5e6, rel=0.15)
+        # The kernel holds each rank's socket limit in that rank's namespace:
+        # the smallest queue (a 5 MB/s rail: 5 ms on the wire + 128 KiB) over
+        # the 3 other ranks' sockets, (26_140 + 131_072) // 3.
+        for r in range(4):
+            got = emu.run_in(r, ["sysctl", "-n", "net.ipv4.tcp_limit_output_bytes"])
+            assert int(got) == 52_404
     assert_nothing_left()
     # Nothing of ours was ever created in the root namespace (other jobs may add links).
     ours = re.compile(r"^(l\d+|b\d+|id[01])$")

@@ -172,6 +172,13 @@ def test_setup_commands_are_argv_lists_inside_prefixed_namespaces():
     # Every rank's sockets hold at most 128 KiB unsent (26 ms of a 5 MB/s rail).
     lowat = [c[3] for c in cmds if "net.ipv4.tcp_notsent_lowat=131072" in c]
     assert lowat == [f"pwt-r{r}" for r in range(8)]
+    # ... and keep at most the smallest link queue over the 7 other ranks
+    # below them: a 5 MB/s rail queues 5 ms on the wire (26_140 bytes with
+    # Ethernet/IP/TCP framing of a 1500-byte MTU) plus its 128 KiB bucket.
+    assert lay.output_limit_bytes() == (26_140 + 131_072) // 7
+    assert all(lay.queue_bytes(p) >= 7 * lay.output_limit_bytes() for p in lay.shaped)
+    limited = [c[3] for c in cmds if "net.ipv4.tcp_limit_output_bytes=22458" in c]
+    assert limited == [f"pwt-r{r}" for r in range(8)]
 
 
 def test_custom_routes_follow_the_given_paths():

@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_BURST_BYTES",
     "DEFAULT_LATENCY_S",
     "DEFAULT_SHAPING",
+    "MIN_OUTPUT_LIMIT_BYTES",
     "NOTSENT_LOWAT_BYTES",
     "PREFIX_RE",
     "SHAPINGS",
@@ -82,6 +83,9 @@ DEFAULT_SHAPING = "ackfirst"
 #: (300 ms of that rail, a queue no GPU link has), and a forward or a slot credit
 #: written to it waited behind all of it.
 NOTSENT_LOWAT_BYTES = 128 * 1024
+#: Floor of :meth:`Layout.output_limit_bytes`: two full 8 KiB-ish segments in flight below a
+#: socket keep it sending on the emulator's MB/s links.
+MIN_OUTPUT_LIMIT_BYTES = 16 * 1024
 #: Identity networks: ranks in 10.211/16, spines in 10.212/16.
 _RANK_NET, _SPINE_NET = 211, 212
 #: What a pathweave emulator prefix looks like (``pw``, ``pwt``, ``pw2``...).
@@ -235,6 +239,38 @@ class Layout:
         """tbf bucket depth: at least :data:`DEFAULT_BURST_BYTES` and 4 ms of traffic."""
         return max(self.burst_bytes, round(port.payload_Bps * framing_factor(self.mtu) * 4e-3))
 
+    def queue_bytes(self, port: Port) -> int:
+        """Bytes the qdisc of ``port`` holds before it drops: ``rate * latency + burst``.
+
+        tbf derives its limit from ``latency`` this way; ``ackfirst`` sizes each
+        ``bfifo`` the same (:func:`~pathweave.emulate._ip.htb_ackfirst`).
+        """
+        return round(self.wire_rate_bps(port) / 8 * self.latency_s) + self.burst_for(port)
+
+    def output_limit_bytes(self) -> int:
+        """``net.ipv4.tcp_limit_output_bytes`` of every router namespace.
+
+        A rank's own packets meet its links' qdiscs with no hop between. One
+        dropped there never reaches the wire: the socket is told so, halves
+        its window and sends again only on an acknowledgement or a timer.
+        Unbounded (1 MiB or more a socket, Linux's default), a rank's N - 1
+        gloo sockets overflowed a rail's queue by themselves: 300-640 drops
+        per rank port in six stencil calls, and calls on lightly shared
+        links (a 2-D stencil's rail pairs) ending 5-20 % late in half the
+        calls. Each socket may keep the smallest queue over N - 1 below it,
+        so a rank's own sends never overflow a queue (no drops, no tails;
+        docs/emulator.md, "Own-queue drops").
+
+        Examples
+        --------
+        >>> import pathweave as pw
+        >>> lay = build_layout(pw.fabric.preset("h100-2x4"), scale=1e-4)
+        >>> lay.output_limit_bytes()   # (5 ms of a 5 MB/s rail on the wire + 128 KiB) // 7
+        22458
+        """
+        queue = min((self.queue_bytes(p) for p in self.shaped), default=0)
+        return max(MIN_OUTPUT_LIMIT_BYTES, queue // max(1, self.num_ranks - 1))
+
     def refill_s(self) -> float:
         """Longest time an emptied tbf bucket takes to fill again (over every shaped port).
 
@@ -280,6 +316,7 @@ class Layout:
                 "net.ipv4.conf.all.send_redirects": 0,
                 "net.ipv4.conf.default.send_redirects": 0,
                 "net.ipv4.tcp_notsent_lowat": NOTSENT_LOWAT_BYTES,
+                "net.ipv4.tcp_limit_output_bytes": self.output_limit_bytes(),
             }))
             cmds.append(_ip.veth_add(ns, "id0", ns, "id1"))
             cmds.append(_ip.addr_add(ns, "id0", f"{self.router_address[v]}/32"))
