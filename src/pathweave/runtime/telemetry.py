@@ -117,8 +117,7 @@ def link_ratios(
     uncertain its ``ratio`` or ``floor`` is, in units of ``log(ratio)``
     (``inf`` where nothing is known), from the call's own measurement noise:
     the robust spread (``1.4826 * MAD``) of ``log(slowdown)`` over the
-    streams that ended within ``1 / slow`` of their expected time and cross
-    no link found slow (what the tomography leaves unexplained; ``inf``
+    streams that ended within ``1 / slow`` of their expected time (``inf``
     with fewer than :data:`NOISE_STREAMS` of them). A floor has the call's
     noise; a ratio has it scaled by ``log(ratio) / log(lateness)``, where
     lateness is how much the slowest stream it explains was slowed: that
@@ -212,7 +211,9 @@ def link_ratios(
     took = took / scale                           # in nominal-fabric seconds
     ref = np.maximum(expect, _host_reference(np.array(keys), took, num_ranks))
     slowed = took * slow > ref
+    on_time = took * slow <= expect
     noise = np.full(nom.size, np.inf)
+    call_noise = _noise(took[on_time] / expect[on_time])
     left = np.ones(len(keys), dtype=bool)
     while (slowed & left).any():
         m = crosses[slowed & left]
@@ -226,13 +227,9 @@ def link_ratios(
         # below its lateness; the noise is rescaled to the ratio's log units
         i = np.flatnonzero(slowed & left & crosses[:, link])
         j = i[np.argmax(took[i])]
-        noise[link] = -np.log(out[link]) / np.log(took[j] / ref[j]) if out[link] < 1.0 else 1.0
+        noise[link] = call_noise * (-np.log(out[link]) / np.log(took[j] / ref[j])
+                                    if out[link] < 1.0 else 1.0)
         left &= ~crosses[:, link]
-    # the call's noise, over the on-time streams no slow link explains (a
-    # link's ratio has it scaled as above)
-    calm = left & (took * slow <= expect)
-    call_noise = _noise(took[calm] / expect[calm])
-    noise[np.isfinite(out)] *= call_noise
     # An unslowed stream bounds its links from below only: a link it crosses
     # carried its bytes within the stream's time (at least).
     m = crosses[left]
@@ -244,7 +241,7 @@ def link_ratios(
     return out, floor, noise
 
 
-#: :func:`link_ratios` measures a call's noise only over at least this many calm streams.
+#: :func:`link_ratios` measures a call's noise only over at least this many on-time streams.
 NOISE_STREAMS = 5
 
 
