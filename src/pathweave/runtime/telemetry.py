@@ -438,12 +438,15 @@ class SwitchPolicy:
     against the latest). Why ``single_z`` is large: stream times are not
     normal (a late process delays a whole stream), so a lone observation
     gets no credit for the normal tail. At 8 the emulator's co-tenant at
-    60 % on a rail (its links at 0.49-0.56 in calls with noise 0.05-0.07,
-    8 to 12 of it) is learned from its first call, and a first call with a
+    60 % on a rail was learned from the warm-up call in 5 of 10 runs (its
+    links 8 to 26 of the call's noise away, noise 0.03-0.07; in the others
+    the noise was 0.08-0.23 and two calls decided), and a first call with a
     link's streams 1.8x late on 15 % noise (3.9 of it) moves nothing. The
     price: a one-off 2.5x lag on such a call is 8 to 10 of its noise, as
     far out as that co-tenant, and may move the link until the window's
-    next two samples outvote it.
+    next two samples outvote it; without a co-tenant the emulator showed
+    such a lag (a link at 0.53-0.59, 9.5-9.7 of the noise) in 2 of 24
+    sampled calls, both on links whose windows held earlier observations.
 
     A link whose window expired (unobserved for the estimator's ``ttl``
     calls) returns to nominal, so the next plan tries it again (Hopper's
