@@ -65,7 +65,7 @@ def test_slow_rail_is_found_and_nothing_else(policy, slow_host):
     # The hot receiver 0 CPU-bound as well: no stream into it ends before the
     # slowest one into it would on the links alone (rail0's streams, 2.5x late).
     streams, times, lb = _case(policy, true, noise=0.02, slow_host=slow_host)
-    r, lo, _ = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
+    r, lo, *_ = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
     seen_slow = np.flatnonzero(np.isfinite(r))
     assert set(seen_slow.tolist()) <= set(rail0.tolist()) and seen_slow.size
     assert np.allclose(r[seen_slow], 0.4, atol=0.03)
@@ -83,7 +83,7 @@ def test_a_uniformly_slow_receiver_blames_no_link(policy):
     # blamed; without them its links into rank 0 look slow.
     streams, times, lb = _case(policy, np.ones(FAB.num_links), noise=0.05, seed=2,
                                slow_host=(0, 3.0))
-    r, lo, _ = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
+    r, lo, *_ = link_ratios(streams, times, lb, FAB.capacity_Bps, num_ranks=N)
     assert np.isnan(r).all() and np.isfinite(lo).any()
     r_blind, *_ = link_ratios(streams, times, lb, FAB.capacity_Bps)
     into0 = FAB.link_dst == FAB.vertex_id("n0.gpu0")
@@ -93,7 +93,7 @@ def test_a_uniformly_slow_receiver_blames_no_link(policy):
 def test_uniformly_slow_machine_sees_no_change():
     # The whole machine 20x slower than the fabric model: relative ratios stay 1.
     streams, times, lb = _case("mwu", np.full(FAB.num_links, 0.05), noise=0.05, seed=3)
-    r, lo, _ = link_ratios(streams, times, lb, FAB.capacity_Bps)
+    r, lo, *_ = link_ratios(streams, times, lb, FAB.capacity_Bps)
     assert np.isnan(r).all() and np.isfinite(lo).any() and np.nanmax(lo) == 1.0
 
 
@@ -197,6 +197,28 @@ def test_a_sequence_of_observations_switches_when_its_evidence_suffices():
     assert first_move([0.55, 1.0, 1.0, 0.55, 1.0], 0.15) is None
 
 
+def test_floors_credit_the_typical_streams_lateness_only_up_to_credit():
+    """A call whose typical stream was 2x late (a paced plan's lock-step): floors by hand.
+
+    Links 0-5, 1 s busy each, one stream each of 2.0-2.2 s; link 6, 0.5 s
+    busy, one stream of 1.0 s. The reference (``reference_quantile=0``) is
+    2x, so all are on time. A floor is the link's busy time over its
+    stream's, the stream's divided by the lateness credited,
+    ``min(2, credit)``: fully credited, links 0-5 read ``2 / 2.0 .. 2 / 2.2``
+    and link 6 ``min(1, 0.5 * 2 / 1.0) = 1``; credited 1x (the blind
+    plan's reference), ``1 / 2.0 .. 1 / 2.2`` and 0.5; credited 1.6x, 0.8.
+    """
+    keys = {k: np.array([k]) for k in range(7)}
+    took = np.array([2.0, 2.0, 2.04, 2.08, 2.12, 2.2, 1.0])
+    busy = np.array([1.0] * 6 + [0.5])
+    for credit, link6 in ((np.inf, 1.0), (2.0, 1.0), (1.0, 0.5), (1.6, 0.8)):
+        r, lo, _, ref = link_ratios(keys, dict(enumerate(took)), busy * 10.0,
+                                    np.full(7, 10.0), reference_quantile=0.0, credit=credit)
+        assert ref == 2.0 and np.isnan(r).all()
+        c = min(2.0, credit)
+        assert lo[:6] == pytest.approx(c / took[:6]) and lo[6] == pytest.approx(link6), credit
+
+
 def test_call_noise_is_the_on_time_streams_spread_and_scaled_to_a_ratio():
     """:func:`link_ratios`' noise: hand-computed, and tracking injected noise.
 
@@ -210,7 +232,7 @@ def test_call_noise_is_the_on_time_streams_spread_and_scaled_to_a_ratio():
     keys |= {6: np.array([0, 1]), 7: np.array([2, 1])}
     times = dict(enumerate([1.0, 1.0, 1.02, 1.04, 1.06, 1.10, 8.0, 8.0]))
     busy = np.array([40.0, 10.0, 40.0, *[10.0] * 6])
-    r, lo, noise = link_ratios(keys, times, busy, np.full(9, 10.0), reference_quantile=0.0)
+    r, lo, noise, _ = link_ratios(keys, times, busy, np.full(9, 10.0), reference_quantile=0.0)
     x = np.log([1.0, 1.0, 1.02, 1.04, 1.06, 1.10])
     call = 1.4826 * np.median(np.abs(x - np.median(x)))
     assert r[1] == 1 / 8 and np.isnan(r[[0, 2]]).all()
@@ -221,7 +243,7 @@ def test_call_noise_is_the_on_time_streams_spread_and_scaled_to_a_ratio():
         streams, t, lb = _case("mwu", np.ones(FAB.num_links), seed=4)
         rng = np.random.default_rng(5)
         t = {k: v * np.exp(sigma * rng.standard_normal()) for k, v in t.items()}
-        _, lo, noise = link_ratios(streams, t, lb, FAB.capacity_Bps, num_ranks=N)
+        _, lo, noise, _ = link_ratios(streams, t, lb, FAB.capacity_Bps, num_ranks=N)
         assert 0.6 * sigma < np.unique(noise[np.isfinite(lo)]).item() < 1.3 * sigma
 
 
