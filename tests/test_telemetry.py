@@ -219,6 +219,33 @@ def test_floors_credit_the_typical_streams_lateness_only_up_to_credit():
         assert lo[:6] == pytest.approx(c / took[:6]) and lo[6] == pytest.approx(link6), credit
 
 
+@pytest.mark.parametrize("policy", pw.plan.policies(executable_only=True))
+def test_an_adapted_plans_late_streams_do_not_move_the_plan_back(policy, monkeypatch):
+    """rail0's links at 0.4; on the adapted plan every stream off rail0 is 1.7x late.
+
+    As in the emulator, where the adapted plan's typical stream ended
+    1.3-2.0x after its busiest link's time and rail0's at theirs.
+    Noise-free, so the first call settles rail0 alone. Credited with the
+    typical stream's lateness (``CREDIT`` unbounded, the rule before), a
+    floor of rail0's links reads ``0.4 * 1.7 = 0.68``, 1.5-fold above the
+    plan's 0.4, and three such calls move the plan back onto them;
+    credited only the blind call's lateness, it reads 0.4 and nothing moves.
+    """
+    from pathweave.runtime.telemetry import Adaptation
+
+    true = np.ones(FAB.num_links)
+    true[_rail0_links()] = 0.4
+    late = (_rail0_links(), 1.7)
+    rail0 = _rail0_links().tolist()
+    sw = _noisy_job(policy, lambda c: true, 12, 0.0, 0, late_off=late)
+    assert [c for c, *_ in sw] == [0], [(c, x) for c, x, *_ in sw]
+    assert any(sw[0][1].get(i, 1.0) <= 0.45 for i in rail0), sw[0][1]
+    monkeypatch.setattr(Adaptation, "CREDIT", np.inf)
+    sw = _noisy_job(policy, lambda c: true, 12, 0.0, 0, late_off=late)
+    back = [i for i in rail0 if sw[0][1].get(i, 1.0) <= 0.45 < sw[-1][1].get(i, 1.0)]
+    assert len(sw) > 1 and back, [(c, x) for c, x, *_ in sw]
+
+
 def test_call_noise_is_the_on_time_streams_spread_and_scaled_to_a_ratio():
     """:func:`link_ratios`' noise: hand-computed, and tracking injected noise.
 
@@ -639,14 +666,16 @@ def test_moe_dispatch_and_combine_learn_from_their_own_transfers():
 NOISY_LINK = FAB.link_id("rail0", "n0.nic0")
 
 
-def _noisy_job(policy, true_of_call, calls, sigma, seed, outlier=None):
+def _noisy_job(policy, true_of_call, calls, sigma, seed, outlier=None, late_off=None):
     """Drive one :class:`Adaptation` through ``calls`` calls of ``hotspot:0.6``; its replans.
 
     Each sampled call's words are fluid stream times (a stream ends when the
     slowest link it crosses has carried the plan's bytes on it, at capacity
     ``true_of_call(call) * nominal``) times seeded log-normal noise of spread
     ``sigma``; ``outlier = (call, links, factor)`` makes every stream across
-    ``links`` ``factor`` x late in that call only. Every rank absorbs the same
+    ``links`` ``factor`` x late in that call only; ``late_off = (links,
+    factor)``: after the first replan, every stream that crosses none of
+    ``links`` is ``factor`` x late. Every rank absorbs the same
     words (the metadata exchange), so one rank's object stands for all.
     A replan is made as the orchestrator makes it: the policy's plan on the
     settled capacities. Returns ``[(call, learned, old plan's link bytes, new
@@ -679,6 +708,9 @@ def _noisy_job(policy, true_of_call, calls, sigma, seed, outlier=None):
             words = np.zeros((N, max(k.size for k in into)), dtype=np.int64)
             for dst, keys in enumerate(into):
                 t = np.array([link_s[streams[int(k)]].max() for k in keys])
+                if late_off is not None and out:
+                    t *= [1.0 if np.isin(streams[int(k)], late_off[0]).any() else late_off[1]
+                          for k in keys]
                 t *= np.exp(sigma * rng.standard_normal(t.size))
                 if outlier is not None and outlier[0] == call:
                     t *= [outlier[2] if np.isin(streams[int(k)], outlier[1]).any() else 1.0
