@@ -305,10 +305,11 @@ BACKGROUND_LOADS = (0.0, 0.2, 0.4, 0.6, 0.8)
 #: baseline and 1.2x its residual-capacity bound; without load within 1.02x the blind one.
 TARGET_LOAD, TARGET_VS_BLIND, TARGET_VS_BOUND, TARGET_IDLE_COST = 0.6, 0.9, 1.2, 1.02
 #: Timed calls per point of the co-tenant sweep. The switch rule
-#: (:class:`~pathweave.runtime.telemetry.SwitchPolicy`) moves a link after two
-#: agreeing observations, so the third call is the first an adapting policy
-#: can run on what it learned: the median of 3 calls is always a blind one,
-#: of 5 the plan the policy lands on.
+#: (:class:`~pathweave.runtime.telemetry.SwitchPolicy`) moves a link after one
+#: observation far beyond its call's noise (the warm-up's, on the emulator's
+#: quiet calls), else after two agreeing ones, so the third call may be the
+#: first an adapting policy runs on what it learned: of 5 calls the median is
+#: the plan the policy lands on.
 BACKGROUND_REPEAT = 5
 #: Load 0 runs this many times ``repeat`` calls: its 2 % target is finer than
 #: the call-to-call noise of a shared machine (the others are 10 % and more).

@@ -9,11 +9,11 @@ so every rank reaches the same estimates and the same plans:
   as int64 words that ride along the next call's metadata row, one per
   stream the call's plan defines into the rank (:func:`streams_into`);
 * :func:`link_ratios`: the per-link *effective capacity ratio* those times
-  imply (greedy tomography: the most slowed link explains every stream that
-  crosses it; slowdowns are relative to the typical stream, so a machine
-  that is uniformly slower than the fabric model sees no change, and to the
-  other streams of the same receiver and forwarder, so a host slow as a
-  whole is not read as slow links);
+  imply, and how noisy each is (greedy tomography: the most slowed link
+  explains every stream that crosses it; slowdowns are relative to the
+  typical stream, so a machine that is uniformly slower than the fabric
+  model sees no change, and to the other streams of the same receiver and
+  forwarder, so a host slow as a whole is not read as slow links);
 * :class:`LinkEstimator`: a median over the last ``window`` observations per
   link (outlier-robust), quantised to ``1 / levels`` of nominal, forgotten
   after ``ttl`` calls without an observation (the link is then tried again:
@@ -22,8 +22,9 @@ so every rank reaches the same estimates and the same plans:
   confidence test: a link's estimate is planned on only when its window's
   samples show it moved ``probe_threshold`` x from what the current plan
   assumed beyond their own spread (several agreeing samples, a majority, a
-  MAD bound), never on one observation; the new plan is taken only on a
-  clear predicted win;
+  MAD bound), or, for a link's first observation, beyond many times the
+  noise its call measured (evidence needed scales with the move against
+  the noise); the new plan is taken only on a clear predicted win;
 * :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
@@ -107,12 +108,36 @@ def link_ratios(
     slow: float = 2.0 / 3.0,
     reference_quantile: float = 0.3,
     num_ranks: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    credit: float = np.inf,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Effective-capacity ratios per link implied by stream completion times.
 
-    Returns ``(ratio, floor)``: ``ratio`` where a link explains slowed
-    streams, ``floor`` (a lower bound) where a link is crossed only by
-    unslowed ones; NaN where nothing is known.
+    Returns ``(ratio, floor, noise, reference)``: ``ratio`` where a link
+    explains slowed streams, ``floor`` (a lower bound) where a link is
+    crossed only by unslowed ones; NaN where nothing is known.
+    ``reference`` is the typical stream's lateness (its time over expected,
+    below) that slowdowns are measured against. Floors credit every link
+    with it, up to ``credit``: :class:`Adaptation` passes the reference of
+    the last call on a plan made on nominal capacities, the machine's own.
+    A plan made on learned ones makes its streams late for another reason,
+    its lock-step (a paced stream ends with the call, not with its busiest
+    link), which makes no link faster: in the emulator (a co-tenant at 60 %
+    on a rail, 11 runs) the typical stream was 0.97-1.23x late on the blind
+    plan's calls (17 of 20 within 1.07x) and up to 1.98x on the adapted
+    one's (19 of 27 at 1.33-1.98x); relative to that, the co-tenant's rail
+    read 0.81-1.0 of nominal while it carried at 0.5-0.6, and the plan was
+    moved back onto it.
+    ``noise`` is, per link, how
+    uncertain its ``ratio`` or ``floor`` is, in units of ``log(ratio)``
+    (``inf`` where nothing is known), from the call's own measurement noise:
+    the robust spread (``1.4826 * MAD``) of ``log(slowdown)`` over the
+    streams that ended within ``1 / slow`` of their expected time (``inf``
+    with fewer than :data:`NOISE_STREAMS` of them). A floor has the call's
+    noise; a ratio has it scaled by ``log(ratio) / log(lateness)``, where
+    lateness is how much the slowest stream it explains was slowed: that
+    stream is what was measured, and a link that was not its bottleneck
+    gets a ratio far below it. :class:`SwitchPolicy` weighs a lone
+    observation with it.
 
     ``streams`` maps a stream key to the links it crosses, ``times_s`` the
     key to when its last byte arrived, ``link_bytes`` is what each link
@@ -149,10 +174,23 @@ def link_ratios(
     link 1 (its one stream is explained).
 
     >>> streams = {0: np.array([0]), 1: np.array([0, 2]), 2: np.array([1, 2])}
-    >>> r, lo = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0),
-    ...                     np.full(3, 10.0), reference_quantile=0.0)
-    >>> r.tolist(), lo.tolist()
-    ([nan, nan, 0.25], [1.0, nan, nan])
+    >>> r, lo, noise, _ = link_ratios(streams, {0: 1.0, 1: 4.0, 2: 4.0}, np.full(3, 10.0),
+    ...                               np.full(3, 10.0), reference_quantile=0.0)
+    >>> r.tolist(), lo.tolist(), noise.tolist()
+    ([nan, nan, 0.25], [1.0, nan, nan], [inf, inf, inf])
+
+    Six on-time streams 1.00, 1.00, 1.02, 1.04, 1.06, 1.10 x their expected
+    time (one busy second each) and one 3 x late: the noise is the spread of
+    the six, 1.4826 times the median of their log-distances from their
+    median, about 0.04; link 6 is its late stream's bottleneck (ratio 1/3,
+    lateness 3), so its ratio's noise is the call's:
+
+    >>> keys = {k: np.array([k]) for k in range(7)}
+    >>> t = dict(enumerate([1.0, 1.0, 1.02, 1.04, 1.06, 1.10, 3.0]))
+    >>> r, lo, noise, _ = link_ratios(keys, t, np.full(7, 10.), np.full(7, 10.),
+    ...                               reference_quantile=0.0)
+    >>> round(float(noise[6]), 4), round(float(r[6]), 4)
+    (0.0432, 0.3333)
 
     Three ranks, one link per pair (link ``3 s + d`` from ``s`` to ``d``),
     10 B on each. Rank 0 is slow as a whole: both its streams end at 4 s;
@@ -165,7 +203,7 @@ def link_ratios(
     >>> t = {k: 4.0 if k % n == 0 else 1.0 for k in keys}
     >>> np.flatnonzero(np.isfinite(link_ratios(keys, t, np.full(9, 10.), np.full(9, 10.))[0]))
     array([3, 6])
-    >>> r, lo = link_ratios(keys, t, np.full(9, 10.0), np.full(9, 10.0), num_ranks=n)
+    >>> r, lo, *_ = link_ratios(keys, t, np.full(9, 10.0), np.full(9, 10.0), num_ranks=n)
     >>> bool(np.isnan(r).all()), lo[[3, 6]].tolist()
     (True, [0.25, 0.25])
     """
@@ -176,7 +214,7 @@ def link_ratios(
     keys = [k for k in streams if np.isfinite(times_s.get(k, np.nan)) and times_s[k] > 0
             and busy_s[streams[k]].max(initial=0) > 0]
     if not keys:
-        return out, floor
+        return out, floor, np.full(nom.size, np.inf), np.nan
     # crosses[i, l]: stream i crosses link l
     crosses = np.zeros((len(keys), nom.size), dtype=bool)
     for i, k in enumerate(keys):
@@ -185,7 +223,11 @@ def link_ratios(
     took = np.array([times_s[k] for k in keys])
     scale = float(np.quantile(took / expect, reference_quantile))
     took = took / scale                           # in nominal-fabric seconds
-    slowed = took * slow > np.maximum(expect, _host_reference(np.array(keys), took, num_ranks))
+    ref = np.maximum(expect, _host_reference(np.array(keys), took, num_ranks))
+    slowed = took * slow > ref
+    on_time = took * slow <= expect
+    noise = np.full(nom.size, np.inf)
+    call_noise = _noise(took[on_time] / expect[on_time])
     left = np.ones(len(keys), dtype=bool)
     while (slowed & left).any():
         m = crosses[slowed & left]
@@ -194,15 +236,37 @@ def link_ratios(
         best = np.flatnonzero(count == count.max())
         link = int(best[np.argmax(busy_s[best])])
         out[link] = min(1.0, busy_s[link] / latest[link])
+        # the evidence is the slowest stream's lateness (> 1 / slow), not the
+        # ratio: a link that was not that stream's bottleneck gets a ratio far
+        # below its lateness; the noise is rescaled to the ratio's log units
+        i = np.flatnonzero(slowed & left & crosses[:, link])
+        j = i[np.argmax(took[i])]
+        noise[link] = call_noise * (-np.log(out[link]) / np.log(took[j] / ref[j])
+                                    if out[link] < 1.0 else 1.0)
         left &= ~crosses[:, link]
     # An unslowed stream bounds its links from below only: a link it crosses
     # carried its bytes within the stream's time (at least).
     m = crosses[left]
     if m.size:
-        lb = np.where(m, np.minimum(1.0, busy_s[None, :] / took[left][:, None]), np.nan)
+        real = took[left][:, None] * (scale / max(min(scale, credit), 1e-300))
+        lb = np.where(m, np.minimum(1.0, busy_s[None, :] / real), np.nan)
         seen = m.any(axis=0) & np.isnan(out)
         floor[seen] = np.nanmax(lb[:, seen], axis=0)
-    return out, floor
+        noise[seen] = call_noise
+    return out, floor, noise, scale
+
+
+#: :func:`link_ratios` measures a call's noise only over at least this many on-time streams.
+NOISE_STREAMS = 5
+
+
+def _noise(slowdown: np.ndarray) -> float:
+    """Robust spread of ``log(slowdown)``: ``1.4826 * MAD`` (the standard deviation for
+    normal noise), ``inf`` for fewer than :data:`NOISE_STREAMS` values."""
+    if slowdown.size < NOISE_STREAMS:
+        return np.inf
+    x = np.log(slowdown)
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
 def _host_reference(keys: np.ndarray, took: np.ndarray, num_ranks: int | None) -> np.ndarray:
@@ -261,6 +325,7 @@ class LinkEstimator:
         self.vote = float(vote)
         self.ttl = int(ttl)
         self._hist = np.full((int(window), num_links), np.nan)  # a ring per link
+        self._noise = np.full((int(window), num_links), np.inf)  # each sample's call noise
         self._next = np.zeros(num_links, dtype=np.int64)
         self._age = np.zeros(num_links, dtype=np.int64)
         # ratio_q of the current windows: they change only in update(), and the
@@ -278,6 +343,14 @@ class LinkEstimator:
         v.setflags(write=False)
         return v
 
+    @property
+    def noise(self) -> np.ndarray:
+        """Beside :attr:`samples`: the noise of the call each sample came from
+        (:func:`link_ratios`' per-link noise; ``inf``: unknown, or no sample). Read-only."""
+        v = self._noise.view()
+        v.setflags(write=False)
+        return v
+
     def _median(self) -> np.ndarray:
         """Median of each link's window (NaN for an empty one)."""
         empty = np.isnan(self._hist).all(axis=0)
@@ -286,8 +359,9 @@ class LinkEstimator:
             out[~empty] = np.nanmedian(self._hist[:, ~empty], axis=0)
         return out
 
-    def update(self, ratios: np.ndarray, floors: np.ndarray | None = None) -> None:
-        """Add one call's ratios (NaN: not observed) and lower bounds (``floors``).
+    def update(self, ratios: np.ndarray, floors: np.ndarray | None = None,
+               noise: np.ndarray | None = None) -> None:
+        """Add one call's ratios (NaN: not observed), lower bounds (``floors``) and noise.
 
         A lower bound above a link's estimate (the link proved faster) is
         taken as an observation. One of at least ``vote`` of nominal
@@ -301,7 +375,8 @@ class LinkEstimator:
         as an observation at nominal: one slow call after it moves the
         median only halfway (a single late call, measured in the emulator
         without any co-tenant, is no reason to re-plan), while a link slow
-        from its first call on is learned in that call.
+        from its first call on is learned in that call. ``noise`` per link
+        (:func:`link_ratios`; ``None``: unknown) is kept beside each sample.
         """
         r = np.array(ratios, dtype=np.float64)
         if floors is not None:
@@ -311,13 +386,16 @@ class LinkEstimator:
             r[up] = np.maximum(lo[up], med[up])
             r[np.isnan(r) & np.isfinite(lo) & np.isnan(med)] = 1.0
         seen = np.flatnonzero(np.isfinite(r))
-        self._hist[self._next[seen] % self._hist.shape[0], seen] = np.clip(r[seen], 0.0, 1.0)
+        slot = self._next[seen] % self._hist.shape[0]
+        self._hist[slot, seen] = np.clip(r[seen], 0.0, 1.0)
+        self._noise[slot, seen] = np.inf if noise is None else np.asarray(noise)[seen]
         self._next[seen] += 1
         self._age[seen] = 0
         unseen = np.isnan(r)
         self._age[unseen] += 1
         stale = unseen & (self._age > self.ttl)
         self._hist[:, stale] = np.nan
+        self._noise[:, stale] = np.inf
         self._q = None
         self.version += 1
 
@@ -362,6 +440,31 @@ class SwitchPolicy:
       ``probe_threshold``-fold away (samples that agree but scatter widely
       around the threshold move nothing).
 
+    The evidence needed scales with the size of the move against the noise
+    the samples were measured with: a window of *one* observation moves the
+    link when that observation is, besides ``probe_threshold``-fold away,
+    ``single_z`` times its noise away from the planned value (the noise
+    :func:`link_ratios` measures on the call's on-time streams, floored at
+    ``noise_floor``). A link found at 0.55 of nominal in a call whose other
+    streams ended within a few percent of their model is learned from that
+    call; one found at 0.4 in a call whose streams scatter by 15 % waits
+    for a second observation, as does every observation of a link whose
+    window holds earlier ones (the majority rule then weighs the earlier
+    against the latest). Why ``single_z`` is large: stream times are not
+    normal (a late process delays a whole stream), so a lone observation
+    gets no credit for the normal tail. At 8 the emulator's co-tenant at
+    60 % on a rail was learned from the warm-up call in 5 of 10 runs (its
+    links 8 to 26 of the call's noise away, noise 0.03-0.07; in the others
+    the noise was 0.08-0.23 and two calls decided), and a first call with a
+    link's streams 1.8x late on 15 % noise (3.9 of it) moves nothing. The
+    price: a one-off 2.5x lag on such a call is 8 to 10 of its noise, as
+    far out as that co-tenant, and may move the link until the window's
+    next two samples outvote it. Without a co-tenant the emulator showed
+    such a lag (a link at 0.53-0.59, 9.5-9.7 of the noise) in 2 of 24
+    sampled calls, both on links whose windows held earlier observations,
+    until a rank's own queue stopped dropping its packets (main 8aa37a4);
+    since, no stream was slowed at all in 24 such calls.
+
     A link whose window expired (unobserved for the estimator's ``ttl``
     calls) returns to nominal, so the next plan tries it again (Hopper's
     probe of an alternative). The plan made on the settled values replaces
@@ -386,18 +489,31 @@ class SwitchPolicy:
 
     >>> pol.settle(np.array([[0.6], [0.2]]), planned, 64).tolist()
     [64]
+
+    One observation at 0.55 (``log(0.55) = -0.598``), with its call's
+    noise: at 0.05 it is 12 noise scales from nominal and settles at once
+    (``round(0.55 * 64) = 35``); at 0.1 it is 6, and waits:
+
+    >>> [pol.settle(np.array([[0.55]]), planned, 64, np.array([[x]])).tolist()
+    ...  for x in (0.05, 0.1)]
+    [[35], [64]]
     """
 
     probe_threshold: float = 1.5
     agree: int = 2
     z: float = 1.645
+    single_z: float = 8.0
+    noise_floor: float = 0.02
 
-    def settle(self, samples: np.ndarray, planned_q: np.ndarray, levels: int) -> np.ndarray:
+    def settle(self, samples: np.ndarray, planned_q: np.ndarray, levels: int,
+               noise: np.ndarray | None = None) -> np.ndarray:
         """``planned_q`` with each link that ``samples`` confidently moved set to their median.
 
         ``samples``: ``float[window, links]`` capacity ratios (NaN: none);
         ``planned_q``: the quantised ratios (``levels`` = nominal) the current
-        plan was made with. Returns new quantised ratios (``planned_q``
+        plan was made with; ``noise``: beside ``samples``, each one's call
+        noise (:attr:`LinkEstimator.noise`; ``None``: unknown, so no window of
+        one moves). Returns new quantised ratios (``planned_q``
         itself where nothing moved); deterministic in its arguments.
         """
         h = np.asarray(samples, dtype=np.float64)
@@ -405,6 +521,8 @@ class SwitchPolicy:
         out = planned.copy()
         n = np.isfinite(h).sum(axis=0)
         out[(n == 0) & (planned != levels)] = levels  # expired: try it again
+        if noise is not None:
+            self._settle_one(h, np.asarray(noise, dtype=np.float64), planned, levels, out)
         cols = np.flatnonzero(n >= self.agree)
         if cols.size == 0:
             return out
@@ -419,6 +537,20 @@ class SwitchPolicy:
         q = np.clip(np.round(np.exp(m) * levels), 1, levels).astype(np.int64)
         out[cols[moved]] = q[moved]
         return out
+
+    def _settle_one(self, h: np.ndarray, noise: np.ndarray, planned: np.ndarray, levels: int,
+                    out: np.ndarray) -> None:
+        """Set ``out`` where a window holds one observation, far beyond its noise, to it."""
+        cols = np.flatnonzero(np.isfinite(h).sum(axis=0) == 1)
+        if cols.size == 0:
+            return
+        row = np.argmax(np.isfinite(h[:, cols]), axis=0)
+        x = np.log(np.clip(h[row, cols], 1.0 / levels, 1.0))
+        sd = np.maximum(noise[row, cols], self.noise_floor)
+        d = np.abs(x - np.log(planned[cols] / levels))
+        moved = (d >= np.log(self.probe_threshold) - 1e-9) & (d >= self.single_z * sd)
+        q = np.clip(np.round(np.exp(x) * levels), 1, levels).astype(np.int64)
+        out[cols[moved]] = q[moved]
 
 
 def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
@@ -503,6 +635,13 @@ class Adaptation:
     #: a second agreeing sample to move past an earlier nominal one, and that
     #: sample came 8 calls later): the first few calls are where a job learns.
     FIRST_SAMPLES = 3
+    #: On a plan made on learned capacities, floors credit the typical
+    #: stream's lateness up to this many times the last blind call's
+    #: (:func:`link_ratios`' ``credit``): the reference's own scatter between
+    #: calls is a few percent (sd 2.5 % over 40 seeds of the 15 % noise tests;
+    #: 17 of the emulator's 20 traced blind calls within 0.97-1.07x), the
+    #: adapted plan's lock-step up to 1.98x in the emulator.
+    CREDIT = 1.1
     SAMPLE_EVERY = 8
 
     def __init__(self, fabric: Fabric, paths: object, rank: int, **estimator: int):
@@ -515,6 +654,7 @@ class Adaptation:
         self.policy = SwitchPolicy()
         self.planned_q = np.full(fabric.num_links, self.est.levels, dtype=np.int64)
         self._checked = self.est.version  # the estimator update replan() last saw
+        self._reference = np.inf  # link_ratios' reference on the last blind plan's call
         self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         # plan key -> [stream links, streams into each rank, this rank's stream -> word,
@@ -595,8 +735,13 @@ class Adaptation:
         if last is None or not (w > 0).any():
             return
         streams, into = self._plan[:2]
-        self.est.update(*link_ratios(streams, stream_times(into, w), last[1],
-                                     self.nominal.capacity_Bps, num_ranks=self.n))
+        blind = bool((self.planned_q == self.est.levels).all())
+        *seen, ref = link_ratios(streams, stream_times(into, w), last[1],
+                                 self.nominal.capacity_Bps, num_ranks=self.n,
+                                 credit=np.inf if blind else self._reference * self.CREDIT)
+        if blind and np.isfinite(ref):
+            self._reference = ref  # the machine's own lateness (link_ratios' credit)
+        self.est.update(*seen)
 
     def learned(self) -> dict[int, float]:
         """Link id -> its share of nominal capacity that plans are made on, for the links
@@ -616,7 +761,8 @@ class Adaptation:
         if self._checked == self.est.version:
             return False
         self._checked = self.est.version
-        q = self.policy.settle(self.est.samples, self.planned_q, self.est.levels)
+        q = self.policy.settle(self.est.samples, self.planned_q, self.est.levels,
+                               self.est.noise)
         if (q == self.planned_q).all():
             return False
         self.planned_q = q
