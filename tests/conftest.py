@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The second pytest-xdist worker loads the simulator's kernels before it collects.
+
+    Collecting the doctest modules imports ``pathweave.runtime._preload``,
+    which loads the planners' kernels under a lock: with a cold numba cache
+    the first worker compiles them (about 30 s of CPU) while the second waits
+    for the lock, one core idle. The second compiles the simulator's kernels
+    meanwhile (``run_flows``, about 20 s of CPU), so neither worker compiles
+    them again later: with a cold cache both did, side by side, in their first
+    simulation. With a warm cache this loads them (well under a second).
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") != "gw1":
+        return
+    import pathweave as pw
+
+    fab = pw.fabric.preset("h100-2x4")
+    demand = pw.traffic.hotspot(fab.num_ranks, bytes_per_rank=64 << 20, ratio=0.7)
+    pw.sim.simulate(fab, pw.plan.make(fab, demand, policy="static"))
 
 
 def _assert_drawn(path: Path, min_px: int = 200) -> None:
