@@ -118,15 +118,9 @@ def link_ratios(
     ``reference`` is the typical stream's lateness (its time over expected,
     below) that slowdowns are measured against. Floors credit every link
     with it, up to ``credit``: :class:`Adaptation` passes the reference of
-    the last call on a plan made on nominal capacities, the machine's own.
-    A plan made on learned ones makes its streams late for another reason,
-    its lock-step (a paced stream ends with the call, not with its busiest
-    link), which makes no link faster: in the emulator (a co-tenant at 60 %
-    on a rail, 11 runs) the typical stream was 0.97-1.23x late on the blind
-    plan's calls (17 of 20 within 1.07x) and up to 1.98x on the adapted
-    one's (19 of 27 at 1.33-1.98x); relative to that, the co-tenant's rail
-    read 0.81-1.0 of nominal while it carried at 0.5-0.6, and the plan was
-    moved back onto it.
+    the last call on a plan made on nominal capacities, since an adapted
+    plan's lock-step makes its streams late without any link being faster
+    (docs/runtime.md, "Live adaptation", measured there).
     ``noise`` is, per link, how
     uncertain its ``ratio`` or ``floor`` is, in units of ``log(ratio)``
     (``inf`` where nothing is known), from the call's own measurement noise:
