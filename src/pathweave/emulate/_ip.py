@@ -29,6 +29,7 @@ __all__ = [
     "netns_exec",
     "netns_list",
     "port_counters",
+    "queue_bytes",
     "require_root",
     "require_tools",
     "route_add",
@@ -192,6 +193,18 @@ def tbf(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float) ->
     ]
 
 
+def queue_bytes(rate_bps: int, burst_bytes: int, latency_s: float) -> int:
+    """Bytes a shaped port queues before it drops: ``rate * latency + burst``.
+
+    tbf derives its limit from ``latency`` this way; :func:`htb_ackfirst`
+    sizes each ``bfifo`` the same.
+
+    >>> queue_bytes(40_000_000, 131072, 0.005)   # 5 ms of 5 MB/s plus a 128 KiB bucket
+    156072
+    """
+    return round(int(rate_bps) / 8 * latency_s) + int(burst_bytes)
+
+
 def htb_ackfirst(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: float,
                  *, mtu: int = 1500) -> list[list[str]]:
     """Shape ``dev`` at ``rate_bps`` like :func:`tbf`, pure TCP acknowledgements first.
@@ -219,7 +232,7 @@ def htb_ackfirst(ns: str, dev: str, rate_bps: int, burst_bytes: int, latency_s: 
     dev = _name("interface", dev)
     rate, burst = int(rate_bps), str(int(burst_bytes))
     ack_rate = max(8, rate // 50)
-    limit = str(round(rate / 8 * latency_s) + int(burst_bytes))
+    limit = str(queue_bytes(rate, burst_bytes, latency_s))
     share = ["ceil", f"{rate}bit", "burst", burst, "cburst", burst, "quantum", str(int(mtu) + 14)]
     return [
         [*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pathweave.emulate._ip import SHAPINGS
+from pathweave.emulate._ip import queue_bytes as _queue_bytes
 from pathweave.errors import FabricError, InputError
 from pathweave.fabric import Fabric, VertexKind
 
@@ -240,12 +241,8 @@ class Layout:
         return max(self.burst_bytes, round(port.payload_Bps * framing_factor(self.mtu) * 4e-3))
 
     def queue_bytes(self, port: Port) -> int:
-        """Bytes the qdisc of ``port`` holds before it drops: ``rate * latency + burst``.
-
-        tbf derives its limit from ``latency`` this way; ``ackfirst`` sizes each
-        ``bfifo`` the same (:func:`~pathweave.emulate._ip.htb_ackfirst`).
-        """
-        return round(self.wire_rate_bps(port) / 8 * self.latency_s) + self.burst_for(port)
+        """Bytes the qdisc of ``port`` holds before it drops (:func:`._ip.queue_bytes`)."""
+        return _queue_bytes(self.wire_rate_bps(port), self.burst_for(port), self.latency_s)
 
     def output_limit_bytes(self) -> int:
         """``net.ipv4.tcp_limit_output_bytes`` of every router namespace.

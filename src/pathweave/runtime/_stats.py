@@ -62,9 +62,8 @@ class OrchestratorStats:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view: every field, the link vector as a list and ``total_s`` added to
         the last call's."""
-        last = self.last_call
-        return {
-            **asdict(self),
-            "bytes_per_link": self.bytes_per_link.tolist(),
-            "last_call": None if last is None else {**asdict(last), "total_s": last.total_s},
-        }
+        out = asdict(self)  # the last call's fields included
+        out["bytes_per_link"] = self.bytes_per_link.tolist()
+        if self.last_call is not None:
+            out["last_call"]["total_s"] = self.last_call.total_s
+        return out

@@ -282,6 +282,11 @@ def _host_reference(keys: np.ndarray, took: np.ndarray, num_ranks: int | None) -
     return ref
 
 
+def _quantise(ratio: np.ndarray, levels: int) -> np.ndarray:
+    """Capacity ratios as ``int64`` steps of ``1 / levels`` of nominal, in ``[1, levels]``."""
+    return np.clip(np.round(ratio * levels), 1, levels).astype(np.int64)
+
+
 class LinkEstimator:
     """Median-of-window effective-capacity ratio per link, quantised, with expiry.
 
@@ -402,7 +407,7 @@ class LinkEstimator:
             med = self._median()
             q = np.full(med.size, self.levels, dtype=np.int64)
             ok = np.isfinite(med)
-            q[ok] = np.clip(np.round(med[ok] * self.levels), 1, self.levels).astype(np.int64)
+            q[ok] = _quantise(med[ok], self.levels)
             q.setflags(write=False)
             self._q = q
         return self._q
@@ -516,7 +521,8 @@ class SwitchPolicy:
         n = np.isfinite(h).sum(axis=0)
         out[(n == 0) & (planned != levels)] = levels  # expired: try it again
         if noise is not None:
-            self._settle_one(h, np.asarray(noise, dtype=np.float64), planned, levels, out)
+            self._settle_one(h, np.asarray(noise, dtype=np.float64), planned, levels, out,
+                             np.flatnonzero(n == 1))
         cols = np.flatnonzero(n >= self.agree)
         if cols.size == 0:
             return out
@@ -528,14 +534,14 @@ class SwitchPolicy:
         # the sign test (enough votes, and a strict majority), then the bound
         moved = (((slow >= self.agree) & (2 * slow > n[cols]) & (m + half <= lp - lf))
                  | ((fast >= self.agree) & (2 * fast > n[cols]) & (m - half >= lp + lf)))
-        q = np.clip(np.round(np.exp(m) * levels), 1, levels).astype(np.int64)
+        q = _quantise(np.exp(m), levels)
         out[cols[moved]] = q[moved]
         return out
 
     def _settle_one(self, h: np.ndarray, noise: np.ndarray, planned: np.ndarray, levels: int,
-                    out: np.ndarray) -> None:
-        """Set ``out`` where a window holds one observation, far beyond its noise, to it."""
-        cols = np.flatnonzero(np.isfinite(h).sum(axis=0) == 1)
+                    out: np.ndarray, cols: np.ndarray) -> None:
+        """Set ``out`` where a window holds one observation (the links ``cols``), far beyond
+        its noise, to it."""
         if cols.size == 0:
             return
         row = np.argmax(np.isfinite(h[:, cols]), axis=0)
@@ -543,7 +549,7 @@ class SwitchPolicy:
         sd = np.maximum(noise[row, cols], self.noise_floor)
         d = np.abs(x - np.log(planned[cols] / levels))
         moved = (d >= np.log(self.probe_threshold) - 1e-9) & (d >= self.single_z * sd)
-        q = np.clip(np.round(np.exp(x) * levels), 1, levels).astype(np.int64)
+        q = _quantise(np.exp(x), levels)
         out[cols[moved]] = q[moved]
 
 
