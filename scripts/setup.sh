@@ -40,12 +40,16 @@ _pathweave_setup() (
         echo "setup: creating .venv with $("$python" --version 2>&1)"
         "$python" -m venv "$venv"
     fi
+    # --no-compile: pip byte-compiles every file it installs (torch's and
+    # transformers' thousands), 57 of the 98 s of a fresh install here;
+    # Python compiles the modules a run imports on first import instead.
     pip=("$venv/bin/python" -m pip)
+    install=("${pip[@]}" install --quiet --no-compile)
     "${pip[@]}" install --quiet --upgrade pip ||
         echo "setup: could not upgrade pip; continuing with $("${pip[@]}" --version)"
 
     # Pinned: an unpinned torch would pull several GB of CUDA packages.
-    if ! "${pip[@]}" install --quiet "torch==2.13.0"; then
+    if ! "${install[@]}" "torch==2.13.0"; then
         echo "setup: could not install torch==2.13.0, which the data plane, the MoE layer" \
             "and the emulator (and their tests) need" >&2
         return 1
@@ -53,7 +57,7 @@ _pathweave_setup() (
     torch="torch 2.13.0"
 
     echo "setup: installing pathweave (editable) with test and models extras"
-    "${pip[@]}" install --quiet -e "$root[test,models]"
+    "${install[@]}" -e "$root[test,models]"
     printf '%s\n%s\n' "$want" "$torch" >"$stamp"
     echo "setup: done ($torch)"
 )
