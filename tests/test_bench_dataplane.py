@@ -217,13 +217,13 @@ def _without_torch(monkeypatch, module) -> None:
 
 
 def test_without_torch_the_command_exits_2_and_the_demo_step_skips(monkeypatch, tmp_path):
-    from pathweave.cli import _demo_execute
-    from pathweave.cli import dataplane as cli_dataplane
+    from pathweave.cli import _common, _demo_execute
     from pathweave.cli.demo import DemoContext
 
-    _without_torch(monkeypatch, cli_dataplane)
-    result = runner.invoke(app, ["bench", "dataplane", "--quick"])
-    assert result.exit_code == 2 and "needs torch" in result.output
+    _without_torch(monkeypatch, _common)
+    for bench, what in (("dataplane", "the data-plane benchmark"), ("moe", "the MoE benchmark")):
+        result = runner.invoke(app, ["bench", bench, "--quick"])
+        assert result.exit_code == 2 and f"{what} needs torch" in result.output, result.output
     _without_torch(monkeypatch, _demo_execute)
     console = Console(record=True, width=200)
     _demo_execute.execute_step(DemoContext(out_dir=tmp_path, console=console))

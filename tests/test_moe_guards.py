@@ -115,6 +115,9 @@ def _guards(rank: int, world: int, layout: str) -> list[tuple[str, str, str]]:
         pwd.set_default_orchestrator(pw.Orchestrator(chunk_bytes=1 << 16))
     attempt("orchestrator-one-rank", lambda: moe.dispatch(mine["x"], mine["idx"]))
     pwd.set_default_orchestrator(None)
+    # A placement naming a rank outside the group: refused by the constructor, on every rank.
+    attempt("placement-out-of-group",
+            lambda: MoEAllToAll(**base, placement=[0, 1, 2, 3, 0, 1, 2, world]))
     # The layer is still usable, every open handle still combines once, and the bytes agree
     # with the dense reference.
     outs = [out1, moe.combine(y3, h3, mine["w"]), moe.combine(y2, h2, mine["w"]),
@@ -145,8 +148,14 @@ EXPECT_PLANE = {
 }
 
 
+EXPECT_ARGS = {
+    "placement-out-of-group": ("ValueError", "placement[7] = 4 is not a rank of the group "
+                                             "[0, 4)"),
+}
+
+
 WANT = {**{k: ("ValueError", v[1]) for k, v in MISMATCH.items()}, **EXPECT_HANDLES,
-        **EXPECT_PLANE}
+        **EXPECT_PLANE, **EXPECT_ARGS}
 
 
 # One 4-rank launch per layout runs every case (launches are the cost); each case

@@ -14,7 +14,8 @@ This module sits at the bottom of the layer picture (it imports nothing from
 pathweave), so any package may use it: ``traffic``, ``sim``,
 ``plan.mwu._check``, ``runtime._validate.positive_int`` /
 ``nonnegative_float`` and the MoE layer's constructor all call
-:func:`integer` and :func:`real`.
+:func:`integer` and :func:`real`; id arrays (the MoE layer's expert
+placement, the max-min solver's flow links) go through :func:`indices`.
 
 Examples
 --------
@@ -37,6 +38,8 @@ import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 
 def _got(value: Any) -> str:
@@ -137,7 +140,26 @@ def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
     return "finite"
 
 
-__all__ = ["integer", "real"]
+def indices(name: str, ids: np.ndarray, n: int, what: str,
+            error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` unless every entry of the integer array ``ids`` lies in ``[0, n)``.
+
+    The message names the first entry out of range, in one form:
+    ``NAME[i] = VALUE is not WHAT [0, n)``.
+
+    >>> indices("placement", np.array([0, 1]), 2, "a rank of the group")
+    >>> indices("placement", np.array([0, 3, 1]), 2, "a rank of the group")
+    Traceback (most recent call last):
+    ...
+    ValueError: placement[1] = 3 is not a rank of the group [0, 2)
+    """
+    bad = np.flatnonzero((ids < 0) | (ids >= n))
+    if bad.size:
+        i = int(bad[0])
+        raise error(f"{name}[{i}] = {int(ids[i])} is not {what} [0, {n})")
+
+
+__all__ = ["indices", "integer", "real"]
 
 
 def env_choice(

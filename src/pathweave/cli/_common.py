@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -32,6 +33,9 @@ from pathweave.plan import policies, policy_info
 #: Exit code for bad input (an unknown policy, a malformed workload, ...);
 #: typer uses the same code for malformed command lines.
 EXIT_BAD_INPUT = 2
+#: Exit code of a benchmark whose outputs (or gradients) differ from torch's (a correctness
+#: failure); a missed speed target keeps exit code 0 (its ``MISS`` line says so).
+EXIT_MISMATCH = 1
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -171,6 +175,12 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print ``error: message`` in red on stderr (one line) and exit with ``code``."""
     console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def require_torch(what: str) -> None:
+    """Fail (one line, :data:`EXIT_BAD_INPUT`) unless torch is installed; ``what`` needs it."""
+    if importlib.util.find_spec("torch") is None:
+        fail(f"{what} needs torch, a dependency of pathweave: pip install torch")
 
 
 @contextmanager

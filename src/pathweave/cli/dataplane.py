@@ -8,7 +8,6 @@ when a speed target is missed (the ``MISS`` line says so).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from pathweave.cli._common import (
     BENCHES,
+    EXIT_MISMATCH,
     JsonOut,
     add_columns,
     console,
@@ -32,12 +32,10 @@ from pathweave.cli._common import (
     print_checks,
     quick_option,
     repeat_option,
+    require_torch,
     write_json,
     wrote,
 )
-
-#: Exit code when an output differs from torch's.
-EXIT_MISMATCH = 1
 
 #: Path roles on which a rank between source and destination forwards the bytes.
 FORWARDED_ROLES = ("relay", "rd", "dr", "drd")
@@ -178,8 +176,7 @@ def bench_dataplane(
     ] = "h100-2x4",
 ) -> None:
     """pathweave's all_to_all_single against torch's on local gloo ranks, bitwise checked."""
-    if importlib.util.find_spec("torch") is None:
-        fail("the data-plane benchmark needs torch, a dependency of pathweave: pip install torch")
+    require_torch("the data-plane benchmark")
     _run_and_render(json_out=json_out, quick=quick, repeat=repeat, world_size=ranks,
                     sizes=sizes, multipath_fabric=fabric)
 

@@ -11,7 +11,6 @@ a missed speed target is reported (``MISS``) but keeps exit code 0.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from pathweave.cli._common import (
     BENCHES,
+    EXIT_MISMATCH,
     JsonOut,
     add_columns,
     console,
@@ -32,15 +32,12 @@ from pathweave.cli._common import (
     human_console,
     print_checks,
     quick_option,
+    require_torch,
     write_json,
     wrote,
 )
 
 __all__ = ["EXIT_MISMATCH", "bench_moe", "moe_table", "moe_train_table"]
-
-#: Exit code when the implementations' outputs differ.
-EXIT_MISMATCH = 1
-
 
 def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
@@ -139,8 +136,7 @@ def bench_moe(
                                            help="Also time forward + backward.")] = True,
 ) -> None:
     """MoE dispatch+combine: pathweave vs torch all_to_all_single (exact and padded)."""
-    if importlib.util.find_spec("torch") is None:
-        fail("the MoE benchmark needs torch, a dependency of pathweave: pip install torch")
+    require_torch("the MoE benchmark")
     _run_and_render(json_out=json_out, quick=quick, ranks=ranks, experts=experts, topk=topk,
                     fabric=fabric, budget=budget, backward=backward)
 

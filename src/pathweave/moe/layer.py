@@ -199,13 +199,7 @@ class MoEAllToAll:
                     f"shape {place.shape} dtype {place.dtype}"
                 )
             place = place.astype(np.int64)
-            bad = np.flatnonzero((place < 0) | (place >= self.num_ranks))
-            if bad.size:
-                e = int(bad[0])
-                raise ValueError(
-                    f"placement[{e}] = {int(place[e])} is not a rank of the group "
-                    f"[0, {self.num_ranks})"
-                )
+            _check.indices("placement", place, self.num_ranks, "a rank of the group")
         self.placement = place
         self.placement.setflags(write=False)
         self.local_index, self.experts_per_rank = R.local_experts(place, self.num_ranks)

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from pathweave._check import indices as check_indices
+
 __all__ = [
     "FlowNet",
     "build_incidence",
@@ -352,14 +354,7 @@ def _check(flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight=None) -
         raise ValueError(
             f"flow_cap_Bps[{f}] = {float(flow_cap_Bps[f])!r}; caps must be > 0 (inf: none)"
         )
-    if flow_links.size:
-        bad = np.flatnonzero((flow_links < 0) | (flow_links >= capacity_Bps.size))
-        if bad.size:
-            k = int(bad[0])
-            raise ValueError(
-                f"flow_links[{k}] = {int(flow_links[k])} is not a link id in "
-                f"[0, {capacity_Bps.size})"
-            )
+    check_indices("flow_links", flow_links, capacity_Bps.size, "a link id in")
     if flow_weight is None:
         flow_weight = np.ones(nflows)
     flow_weight = np.ascontiguousarray(flow_weight, dtype=np.float64)

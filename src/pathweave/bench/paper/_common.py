@@ -8,7 +8,7 @@ renders the result, so figure modules never print.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,3 +102,18 @@ def peer_lines(times: Mapping[Any, Mapping[str, float]], *, tie_rtol: float) -> 
             f"best {1 / ratios[best]:.2f}x faster at {best}"
         )
     return out
+
+
+def time_target_lines(fabric: str, ranks: int, rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """PASS/MISS lines of the default policy's time targets over a figure's rows.
+
+    Each row gives ``workload``, ``policy``, ``sim_s``, ``predicted_s`` and
+    ``time_optimum_s`` (the last two may be None); the lines are
+    :func:`pathweave.bench.planner.time_checks`'s that hold a target (a
+    figure does not time planning, so no planning-time line).
+    """
+    from pathweave.bench.planner import time_checks
+
+    recs = [{**r, "fabric": fabric, "ranks": ranks, "plan_s_median": None} for r in rows]
+    return [f"{'PASS' if c.passed else 'MISS'}: {c.text}" for c in time_checks(recs)
+            if c.passed is not None]

@@ -54,9 +54,10 @@ from pathweave.bench.paper._common import (
     Progress,
     no_progress,
     peer_lines,
+    time_target_lines,
     write_result,
 )
-from pathweave.bench.planner import SIM_TIE_RTOL, time_checks
+from pathweave.bench.planner import SIM_TIE_RTOL
 from pathweave.plan.optimal import time_optimum
 
 NAME = "fig7"
@@ -203,14 +204,12 @@ def peer_notes(rows: list[dict]) -> list[str]:
 
 def time_notes(rows: list[dict]) -> list[str]:
     """PASS/MISS lines of the default policy's time targets over the ratios."""
-    recs = [
-        {"fabric": FABRIC, "workload": f"hotspot:{r['hotspot_ratio']}", "ranks": 8,
-         "policy": r["policy"], "sim_s": r["makespan_s"], "predicted_s": r.get("predicted_s"),
-         "time_optimum_s": r.get("time_optimum_s"), "plan_s_median": None}
+    return time_target_lines(FABRIC, 8, (
+        {"workload": f"hotspot:{r['hotspot_ratio']}", "policy": r["policy"],
+         "sim_s": r["makespan_s"], "predicted_s": r.get("predicted_s"),
+         "time_optimum_s": r.get("time_optimum_s")}
         for r in rows
-    ]
-    return [f"{'PASS' if c.passed else 'MISS'}: {c.text}" for c in time_checks(recs)
-            if c.passed is not None]
+    ))
 
 
 def plot(rows: list[dict], path: Path, *, bound_ratio: float | None = None) -> Path:

@@ -53,9 +53,10 @@ from pathweave.bench.paper._common import (
     Progress,
     no_progress,
     peer_lines,
+    time_target_lines,
     write_result,
 )
-from pathweave.bench.planner import SIM_TIE_RTOL, time_checks
+from pathweave.bench.planner import SIM_TIE_RTOL
 from pathweave.plan.optimal import time_optimum
 
 NAME = "fig8"
@@ -238,15 +239,12 @@ def peer_notes(rows: list[dict]) -> list[str]:
 
 def time_notes(rows: list[dict]) -> list[str]:
     """PASS/MISS lines of the default policy's time targets on dispatch + combine."""
-    recs = [
-        {"fabric": FABRIC, "workload": f"moe:hot={r['hotspot']},tokens={r['tokens']}",
-         "ranks": 8, "policy": r["policy"], "sim_s": r["dispatch_s"] + r["combine_s"],
-         "predicted_s": r.get("comm_predicted_s"),
-         "time_optimum_s": r.get("comm_time_optimum_s"), "plan_s_median": None}
+    return time_target_lines(FABRIC, 8, (
+        {"workload": f"moe:hot={r['hotspot']},tokens={r['tokens']}", "policy": r["policy"],
+         "sim_s": r["dispatch_s"] + r["combine_s"], "predicted_s": r.get("comm_predicted_s"),
+         "time_optimum_s": r.get("comm_time_optimum_s")}
         for r in rows
-    ]
-    return [f"{'PASS' if c.passed else 'MISS'}: {c.text}" for c in time_checks(recs)
-            if c.passed is not None]
+    ))
 
 
 _PHASE_COLOURS = {  # the paper's colours: NCCL blues, NIMBLE orange/red, compute green

@@ -214,6 +214,15 @@ class Observation:
             self._single["pending"] = self.sub_pending[one]
         return self._single["flow"], self._single["path"], self._single["pending"]
 
+    def movable_flows(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(flow, path)`` of the :meth:`single_path_flows` a policy may move now.
+
+        A flow paused by a delayed switch (``pending``) is mid-move already:
+        its new path takes effect when the pause ends, so it is not moved again.
+        """
+        f, p, pending = self.single_path_flows()
+        return f[~pending], p[~pending]
+
 
 # ------------------------------------------------------------------- hashing
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

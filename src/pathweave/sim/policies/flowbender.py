@@ -59,8 +59,7 @@ class FlowBender(DynamicPolicy):
         return self.ecmp_choice(flows, obs)
 
     def on_epoch(self, obs: Observation) -> list[PathChoice]:
-        f, p, pending = obs.single_path_flows()
-        f, p = f[~pending], p[~pending]
+        f, p = obs.movable_flows()
         if f.size == 0:
             return []
         high = obs.rtt_s(p) > self.threshold * obs.base_rtt_s[p]

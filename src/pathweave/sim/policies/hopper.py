@@ -77,8 +77,7 @@ class Hopper(DynamicPolicy):
         return self.ecmp_choice(flows, obs)
 
     def on_epoch(self, obs: Observation) -> list[PathChoice]:
-        f, p, pending = obs.single_path_flows()
-        f, p = f[~pending], p[~pending]
+        f, p = obs.movable_flows()
         if f.size == 0:
             return []
         rtt = obs.rtt_s(p)
