@@ -33,8 +33,9 @@ from pathweave.runtime.schedule import RankSchedule, Segments, build_schedule, s
 log = logging.getLogger("pathweave.runtime.orchestrator")
 
 #: A multi-path call's schedule: (this rank's schedule, bytes per link, bytes per path
-#: role, the fragments' paths).
-Entry = tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray]
+#: role, the fragments' paths, the predicted round ends of its streams where rounds are
+#: timed: :func:`~pathweave.runtime.telemetry.round_ends`, else None).
+Entry = tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray, dict[int, float] | None]
 
 
 def run(
@@ -81,9 +82,9 @@ def run(
     if st.adapt is not None:
         # On every rank alike (whether this rank times the call or not): the
         # plan of what the next row's words describe sets their number.
-        # Rounds posted as groups (NCCL) are not timed.
-        timed = entry is not None and call.timing is not None and not tr.grouped_rounds
-        st.adapt.note(entry[3] if timed else None, entry[1] if timed else None)
+        timed = entry is not None and call.timing is not None
+        st.adapt.note(entry[3] if timed else None, entry[1] if timed else None,
+                      entry[4] if timed else None)
     t2 = time.perf_counter()
     send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
     try:
@@ -102,7 +103,7 @@ def run(
                             wait=wait, finish=finish, timing=timing, outputs=call.outputs,
                             keep=call.keep_recvs)
             if timing is not None:
-                st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
+                _observe(st.adapt, handle)
         if wait:
             handle.wait()
     except CommError:
@@ -115,6 +116,25 @@ def run(
     return handle
 
 
+def _observe(adapt: Any, handle: Any) -> None:
+    """Give ``adapt`` a timed call's receive times: now, or (rounds timed on the
+    device) when its next words are read (:meth:`Adaptation.observe_later`)."""
+
+    def recv_times(timings: dict[Any, float]) -> list[tuple[int, int, float]]:
+        return [(s, last, sec) for (s, last), sec in timings.items()]
+
+    later = handle.timings_later
+    if later is None:
+        adapt.observe(recv_times(handle.timings))
+        return
+
+    def read() -> list[tuple[int, int, float]] | None:
+        t = later()
+        return None if t is None else recv_times(t)
+
+    adapt.observe_later(read)
+
+
 def schedule(
     st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray, cfg: Config
 ) -> Entry:
@@ -123,15 +143,26 @@ def schedule(
         dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
         min_split_bytes=cfg.min_split_bytes, default_path=st.default_path,
     )
+    grouped = st.transport.grouped_rounds
     sched = build_schedule(
         segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
         chunk_bytes=cfg.chunk_bytes, window=cfg.window, frag_links=st.paths.links[fpath],
-        whole_streams=not st.transport.grouped_rounds,
+        whole_streams=not grouped,
     )
     link_bytes = st.paths.link_load_bytes(fpath, fbytes)
     roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
     kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
-    return sched, link_bytes, kinds, fpath
+    ends = None
+    if grouped and st.adapt is not None:
+        # Rounds are timed: what each stream's round should take on the nominal fabric.
+        from pathweave.runtime.schedule import _global_hops
+        from pathweave.runtime.telemetry import round_ends
+
+        hops = _global_hops(segs, fpair, fbytes, st.routes[fpath], cfg.chunk_bytes, cfg.window,
+                            st.paths.links[fpath])
+        ends = round_ends(hops, fpath[np.asarray(fbytes) > 0], st.paths,
+                          st.adapt.nominal.capacity_Bps)
+    return sched, link_bytes, kinds, fpath, ends
 
 
 def account(
