@@ -452,4 +452,4 @@ def test_nccl_round_times_reach_the_next_calls_words():
         words = [np.array(w) for w in r["seen"]]
         timed = [w for w in words if w.size]
         assert len(timed) >= 2, [w.shape for w in words]
-        assert all((w > 0).any(axis=1).sum() >= 2 for w in timed)
+        assert all((w > 0).any(axis=1).all() for w in timed)  # every rank observed

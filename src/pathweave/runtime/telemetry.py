@@ -679,20 +679,23 @@ def host_word() -> int:
     return int.from_bytes(digest, "little") >> 1  # non-negative int64
 
 
-def adapt_auto(host_words: np.ndarray, *, nccl: bool) -> bool:
+def adapt_auto(host_words: np.ndarray) -> bool:
     """``adapt="auto"``: adapt where the receive times measure real links.
 
-    That is a gloo group whose ranks run on more than one host
-    (``host_words``: every rank's :func:`host_word`, the same array on every
-    rank, so every rank decides alike). On one host the "links" are
-    loopback: receive times measure the CPU scheduler, and learning them
-    would re-plan on noise. NCCL calls are not timed (their rounds are
-    posted as groups), so there is nothing to learn from yet.
+    That is a group whose ranks run on more than one host (``host_words``:
+    every rank's :func:`host_word`, the same array on every rank, so every
+    rank decides alike), on gloo or NCCL. On one host the "links" are
+    loopback (gloo) or NVLink and PCIe that a co-tenant does not share:
+    receive times measure the CPU scheduler, and learning them would
+    re-plan on noise. NCCL calls are timed per round, with CUDA events
+    (:class:`~pathweave.runtime.executor.CudaRoundClock`), read at the next
+    call's metadata exchange; their times are coarser than gloo's per-stream
+    ones (docs/runtime.md, "Live adaptation").
 
-    >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=False), adapt_auto(np.array([7, 7]), nccl=False)
+    >>> adapt_auto(np.array([7, 7, 9, 9])), adapt_auto(np.array([7, 7]))
     (True, False)
     """
-    return not nccl and np.unique(np.asarray(host_words)).size > 1
+    return np.unique(np.asarray(host_words)).size > 1
 
 
 class Adaptation:
