@@ -145,7 +145,7 @@ def _adapt_calls(policy: str, true: np.ndarray, calls: int, scaled: bool = True)
     replans = []
     for _ in range(calls):
         for a in ranks:
-            a.note(kept, lb, pred)
+            a.note(kept, lb, None if pred is None else lambda: pred)
             a.observe_later(lambda a=a: [(k // N // N, k // N % N, t)
                                          for k, t in measured.items() if k % N == a.rank])
         words = np.stack([a.words() for a in ranks])
@@ -261,8 +261,9 @@ def _job(rank, ws, grouped, mode, calls, hysteresis=0.1):
             return pred
 
         def note(self, fpath, link_bytes, ends=None):
-            self._truth = truth.get(id(ends))
             real_note(self, fpath, link_bytes, ends)
+            # The entry's prediction, made once (by the note of a sampled call).
+            self._truth = None if ends is None or not self.sampled else truth[id(ends())]
 
         def observe(self, recv_times):
             n, me = self.n, self.rank

@@ -25,6 +25,9 @@ so every rank reaches the same estimates and the same plans:
   MAD bound), or, for a link's first observation, beyond many times the
   noise its call measured (evidence needed scales with the move against
   the noise); the new plan is taken only on a clear predicted win;
+* :func:`round_ends`: where a call is timed by rounds (NCCL), when each
+  stream's last round should end on the nominal fabric, which its measured
+  round end is scaled by (round times as they come blame healthy links);
 * :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
@@ -554,7 +557,8 @@ class SwitchPolicy:
 
 
 def round_ends(
-    hops: dict[str, np.ndarray], frag_path: np.ndarray, paths: Any, capacity_Bps: np.ndarray
+    hops: dict[str, np.ndarray], frag_path: np.ndarray, paths: Any, capacity_Bps: np.ndarray,
+    rank: int | None = None,
 ) -> dict[int, float]:
     """Stream key -> predicted end of the round of its last receive, rounds posted in lock-step.
 
@@ -574,7 +578,8 @@ def round_ends(
     carries that round's bytes over it at ``capacity_Bps``; a message,
     posted once both its ranks have begun the round, ends when the busiest
     link of its hop has carried them; a rank's round ends with its last
-    message. Keys are :func:`stream_links`' ``(src * N + last) * N + dst``.
+    message. Keys are :func:`stream_links`' ``(src * N + last) * N + dst``;
+    with ``rank``, only the streams into it.
     Checked against a loop over the round rule (``tests/test_round_timing.py``).
 
     Examples
@@ -614,9 +619,9 @@ def round_ends(
     on = (hop_of[fr] == h[:, None]) & (links[fr] >= 0)  # [message, K]: the hop's links
     lk = np.where(on, links[fr], 0)
     nr = int(rnd.max(initial=-1)) + 1
-    load = np.zeros((nr, fab.num_links))
     m, k = np.nonzero(on)
-    np.add.at(load, (rnd[m], lk[m, k]), nbytes[m])
+    load = np.bincount(rnd[m] * fab.num_links + lk[m, k], weights=nbytes[m],
+                       minlength=nr * fab.num_links).reshape(nr, fab.num_links)
     busy = load / np.asarray(capacity_Bps, dtype=np.float64)
     took = np.where(on, busy[rnd[:, None], lk], 0.0).max(axis=1, initial=0.0)
     end = np.zeros((nr + 1, n))
@@ -629,12 +634,12 @@ def round_ends(
         np.maximum.at(start, snd[i], done)
         np.maximum.at(start, rcv[i], done)
         end[u + 1] = start
-    last = np.flatnonzero(hops["last"])
+    last = np.flatnonzero(hops["last"] & ((rcv == rank) if rank is not None else True))
     key = (hops["routes"][fr[last], 0] * n + snd[last]) * n + rcv[last]
-    out: dict[int, float] = {}
-    for kk, u, d in zip(key.tolist(), rnd[last].tolist(), rcv[last].tolist(), strict=True):
-        out[kk] = max(out.get(kk, 0.0), float(end[u + 1, d]))
-    return out
+    keys, inv = np.unique(key, return_inverse=True)
+    at = np.zeros(keys.size)
+    np.maximum.at(at, inv, end[rnd[last] + 1, rcv[last]])
+    return dict(zip(keys.tolist(), at.tolist(), strict=True))
 
 
 def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
@@ -711,7 +716,8 @@ class Adaptation:
     :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
     pipeline runs is given to :meth:`note` on every rank (what the next
     words describe); :meth:`observe` fills in this rank's receive completion times
-    where the call was timed.
+    where the call was timed, :meth:`observe_later` where they are read later
+    (rounds timed by CUDA events, read by :meth:`words`).
     """
 
     #: A plan's first ``FIRST_SAMPLES`` calls are timed, then every
@@ -772,11 +778,12 @@ class Adaptation:
         return self._mine
 
     def note(self, fpath: np.ndarray | None, link_bytes: np.ndarray | None,
-             round_ends: dict[int, float] | None = None) -> None:
+             round_ends: Callable[[], dict[int, float]] | None = None) -> None:
         """The call that the next words describe: its flows' paths and link bytes.
 
         ``round_ends`` (where the call's rounds are timed, not its streams):
-        :func:`round_ends` of its plan on the nominal fabric; :meth:`observe`
+        returns :func:`round_ends` of its plan on the nominal fabric (called
+        only if the call is sampled); :meth:`observe`
         then scales each stream's time by its expected time (its busiest
         link's, as :func:`link_ratios` expects it) over that prediction, so
         a call on time is on time for every stream.
@@ -811,8 +818,9 @@ class Adaptation:
         self._scale = np.ones(width)
         if round_ends is not None:
             busy_s = np.asarray(link_bytes, dtype=np.float64) / self.nominal.capacity_Bps
+            ends = round_ends()
             for i, k in enumerate(plan[1][self.rank].tolist()):
-                pred = round_ends.get(k, 0.0)
+                pred = ends.get(k, 0.0)
                 expect = busy_s[plan[0][k]].max(initial=0.0)
                 self._scale[i] = expect / pred if pred > 0 and expect > 0 else np.nan
 
