@@ -127,6 +127,8 @@ def test_round_ends_equal_a_loop_over_the_round_rule(policy):
         want = _loop_round_ends(fpath, fbytes, cap)
         assert set(got) == set(want)
         assert all(abs(got[k] - want[k]) <= 1e-12 * want[k] for k in want)
+        mine = round_ends(hops, fpath[fbytes > 0], PS, cap, rank=3)  # the streams into 3
+        assert mine == {k: t for k, t in got.items() if k % N == 3} and mine
 
 
 # ------------------------------------------------ round-granular times, one process
@@ -255,9 +257,9 @@ def _job(rank, ws, grouped, mode, calls, hysteresis=0.1):
     seen: list = []
 
     if mode == "slow":
-        def ends_both(hops, frag_path, paths, cap):
-            pred = real_round_ends(hops, frag_path, paths, cap)
-            truth[id(pred)] = real_round_ends(hops, frag_path, paths, cap * 1e-4 * true)
+        def ends_both(hops, frag_path, paths, cap, rank=None):
+            pred = real_round_ends(hops, frag_path, paths, cap, rank)
+            truth[id(pred)] = real_round_ends(hops, frag_path, paths, cap * 1e-4 * true, rank)
             return pred
 
         def note(self, fpath, link_bytes, ends=None):
