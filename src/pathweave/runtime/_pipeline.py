@@ -167,17 +167,18 @@ def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.nd
     (256 ranks, 157k messages: 0.1 s for the messages, 0.1 s for the rounds, the schedule
     0.1 s, on 2 shared cores)."""
     kept: list[dict[int, float]] = []
-    nominal = st.adapt.nominal.capacity_Bps if st.adapt is not None else None
+    # Not the group state itself: the schedule cache holding this would hold it.
+    paths, routes, rank = st.paths, st.routes[fpath], st.transport.rank
+    nominal = st.adapt.nominal.capacity_Bps if st.adapt is not None else st.fabric.capacity_Bps
 
     def ends() -> dict[int, float]:
         if not kept:
             from pathweave.runtime.schedule import _global_hops
             from pathweave.runtime.telemetry import round_ends
 
-            hops = _global_hops(segs, fpair, fbytes, st.routes[fpath], cfg.chunk_bytes,
-                                cfg.window, st.paths.links[fpath])
-            kept.append(round_ends(hops, fpath[np.asarray(fbytes) > 0], st.paths, nominal,
-                                   st.transport.rank))
+            hops = _global_hops(segs, fpair, fbytes, routes, cfg.chunk_bytes, cfg.window,
+                                paths.links[fpath])
+            kept.append(round_ends(hops, fpath[np.asarray(fbytes) > 0], paths, nominal, rank))
         return kept[0]
 
     return ends

@@ -689,13 +689,14 @@ def adapt_auto(host_words: np.ndarray) -> bool:
 
     That is a group whose ranks run on more than one host (``host_words``:
     every rank's :func:`host_word`, the same array on every rank, so every
-    rank decides alike), on gloo or NCCL. On one host the "links" are
-    loopback (gloo) or NVLink and PCIe that a co-tenant does not share:
-    receive times measure the CPU scheduler, and learning them would
-    re-plan on noise. NCCL calls are timed per round, with CUDA events
-    (:class:`~pathweave.runtime.executor.CudaRoundClock`), read at the next
-    call's metadata exchange; their times are coarser than gloo's per-stream
-    ones (docs/runtime.md, "Live adaptation").
+    rank decides alike), on gloo or NCCL. On one gloo host the "links" are
+    loopback: receive times measure the CPU scheduler, and learning them
+    would re-plan on noise; NCCL on one host is left off alike (nothing
+    measured there says otherwise). NCCL calls are timed per round, with
+    CUDA events (:class:`~pathweave.runtime.executor.CudaRoundClock`), read
+    at the next call's metadata exchange; their times are coarser than
+    gloo's per-stream ones and tell links apart less well (docs/runtime.md,
+    "Live adaptation").
 
     >>> adapt_auto(np.array([7, 7, 9, 9])), adapt_auto(np.array([7, 7]))
     (True, False)
