@@ -884,7 +884,10 @@ class Transport:
             handle.wait()
             return handle
         clock = stream_round = None
-        if timing is not None and wait:
+        # Not while a CUDA graph is being captured: an event recorded then is a node of
+        # the graph, not a time (its words are zeros, nothing observed).
+        if timing is not None and wait and not (self.nccl
+                                                and torch.cuda.is_current_stream_capturing()):
             stream_round = _last_rounds(sched, prog, timing)
             clock = (CudaRoundClock if self.nccl else RoundClock)(set(stream_round.values()))
             clock.start()
