@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run of a few minutes (a lent one-GPU machine, or any
 # CUDA host): the CUDA/NCCL tests (the low-latency MoE step replayed in a CUDA graph among
-# them), the one-rank MoE cost against plain torch at decode and prefill sizes, `pathweave
-# perf` over NCCL, and the host-cost bench. Every step's output goes to $OUT/gpu_check.log
+# them, and live adaptation's CUDA-event round clock), the one-rank MoE cost against plain
+# torch at decode and prefill sizes, `pathweave perf` over NCCL, and the host-cost bench. Every step's output goes to $OUT/gpu_check.log
 # (or ./gpu_check.log); a failing step is reported and the next one still runs.
 #
 # It uses the machine's own python3 with CUDA torch (never installs torch). A package the
@@ -40,6 +40,9 @@ step env 60 "$PY" -c "import torch, pathweave; print(torch.__version__, torch.ve
 torch.cuda.get_device_name(0), 'nccl', torch.cuda.nccl.version())"
 # One GPU: 4 ranks share it, each posing as its own host (see the test module's docstring).
 step cuda-tests 420 env PATHWEAVE_TEST_NCCL_WORLD=4 "$PY" -m pytest -q -rs tests/test_cuda_nccl.py
+# Live adaptation timed by rounds: CUDA events on the stream, read at the next call's words.
+step round-timing 240 env PATHWEAVE_TEST_NCCL_WORLD=4 "$PY" -m pytest -q -rs \
+    tests/test_round_timing.py -k "cuda or nccl"
 step moe-decode 120 "$PY" examples/moe_one_rank_cost.py --tokens 128 --repeat 50
 step moe-prefill 180 "$PY" examples/moe_one_rank_cost.py --tokens 4096 --repeat 20
 if [[ ${1:-} != quick ]]; then

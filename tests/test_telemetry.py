@@ -546,9 +546,8 @@ def test_adapt_default_and_auto_rule():
     assert adapt_default({"PATHWEAVE_ADAPT": "YES"}) is True
     with pytest.raises(ValueError, match="PATHWEAVE_ADAPT='2'"):
         adapt_default({"PATHWEAVE_ADAPT": "2"})
-    assert adapt_auto(np.array([5, 5, 6, 6]), nccl=False)
-    assert not adapt_auto(np.array([5, 5, 6, 6]), nccl=True)   # NCCL calls are not timed
-    assert not adapt_auto(np.array([5] * 8), nccl=False)
+    assert adapt_auto(np.array([5, 5, 6, 6]))   # gloo or NCCL (timed per round)
+    assert not adapt_auto(np.array([5] * 8))
     with pytest.raises(ValueError, match="adapt must be True, False, 'auto' or None, got 'yes'"):
         pw.Orchestrator(fabric=FAB, adapt="yes")
 

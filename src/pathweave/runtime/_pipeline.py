@@ -33,8 +33,10 @@ from pathweave.runtime.schedule import RankSchedule, Segments, build_schedule, s
 log = logging.getLogger("pathweave.runtime.orchestrator")
 
 #: A multi-path call's schedule: (this rank's schedule, bytes per link, bytes per path
-#: role, the fragments' paths).
-Entry = tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray]
+#: role, the fragments' paths, where rounds are timed the predicted round ends of its
+#: streams, made on first use: :func:`~pathweave.runtime.telemetry.round_ends`, else None).
+Entry = tuple[RankSchedule, np.ndarray, dict[str, int], np.ndarray,
+              Callable[[], dict[int, float]] | None]
 
 
 def run(
@@ -81,9 +83,9 @@ def run(
     if st.adapt is not None:
         # On every rank alike (whether this rank times the call or not): the
         # plan of what the next row's words describe sets their number.
-        # Rounds posted as groups (NCCL) are not timed.
-        timed = entry is not None and call.timing is not None and not tr.grouped_rounds
-        st.adapt.note(entry[3] if timed else None, entry[1] if timed else None)
+        timed = entry is not None and call.timing is not None
+        st.adapt.note(entry[3] if timed else None, entry[1] if timed else None,
+                      entry[4] if timed else None)
     t2 = time.perf_counter()
     send_bufs, recv_bufs, post_torch, finish = call.buffers(entry is not None)
     try:
@@ -102,7 +104,7 @@ def run(
                             wait=wait, finish=finish, timing=timing, outputs=call.outputs,
                             keep=call.keep_recvs)
             if timing is not None:
-                st.adapt.observe([(s, last, sec) for (s, last), sec in handle.timings.items()])
+                _observe(st.adapt, handle)
         if wait:
             handle.wait()
     except CommError:
@@ -115,6 +117,25 @@ def run(
     return handle
 
 
+def _observe(adapt: Any, handle: Any) -> None:
+    """Give ``adapt`` a timed call's receive times: now, or (rounds timed on the
+    device) when its next words are read (:meth:`Adaptation.observe_later`)."""
+
+    def recv_times(timings: dict[Any, float]) -> list[tuple[int, int, float]]:
+        return [(s, last, sec) for (s, last), sec in timings.items()]
+
+    later = handle.timings_later
+    if later is None:
+        adapt.observe(recv_times(handle.timings))
+        return
+
+    def read() -> list[tuple[int, int, float]] | None:
+        t = later()
+        return None if t is None else recv_times(t)
+
+    adapt.observe_later(read)
+
+
 def schedule(
     st: _GroupState, dec: _Decision, segs: Segments, pair_bytes: np.ndarray, cfg: Config
 ) -> Entry:
@@ -123,15 +144,44 @@ def schedule(
         dec.flow_pair, dec.flow_path, dec.flow_weight, pair_bytes,
         min_split_bytes=cfg.min_split_bytes, default_path=st.default_path,
     )
+    grouped = st.transport.grouped_rounds
     sched = build_schedule(
         segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
         chunk_bytes=cfg.chunk_bytes, window=cfg.window, frag_links=st.paths.links[fpath],
-        whole_streams=not st.transport.grouped_rounds,
+        whole_streams=not grouped,
     )
     link_bytes = st.paths.link_load_bytes(fpath, fbytes)
     roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
     kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
-    return sched, link_bytes, kinds, fpath
+    ends = None
+    if grouped and st.adapt is not None:
+        ends = _round_ends(st, segs, fpair, fpath, fbytes, cfg)
+    return sched, link_bytes, kinds, fpath, ends
+
+
+def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.ndarray,
+                fbytes: np.ndarray, cfg: Config) -> Callable[[], dict[int, float]]:
+    """When each stream's last round should end on the nominal fabric (rounds are timed:
+    :func:`~pathweave.runtime.telemetry.round_ends`), worked out on the first sampled call
+    of the schedule, then kept: every rank's messages again, about the schedule's own cost
+    (256 ranks, 157k messages: 0.1 s for the messages, 0.1 s for the rounds, the schedule
+    0.1 s, on 2 shared cores)."""
+    kept: list[dict[int, float]] = []
+    # Not the group state itself: the schedule cache holding this would hold it.
+    paths, routes, rank = st.paths, st.routes[fpath], st.transport.rank
+    nominal = st.adapt.nominal.capacity_Bps if st.adapt is not None else st.fabric.capacity_Bps
+
+    def ends() -> dict[int, float]:
+        if not kept:
+            from pathweave.runtime.schedule import _global_hops
+            from pathweave.runtime.telemetry import round_ends
+
+            hops = _global_hops(segs, fpair, fbytes, routes, cfg.chunk_bytes, cfg.window,
+                                paths.links[fpath])
+            kept.append(round_ends(hops, fpath[np.asarray(fbytes) > 0], paths, nominal, rank))
+        return kept[0]
+
+    return ends
 
 
 def account(

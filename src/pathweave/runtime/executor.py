@@ -49,7 +49,8 @@ import torch.distributed as dist
 from pathweave.errors import CommError
 from pathweave.runtime.schedule import MAX_PAIR_MESSAGES, STAGING, RankSchedule
 
-__all__ = ["Handle", "Transport", "as_bytes", "dense", "is_dense", "start_row_exchange"]
+__all__ = ["CudaRoundClock", "Handle", "RoundClock", "Transport", "as_bytes", "dense", "is_dense",
+           "start_row_exchange"]
 
 #: Tags of pathweave messages: [2**30, 2**31), clear of small user tags.
 _TAG_BASE = 1 << 30
@@ -484,6 +485,9 @@ class Handle:
         self._future: torch.futures.Future[list[torch.Tensor]] | None = None
         #: Receive completion times by key (``Transport.run(timing=...)``).
         self.timings: dict[Any, float] = {}
+        #: Where rounds were timed (grouped rounds): reads :attr:`timings` later, ``None``
+        #: while they are not known yet (:class:`RoundClock`).
+        self.timings_later: Callable[[], dict[Any, float] | None] | None = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         deadline = self._deadline
@@ -535,6 +539,67 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"Handle(completed={self.is_completed()}, pending={len(self._works)})"
+
+
+class RoundClock:
+    """When some rounds of one call ended, in seconds after the call started (host twin).
+
+    The executor calls :meth:`start` before posting a call's first round and
+    :meth:`mark` once a round's works are waited for; :meth:`ends` reads the
+    marks later. This twin reads the host clock, where waiting blocks the
+    host (gloo with ``grouped_rounds`` forced); :class:`CudaRoundClock`
+    records CUDA events where waiting only orders the stream (NCCL), so
+    nothing here syncs the host. Only the rounds in ``wanted`` are marked
+    (those that carry a stream's last receive: a CUDA event each).
+
+    Examples
+    --------
+    >>> clock = RoundClock([1])
+    >>> clock.start(); clock.mark(0); clock.mark(1)
+    >>> ends = clock.ends()
+    >>> sorted(ends), ends[1] >= 0.0
+    ([1], True)
+    """
+
+    def __init__(self, wanted: Sequence[int]):
+        self.wanted = frozenset(int(t) for t in wanted)
+        self._start: Any = None
+        self._marks: dict[int, Any] = {}
+
+    def _stamp(self) -> Any:
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._start = self._stamp()
+
+    def mark(self, rnd: int) -> None:
+        """Round ``rnd``'s works are waited for (on NCCL: in stream order)."""
+        if rnd in self.wanted:
+            self._marks[rnd] = self._stamp()
+
+    def ends(self) -> dict[int, float] | None:
+        """Round -> its end in seconds after :meth:`start`; ``None`` while not known yet."""
+        return {t: float(m - self._start) for t, m in self._marks.items()}
+
+
+class CudaRoundClock(RoundClock):
+    """:class:`RoundClock` on CUDA events of the current stream (NCCL's twin).
+
+    :meth:`ends` does not wait: while an event is not complete
+    (``Event.query()``), it returns ``None`` (the caller then has nothing
+    observed). The orchestrator reads it at the next call's metadata
+    exchange, whose ``.cpu()`` has synced the host past this call.
+    """
+
+    def _stamp(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def ends(self) -> dict[int, float] | None:
+        if self._start is None or not all(e.query() for e in (self._start, *self._marks.values())):
+            return None
+        return {t: self._start.elapsed_time(e) / 1e3 for t, e in self._marks.items()}
 
 
 def _wait_future(fut: Future[Any], deadline: float, rank: int) -> None:
@@ -774,10 +839,13 @@ class Transport:
     ) -> Handle:
         """Execute ``sched``; returns a handle (already waited for if ``wait``).
 
-        ``timing`` (gloo, ``wait``): a key of each receive op into a user
+        ``timing`` (with ``wait``): a key of each receive op into a user
         buffer; the handle's ``timings`` then map each key to when the last
         of its receives completed, in seconds after this call started
-        (:mod:`pathweave.runtime.telemetry`; no extra messages).
+        (:mod:`pathweave.runtime.telemetry`; no extra messages). Where rounds
+        are posted as groups, a key's time is the end of the round of its
+        last receive, read later through the handle's ``timings_later``
+        (:class:`RoundClock`; on NCCL CUDA events, so no host sync here).
 
         Without ``wait`` on gloo the whole exchange (local copies, posting,
         forwarding, waiting, ``finish``) runs on a worker thread and this
@@ -815,15 +883,26 @@ class Transport:
                 handle._works = final[len(prog.user_recvs):]
             handle.wait()
             return handle
-        staged, finish = self._post_rounds(prog, views, tag_base, deadline, finish)
+        clock = stream_round = None
+        # Not while a CUDA graph is being captured: an event recorded then is a node of
+        # the graph, not a time (its words are zeros, nothing observed).
+        if timing is not None and wait and not (self.nccl
+                                                and torch.cuda.is_current_stream_capturing()):
+            stream_round = _last_rounds(sched, prog, timing)
+            clock = (CudaRoundClock if self.nccl else RoundClock)(set(stream_round.values()))
+            clock.start()
+        staged, finish = self._post_rounds(prog, views, tag_base, deadline, finish, clock)
         handle = Handle(staged, rank=self.rank, deadline=deadline, finish=finish,
                         host_wait=not self.nccl, outputs=outputs)
+        if clock is not None and stream_round is not None:
+            handle.timings_later = _round_reader(clock, stream_round)
         if wait or sched.forwards:
             handle.wait()
         return handle
 
     def _post_rounds(self, prog: _Program, views: list[torch.Tensor], tag_base: int,
-                     deadline: float, finish: Callable[[], None] | None
+                     deadline: float, finish: Callable[[], None] | None,
+                     clock: RoundClock | None = None,
                      ) -> tuple[list[Any], Callable[[], None] | None]:
         """Post every round once the last is done (NCCL's way); the last round's works,
         and ``finish`` preceded by the last round's unpacks.
@@ -831,12 +910,16 @@ class Transport:
         With :attr:`coalesce` a round's operations with one peer in one
         direction go as one message (:func:`_coalesce`): packed into the
         pack area before the round is posted, unpacked once it is done.
+        With a ``clock``, every round is marked once its works are waited for
+        (before its unpacks), the last one here too (no works are returned).
         """
         staged: list[Any] = []
         unpacks = _NO_COPIES
-        for recvs, sends, packs, next_unpacks in prog.coalesced or prog.rounds:
+        for t, (recvs, sends, packs, next_unpacks) in enumerate(prog.coalesced or prog.rounds):
             if staged:
                 _wait_all(staged, deadline, self.rank, "forwarding", host_wait=not self.nccl)
+            if clock is not None and t:
+                clock.mark(t - 1)
             try:
                 if unpacks is not _NO_COPIES:
                     _copy(views, unpacks)
@@ -848,6 +931,12 @@ class Transport:
             except Exception as exc:
                 raise _wrap(exc, self.rank, "posting transfers") from exc
             unpacks = next_unpacks
+        if clock is not None:
+            # A gloo work waited for once must not be waited for again: none is returned.
+            _wait_all(staged, deadline, self.rank, "waiting for the exchange",
+                      host_wait=not self.nccl)
+            clock.mark(len(prog.coalesced or prog.rounds) - 1)
+            staged = []
         if unpacks is _NO_COPIES:
             return staged, finish
         last = unpacks
@@ -1075,6 +1164,33 @@ class Transport:
         works = [pg.recv([views[v]], p, tag_base + k) for p, k, v in recvs]
         works += [pg.send([views[v]], p, tag_base + k) for p, k, v in sends]
         return works
+
+
+def _last_rounds(sched: RankSchedule, prog: _Program,
+                 timing: Callable[[tuple[int, ...]], Any]) -> dict[Any, int]:
+    """Per ``timing`` key, the round of its last receive into a user buffer of this rank."""
+    df = sched.dataflow()
+    rnd = np.searchsorted(sched.recv_ptr, np.asarray(prog.user_recvs, dtype=np.int64),
+                          side="right") - 1
+    out: dict[Any, int] = {}
+    for i, t in zip(prog.user_recvs, rnd.tolist(), strict=True):
+        key = timing(df.recvs[i])
+        if out.get(key, -1) < t:
+            out[key] = t
+    return out
+
+
+def _round_reader(clock: RoundClock, stream_round: dict[Any, int]
+                  ) -> Callable[[], dict[Any, float] | None]:
+    """``Handle.timings_later`` of a round-timed call: each key at its last round's end."""
+
+    def read() -> dict[Any, float] | None:
+        ends = clock.ends()
+        if ends is None:
+            return None
+        return {k: ends[t] for k, t in stream_round.items() if t in ends}
+
+    return read
 
 
 def start_row_exchange(

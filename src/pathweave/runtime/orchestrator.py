@@ -21,10 +21,12 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    on normalised buffers (a dense input, a scratch output copied back on
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
-6. **adapt** (``adapt=True``; by default on gloo groups that span hosts,
+6. **adapt** (``adapt=True``; by default on groups that span hosts,
    :func:`~pathweave.runtime.telemetry.adapt_auto`; ``PATHWEAVE_ADAPT``): the
-   completion times of this rank's receives (a plan's first call, then
-   every 8th), one word per stream into the rank, follow the next metadata
+   completion times of this rank's receives (a plan's first calls, then
+   every 8th; on NCCL the end of the round of each stream's last receive,
+   CUDA events read at the next exchange), one word per stream into the
+   rank, follow the next metadata
    exchange (an ``all_to_all_single``'s, or the MoE layer's own: every row
    says how many words its rank has, :meth:`Orchestrator.plane_words`, and
    one more small exchange carries them when every rank has them); every
@@ -167,9 +169,9 @@ class Orchestrator:
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
         on them (``docs/runtime.md``, "Live adaptation"): ``True``, ``False``
-        or ``"auto"``, on for gloo groups whose ranks run on more than one
-        host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one host the
-        links are loopback). Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or
+        or ``"auto"``, on for groups (gloo or NCCL) whose ranks run on more
+        than one host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one
+        host gloo's links are loopback). Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or
         ``auto``), else ``"auto"``.
     config
         All of the above as one :class:`~pathweave.runtime.Config` (then pass
@@ -607,7 +609,7 @@ class Orchestrator:
 
         if st.hosts is None:
             st.hosts = words[:, 0].copy()
-            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts, nccl=st.transport.nccl):
+            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts):
                 st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
         calls = words[:, 2]
         odd = np.flatnonzero(calls != calls[0])

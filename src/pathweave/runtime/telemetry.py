@@ -25,12 +25,15 @@ so every rank reaches the same estimates and the same plans:
   MAD bound), or, for a link's first observation, beyond many times the
   noise its call measured (evidence needed scales with the move against
   the noise); the new plan is taken only on a clear predicted win;
+* :func:`round_ends`: where a call is timed by rounds (NCCL), when each
+  stream's last round should end on the nominal fabric, which its measured
+  round end is scaled by (round times as they come blame healthy links);
 * :class:`Adaptation`: all of it for one process group of an orchestrator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -553,6 +556,92 @@ class SwitchPolicy:
         out[cols[moved]] = q[moved]
 
 
+def round_ends(
+    hops: dict[str, np.ndarray], frag_path: np.ndarray, paths: Any, capacity_Bps: np.ndarray,
+    rank: int | None = None,
+) -> dict[int, float]:
+    """Stream key -> predicted end of the round of its last receive, rounds posted in lock-step.
+
+    Where a call's rounds are posted as groups (NCCL), a rank's round ends
+    once all its operations of the round have, and its next round starts
+    then: a stream's measured time is the end of the round that carries its
+    last receive (:class:`~pathweave.runtime.executor.RoundClock`), which in a
+    paced call is about the last round for every stream. Measured against
+    the stream's own busiest link (:func:`link_ratios`' expected time) such
+    times blamed healthy links (docs/runtime.md, "Live adaptation"); against
+    this prediction a call on the nominal fabric is on time.
+
+    The model: ``hops`` is the call's table of messages (every rank's, as
+    :mod:`pathweave.runtime.schedule` builds it: round, sender, receiver,
+    bytes, fragment, hop, last); ``frag_path`` each fragment's path in
+    ``paths`` (the fragments with bytes). In a round each fabric link
+    carries that round's bytes over it at ``capacity_Bps``; a message,
+    posted once both its ranks have begun the round, ends when the busiest
+    link of its hop has carried them; a rank's round ends with its last
+    message. Keys are :func:`stream_links`' ``(src * N + last) * N + dst``;
+    with ``rank``, only the streams into it.
+    Checked against a loop over the round rule (``tests/test_round_timing.py``).
+
+    Examples
+    --------
+    4 MiB from rank 0 to rank 5 of ``h100-2x4`` through rank 1 (NVLink, then
+    rank 1's rail), 1 MiB chunks, window 4: two chunks enter per round.
+    Round 0 moves 2 MiB over NVLink (120 GB/s: 17.5 us), round 1 forwards
+    them through rank 1's NIC (50 GB/s: 41.9 us) while the next two cross
+    NVLink, round 2 forwards those: the stream ends at 101.4 us.
+
+    >>> import pathweave as pw
+    >>> from pathweave.fabric import candidate_paths
+    >>> from pathweave.runtime.schedule import Segments, _global_hops, path_routes
+    >>> fab = pw.fabric.preset("h100-2x4")
+    >>> ps = candidate_paths(fab)
+    >>> p = np.array([ps.pair_paths(0, 5)[1]])
+    >>> path_routes(ps)[p[0]][:3].tolist()
+    [0, 1, 5]
+    >>> d = np.zeros((8, 8), dtype=np.int64)
+    >>> d[0, 5] = 4 << 20
+    >>> hops = _global_hops(Segments.all_to_all(d), np.array([5]), np.array([4 << 20]),
+    ...                     path_routes(ps)[p], 1 << 20, 4, ps.links[p])
+    >>> hops["round"].tolist(), hops["sender"].tolist()
+    ([0, 1, 1, 2], [0, 1, 0, 1])
+    >>> {k: round(t * 1e6, 1) for k, t in round_ends(hops, p, ps, fab.capacity_Bps).items()}
+    {13: 101.4}
+    """
+    n = int(hops["n"])
+    fab = paths.fabric
+    fpath = np.asarray(frag_path, dtype=np.int64)
+    links = paths.links[fpath]  # per fragment, padded with -1
+    safe = np.maximum(links, 0)
+    at_rank = (links >= 0) & (fab.vertex_rank[fab.link_dst[safe]] >= 0)
+    hop_of = np.cumsum(at_rank, axis=1) - at_rank  # each link's hop along its path
+    fr, h, rnd = hops["frag"], hops["hop"], hops["round"]
+    snd, rcv, nbytes = hops["sender"], hops["receiver"], hops["bytes"].astype(np.float64)
+    on = (hop_of[fr] == h[:, None]) & (links[fr] >= 0)  # [message, K]: the hop's links
+    lk = np.where(on, links[fr], 0)
+    nr = int(rnd.max(initial=-1)) + 1
+    m, k = np.nonzero(on)
+    load = np.bincount(rnd[m] * fab.num_links + lk[m, k], weights=nbytes[m],
+                       minlength=nr * fab.num_links).reshape(nr, fab.num_links)
+    busy = load / np.asarray(capacity_Bps, dtype=np.float64)
+    took = np.where(on, busy[rnd[:, None], lk], 0.0).max(axis=1, initial=0.0)
+    end = np.zeros((nr + 1, n))
+    by_round = np.argsort(rnd, kind="stable")
+    cuts = np.searchsorted(rnd[by_round], np.arange(nr + 1))
+    for u in range(nr):
+        i = by_round[cuts[u] : cuts[u + 1]]
+        start = end[u].copy()
+        done = np.maximum(start[snd[i]], start[rcv[i]]) + took[i]
+        np.maximum.at(start, snd[i], done)
+        np.maximum.at(start, rcv[i], done)
+        end[u + 1] = start
+    last = np.flatnonzero(hops["last"] & ((rcv == rank) if rank is not None else True))
+    key = (hops["routes"][fr[last], 0] * n + snd[last]) * n + rcv[last]
+    keys, inv = np.unique(key, return_inverse=True)
+    at = np.zeros(keys.size)
+    np.maximum.at(at, inv, end[rnd[last] + 1, rcv[last]])
+    return dict(zip(keys.tolist(), at.tolist(), strict=True))
+
+
 def streams_into(streams: dict[int, np.ndarray], num_ranks: int) -> list[np.ndarray]:
     """Per destination, the keys of the :func:`stream_links` streams into it, ascending.
 
@@ -595,20 +684,24 @@ def host_word() -> int:
     return int.from_bytes(digest, "little") >> 1  # non-negative int64
 
 
-def adapt_auto(host_words: np.ndarray, *, nccl: bool) -> bool:
+def adapt_auto(host_words: np.ndarray) -> bool:
     """``adapt="auto"``: adapt where the receive times measure real links.
 
-    That is a gloo group whose ranks run on more than one host
-    (``host_words``: every rank's :func:`host_word`, the same array on every
-    rank, so every rank decides alike). On one host the "links" are
+    That is a group whose ranks run on more than one host (``host_words``:
+    every rank's :func:`host_word`, the same array on every rank, so every
+    rank decides alike), on gloo or NCCL. On one gloo host the "links" are
     loopback: receive times measure the CPU scheduler, and learning them
-    would re-plan on noise. NCCL calls are not timed (their rounds are
-    posted as groups), so there is nothing to learn from yet.
+    would re-plan on noise; NCCL on one host is left off alike (nothing
+    measured there says otherwise). NCCL calls are timed per round, with
+    CUDA events (:class:`~pathweave.runtime.executor.CudaRoundClock`), read
+    at the next call's metadata exchange; their times are coarser than
+    gloo's per-stream ones and tell links apart less well (docs/runtime.md,
+    "Live adaptation").
 
-    >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=False), adapt_auto(np.array([7, 7]), nccl=False)
+    >>> adapt_auto(np.array([7, 7, 9, 9])), adapt_auto(np.array([7, 7]))
     (True, False)
     """
-    return not nccl and np.unique(np.asarray(host_words)).size > 1
+    return np.unique(np.asarray(host_words)).size > 1
 
 
 class Adaptation:
@@ -624,7 +717,8 @@ class Adaptation:
     :attr:`fabric` / :attr:`paths` are what to plan on. Every call the
     pipeline runs is given to :meth:`note` on every rank (what the next
     words describe); :meth:`observe` fills in this rank's receive completion times
-    where the call was timed.
+    where the call was timed, :meth:`observe_later` where they are read later
+    (rounds timed by CUDA events, read by :meth:`words`).
     """
 
     #: A plan's first ``FIRST_SAMPLES`` calls are timed, then every
@@ -657,6 +751,8 @@ class Adaptation:
         self._reference = np.inf  # link_ratios' reference on the last blind plan's call
         self._mine = np.zeros(0, dtype=np.int64)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self._pending: Callable[[], Sequence[tuple[int, int, float]] | None] | None = None
+        self._scale = np.ones(0)  # per word: a round-timed stream's expected over predicted
         # plan key -> [stream links, streams into each rank, this rank's stream -> word,
         # calls of the plan before this one], for the last few plans
         # the last 16 plans' streams: calls that alternate plans keep theirs
@@ -674,10 +770,24 @@ class Adaptation:
         return int(self._mine.size)
 
     def words(self) -> np.ndarray:
+        """This rank's words of the noted call (an observation given late is read now)."""
+        read, self._pending = self._pending, None
+        if read is not None:
+            times = read()
+            if times is not None:  # None: not complete yet, nothing observed (zeros)
+                self.observe(times)
         return self._mine
 
-    def note(self, fpath: np.ndarray | None, link_bytes: np.ndarray | None) -> None:
+    def note(self, fpath: np.ndarray | None, link_bytes: np.ndarray | None,
+             round_ends: Callable[[], dict[int, float]] | None = None) -> None:
         """The call that the next words describe: its flows' paths and link bytes.
+
+        ``round_ends`` (where the call's rounds are timed, not its streams):
+        returns :func:`round_ends` of its plan on the nominal fabric (called
+        only if the call is sampled); :meth:`observe`
+        then scales each stream's time by its expected time (its busiest
+        link's, as :func:`link_ratios` expects it) over that prediction, so
+        a call on time is on time for every stream.
 
         ``None``: a call without telemetry (torch's path, an op that is not
         timed): the next row carries no words. A plan's first
@@ -688,7 +798,7 @@ class Adaptation:
         a rank that did not time a sampled call (``async_op``) sends zeros
         (nothing observed).
         """
-        self._last, self._mine = None, np.zeros(0, dtype=np.int64)
+        self._last, self._mine, self._pending = None, np.zeros(0, dtype=np.int64), None
         if fpath is None or link_bytes is None:
             return
         key = np.asarray(fpath).tobytes()
@@ -706,6 +816,14 @@ class Adaptation:
         width = max((k.size for k in plan[1]), default=0)
         self._last = (np.asarray(fpath), np.asarray(link_bytes))
         self._mine = np.zeros(width, dtype=np.int64)
+        self._scale = np.ones(width)
+        if round_ends is not None:
+            busy_s = np.asarray(link_bytes, dtype=np.float64) / self.nominal.capacity_Bps
+            ends = round_ends()
+            for i, k in enumerate(plan[1][self.rank].tolist()):
+                pred = ends.get(k, 0.0)
+                expect = busy_s[plan[0][k]].max(initial=0.0)
+                self._scale[i] = expect / pred if pred > 0 and expect > 0 else np.nan
 
     @property
     def sampled(self) -> bool:
@@ -725,7 +843,19 @@ class Adaptation:
             i = pos.get(int(src) * self.n + int(last))
             if i is not None and not sec <= t[i]:  # NaN or later
                 t[i] = sec
-        self._mine = encode_times(t)
+        self._mine = encode_times(t * self._scale[: t.size])
+
+    def observe_later(self, read: Callable[[], Sequence[tuple[int, int, float]] | None]) -> None:
+        """:meth:`observe` what ``read()`` returns when :meth:`words` is next read.
+
+        For rounds timed on the device (NCCL's CUDA events): reading them at
+        once would sync the host with the stream inside the call; by the next
+        call's metadata exchange the host has synced past it. ``read()``
+        returns ``None`` while the times are not complete: then nothing is
+        observed (zeros, as a rank that did not time the call sends).
+        """
+        if self._last is not None:
+            self._pending = read
 
     def absorb(self, words: np.ndarray) -> None:
         """Every rank's words of the noted call (``int64[N, width]``); nothing is noted after."""
