@@ -546,8 +546,11 @@ def test_adapt_default_and_auto_rule():
     assert adapt_default({"PATHWEAVE_ADAPT": "YES"}) is True
     with pytest.raises(ValueError, match="PATHWEAVE_ADAPT='2'"):
         adapt_default({"PATHWEAVE_ADAPT": "2"})
-    assert adapt_auto(np.array([5, 5, 6, 6]))   # gloo or NCCL (timed per round)
-    assert not adapt_auto(np.array([5] * 8))
+    assert adapt_auto(np.array([5, 5, 6, 6]), nccl=False)
+    assert not adapt_auto(np.array([5] * 8), nccl=False)
+    # NCCL's round times blame every rail for one slow rail (the emulator,
+    # docs/runtime.md): asked for only, never by "auto"
+    assert not adapt_auto(np.array([5, 5, 6, 6]), nccl=True)
     with pytest.raises(ValueError, match="adapt must be True, False, 'auto' or None, got 'yes'"):
         pw.Orchestrator(fabric=FAB, adapt="yes")
 

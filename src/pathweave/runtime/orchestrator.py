@@ -21,7 +21,7 @@ One call of :meth:`Orchestrator.all_to_all_single` on every rank of a group:
    on normalised buffers (a dense input, a scratch output copied back on
    success), or torch's own collective on the same buffers;
 5. **account** in :class:`OrchestratorStats`;
-6. **adapt** (``adapt=True``; by default on groups that span hosts,
+6. **adapt** (``adapt=True``; by default on gloo groups that span hosts,
    :func:`~pathweave.runtime.telemetry.adapt_auto`; ``PATHWEAVE_ADAPT``): the
    completion times of this rank's receives (a plan's first calls, then
    every 8th; on NCCL the end of the round of each stream's last receive,
@@ -169,10 +169,10 @@ class Orchestrator:
     adapt
         Learn link capacities from this orchestrator's own transfers and plan
         on them (``docs/runtime.md``, "Live adaptation"): ``True``, ``False``
-        or ``"auto"``, on for groups (gloo or NCCL) whose ranks run on more
-        than one host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one
-        host gloo's links are loopback). Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or
-        ``auto``), else ``"auto"``.
+        or ``"auto"``, on for gloo groups whose ranks run on more than one
+        host (:func:`~pathweave.runtime.telemetry.adapt_auto`: on one host the
+        links are loopback; NCCL's round times do not tell links apart).
+        Default: ``PATHWEAVE_ADAPT`` (``1``, ``0`` or ``auto``), else ``"auto"``.
     config
         All of the above as one :class:`~pathweave.runtime.Config` (then pass
         no other setting); :attr:`config` is the one in use.
@@ -609,7 +609,7 @@ class Orchestrator:
 
         if st.hosts is None:
             st.hosts = words[:, 0].copy()
-            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts):
+            if self.adapt == "auto" and telemetry.adapt_auto(st.hosts, nccl=st.transport.nccl):
                 st.adapt = telemetry.Adaptation(st.fabric, st.paths, st.transport.rank)
         calls = words[:, 2]
         odd = np.flatnonzero(calls != calls[0])

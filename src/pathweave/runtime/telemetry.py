@@ -684,24 +684,27 @@ def host_word() -> int:
     return int.from_bytes(digest, "little") >> 1  # non-negative int64
 
 
-def adapt_auto(host_words: np.ndarray) -> bool:
+def adapt_auto(host_words: np.ndarray, *, nccl: bool) -> bool:
     """``adapt="auto"``: adapt where the receive times measure real links.
 
-    That is a group whose ranks run on more than one host (``host_words``:
-    every rank's :func:`host_word`, the same array on every rank, so every
-    rank decides alike), on gloo or NCCL. On one gloo host the "links" are
+    That is a gloo group whose ranks run on more than one host
+    (``host_words``: every rank's :func:`host_word`, the same array on every
+    rank, so every rank decides alike). On one host the "links" are
     loopback: receive times measure the CPU scheduler, and learning them
-    would re-plan on noise; NCCL on one host is left off alike (nothing
-    measured there says otherwise). NCCL calls are timed per round, with
-    CUDA events (:class:`~pathweave.runtime.executor.CudaRoundClock`), read
-    at the next call's metadata exchange; their times are coarser than
-    gloo's per-stream ones and tell links apart less well (docs/runtime.md,
-    "Live adaptation").
+    would re-plan on noise. NCCL calls are timed per round (CUDA events,
+    :class:`~pathweave.runtime.executor.CudaRoundClock`), but round times
+    do not tell the links apart: rounds run in lock-step, so one slow rail
+    makes every rail's streams late. In the emulator, with rounds posted as
+    groups, a co-tenant on one of four rails was learned as all four rails
+    at 0.56-0.58 of nominal (docs/runtime.md, "Live adaptation"). So NCCL
+    groups adapt only when asked (``adapt=True``).
 
-    >>> adapt_auto(np.array([7, 7, 9, 9])), adapt_auto(np.array([7, 7]))
+    >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=False), adapt_auto(np.array([7, 7]), nccl=False)
     (True, False)
+    >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=True)
+    False
     """
-    return np.unique(np.asarray(host_words)).size > 1
+    return not nccl and np.unique(np.asarray(host_words)).size > 1
 
 
 class Adaptation:
