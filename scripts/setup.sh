@@ -40,9 +40,12 @@ _pathweave_setup() (
         echo "setup: creating .venv with $("$python" --version 2>&1)"
         "$python" -m venv "$venv"
     fi
-    # --no-compile: pip byte-compiles every file it installs (torch's and
-    # transformers' thousands), 57 of the 98 s of a fresh install here;
-    # Python compiles the modules a run imports on first import instead.
+    # --no-compile, then compileall on every core: pip byte-compiles each
+    # file it installs (torch's, transformers' thousands) one at a time,
+    # most of a fresh install's time here. The bytecode must exist: with
+    # PYTHONDONTWRITEBYTECODE set (as on this VM) nothing is cached on import,
+    # and every rank process the tests start would compile torch again
+    # (~2 s CPU each).
     pip=("$venv/bin/python" -m pip)
     install=("${pip[@]}" install --quiet --no-compile)
     "${pip[@]}" install --quiet --upgrade pip ||
@@ -58,6 +61,9 @@ _pathweave_setup() (
 
     echo "setup: installing pathweave (editable) with test and models extras"
     "${install[@]}" -e "$root[test,models]"
+    "$venv/bin/python" -m compileall -q -j 0 \
+        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+        >/dev/null || true  # a package's stray unparsable file is not ours to fail on
     printf '%s\n%s\n' "$want" "$torch" >"$stamp"
     echo "setup: done ($torch)"
 )
