@@ -68,6 +68,7 @@ from __future__ import annotations
 import numpy as np
 
 from pathweave import _check as _args
+from pathweave._cache import Cache
 from pathweave.errors import PlanError
 from pathweave.fabric import Fabric, PathSet
 from pathweave.plan._mwu_kernel import link_classes, route_cut, route_pinned
@@ -182,14 +183,12 @@ def _check_options(
     _check("min_split_bytes", min_split_bytes, 0, 2**62)
     _check("hop_penalty_s", hop_penalty_s, 0.0, 1.0)
     _check("refine", refine, 0, 1000)
-    if len(_VALID_OPTIONS) < _VALID_OPTIONS_MAX:
-        _VALID_OPTIONS.add(key)
+    _VALID_OPTIONS.put(key, True)
 
 
-#: Option sets :func:`_check_options` found valid (bounded: a sweep over many
-#: values keeps checking, it does not grow the set).
-_VALID_OPTIONS: set[tuple] = set()
-_VALID_OPTIONS_MAX = 64
+#: Option sets :func:`_check_options` found valid, the 64 most recently used
+#: (a sweep over many values keeps checking, it does not grow the cache).
+_VALID_OPTIONS: Cache[bool] = Cache(64)
 
 
 @register(
