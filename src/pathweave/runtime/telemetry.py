@@ -696,7 +696,7 @@ def adapt_auto(host_words: np.ndarray, *, nccl: bool) -> bool:
     do not tell the links apart: rounds run in lock-step, so one slow rail
     makes every rail's streams late. In the emulator, with rounds posted as
     groups, a co-tenant on one of four rails was learned as all four rails
-    at 0.56-0.58 of nominal (docs/runtime.md, "Live adaptation"). So NCCL
+    at 0.53-0.61 of nominal (docs/runtime.md, "Live adaptation"). So NCCL
     groups adapt only when asked (``adapt=True``).
 
     >>> adapt_auto(np.array([7, 7, 9, 9]), nccl=False), adapt_auto(np.array([7, 7]), nccl=False)
