@@ -186,8 +186,9 @@ def _check_options(
     _VALID_OPTIONS.put(key, True)
 
 
-#: Option sets :func:`_check_options` found valid, the 64 most recently used
-#: (a sweep over many values keeps checking, it does not grow the cache).
+#: Option sets :func:`_check_options` found valid, the last 64 found (a hit
+#: does not refresh one: a sweep over many values keeps checking, it does
+#: not grow the cache).
 _VALID_OPTIONS: Cache[bool] = Cache(64)
 
 

@@ -168,8 +168,10 @@ def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.nd
     0.1 s, on 2 shared cores)."""
     kept: list[dict[int, float]] = []
     # Not the group state itself: the schedule cache holding this would hold it.
+    # st.fabric is the nominal fabric (the adaptation's own nominal; plans on
+    # learned capacities use st.plan_fabric).
     paths, routes, rank = st.paths, st.routes[fpath], st.transport.rank
-    nominal = st.adapt.nominal.capacity_Bps if st.adapt is not None else st.fabric.capacity_Bps
+    nominal = st.fabric.capacity_Bps
 
     def ends() -> dict[int, float]:
         if not kept:
