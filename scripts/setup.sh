@@ -4,7 +4,8 @@
 # Idempotent: a stamp file records the hash of pyproject.toml, and nothing
 # is reinstalled while it matches. Run it (`bash scripts/setup.sh`) or source
 # it from another script (`source scripts/setup.sh`); sourcing leaves the
-# caller's shell options untouched and sets PATHWEAVE_VENV.
+# caller's shell options untouched, sets PATHWEAVE_VENV and unsets
+# PYTHONDONTWRITEBYTECODE (the venv's bytecode is written as it is imported).
 #
 # Steps: pick python3 (>= 3.10, python3.11 preferred), create .venv, upgrade
 # pip quietly, install torch==2.13.0 (the CPU wheel; the data plane, MoE
@@ -40,12 +41,10 @@ _pathweave_setup() (
         echo "setup: creating .venv with $("$python" --version 2>&1)"
         "$python" -m venv "$venv"
     fi
-    # --no-compile, then compileall on every core: pip byte-compiles each
-    # file it installs (torch's, transformers' thousands) one at a time,
-    # most of a fresh install's time here. The bytecode must exist: with
-    # PYTHONDONTWRITEBYTECODE set (as on this VM) nothing is cached on import,
-    # and every rank process the tests start would compile torch again
-    # (~2 s CPU each).
+    # --no-compile: pip byte-compiles every file it installs (torch's,
+    # transformers' thousands), one at a time, most of a fresh install's
+    # time here; a process writes the bytecode of what it imports instead
+    # (see PYTHONDONTWRITEBYTECODE below), a seventh of the files.
     pip=("$venv/bin/python" -m pip)
     install=("${pip[@]}" install --quiet --no-compile)
     "${pip[@]}" install --quiet --upgrade pip ||
@@ -61,9 +60,6 @@ _pathweave_setup() (
 
     echo "setup: installing pathweave (editable) with test and models extras"
     "${install[@]}" -e "$root[test,models]"
-    "$venv/bin/python" -m compileall -q -j 0 \
-        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-        >/dev/null || true  # a package's stray unparsable file is not ours to fail on
     printf '%s\n%s\n' "$want" "$torch" >"$stamp"
     echo "setup: done ($torch)"
 )
@@ -71,6 +67,11 @@ _pathweave_setup() (
 if _pathweave_setup; then
     PATHWEAVE_VENV="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv"
     export PATHWEAVE_VENV
+    # Nothing is byte-compiled at install (--no-compile above): with
+    # PYTHONDONTWRITEBYTECODE set (as on some CI machines) every interpreter
+    # the caller starts (the tests' torchrun ranks, CLI runs) would compile
+    # torch and pathweave again, ~2.5 s of CPU each. The first import writes it.
+    unset PYTHONDONTWRITEBYTECODE
     unset -f _pathweave_setup
 else
     unset -f _pathweave_setup

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Set up .venv if needed, lint, then run the tests (tests/ and the doctests
-# under src/pathweave): first all but the emulator's on PYTEST_WORKERS
-# pytest-xdist workers (default 2, the CI machine's cores: many tests start
-# 4-8 rank processes of their own, so more workers than cores oversubscribe
-# them), then the tests that bring up the emulator alone (marked `emulator`
-# where they are: they time real bytes and share namespace prefixes; the
-# emulator's pure tests, layouts, argv lists, checks, run on the workers).
+# under src/pathweave): all but the emulator's on PYTEST_WORKERS pytest-xdist
+# workers (default 2, the CI machine's cores: many tests start 4-8 rank
+# processes of their own, so more workers than cores oversubscribe them),
+# and beside them, in one process of their own, the tests that bring up the
+# emulator (marked `emulator` where they are: they time real bytes and share
+# namespace prefixes; the emulator's pure tests, layouts, argv lists,
+# checks, run on the workers).
 # Extra arguments go to both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +24,6 @@ echo "== ruff check src tests"
 .venv/bin/ruff check src tests
 
 echo "== pytest"
-# Bytecode for the package, once: with PYTHONDONTWRITEBYTECODE set (as on
-# this VM) nothing is cached on import, and every process the tests start
-# with a fresh interpreter (torchrun, the CLI, the emulator's ranks) would
-# compile pathweave again (~0.3 s CPU each). Stale files are rewritten here.
-.venv/bin/python -m compileall -q src >/dev/null
 # pytest's "no tests collected" (5) must fail a whole run: a broken
 # collection must not pass. With arguments (some files) one of the two runs
 # may select nothing, and that is fine.
@@ -45,12 +41,26 @@ run() {
 }
 picked="$*"
 status=0
+# The emulator's tests run beside the others, in a pytest of their own: one
+# at a time (they share namespace prefixes), and mostly waiting on shaped
+# links (their ranks are forked from a fork server that imported torch, so
+# they cost little CPU). Their rate checks take the best of 3 transfers,
+# timed by kernel timestamps, which a busy machine does not skew. Without
+# arguments only tests/ is collected there: the doctests under src carry no
+# marks, so `-m emulator` would deselect every one of them after importing
+# their modules (torch, and the planners' kernels by _preload).
+emu_log="$(mktemp)"
+(run -m emulator --durations=10 "${@:-tests}" >"$emu_log" 2>&1) &
+emu_pid=$!
+trap 'kill "$emu_pid" 2>/dev/null || true; rm -f "$emu_log"' EXIT
 # --durations: the log names the slowest tests of each run (the suite's time
 # budget is 5 minutes from a clean clone on 2 cores).
 run -n "${PYTEST_WORKERS:-2}" -m "not emulator" --durations=25 "$@" || status=$?
-echo "== pytest (the emulator's tests, alone)"
-# Without arguments only tests/ is collected here: the doctests under src
-# carry no marks, so `-m emulator` would deselect every one of them after
-# importing their modules (torch, and the planners' kernels by _preload).
-run -m emulator --durations=10 "${@:-tests}" || status=$?
+emu_status=0
+wait "$emu_pid" || emu_status=$?
+echo "== pytest (the emulator's tests, run beside the ones above)"
+cat "$emu_log"
+if [[ $emu_status -ne 0 ]]; then
+    status=$emu_status
+fi
 exit "$status"

@@ -133,7 +133,7 @@ def test_demo_writes_plot_and_prints_every_policy(tmp_path: Path, assert_drawn):
         assert re.search(rf"^\W*{name}\b", result.output, re.MULTILINE), name
 
 
-@pytest.mark.emulator  # brings it up: scripts/test.sh runs these alone
+@pytest.mark.emulator  # brings it up: scripts/test.sh runs these one at a time
 @pytest.mark.skipif(_demo_emulate.skip_reason() is not None,
                     reason=str(_demo_emulate.skip_reason()))
 def test_demo_emulate_step_measures_the_default_against_a_baseline(tmp_path: Path):

@@ -21,7 +21,7 @@ import pathweave as pw
 from pathweave.emulate._ip import SHAPINGS
 
 pytestmark = [
-    pytest.mark.emulator,  # brings it up: scripts/test.sh runs these alone
+    pytest.mark.emulator,  # brings it up: scripts/test.sh runs these one at a time
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
         reason="the emulator needs root and iproute2 (ip, tc); CI runs as root",

@@ -78,7 +78,7 @@ needs_root = pytest.mark.skipif(
 )
 
 
-@pytest.mark.emulator  # brings it up: scripts/test.sh runs these alone
+@pytest.mark.emulator  # brings it up: scripts/test.sh runs these one at a time
 @needs_root
 def test_co_tenant_paces_its_datagrams_and_stops_by_itself():
     """The co-tenant's datagrams cross the emulated network beside a transfer; its

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from pathweave.cli.main import app
 
 pytestmark = [
-    pytest.mark.emulator,  # brings it up: scripts/test.sh runs these alone
+    pytest.mark.emulator,  # brings it up: scripts/test.sh runs these one at a time
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
         reason="the emulator needs root and iproute2 (ip, tc); CI runs as root",

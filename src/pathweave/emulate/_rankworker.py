@@ -1,6 +1,6 @@
 """The body of one rank that :func:`pathweave.emulate.run.run_workloads` starts in a namespace.
 
-``python -m pathweave.emulate._worker worker SPEC RANK`` runs :func:`_worker`:
+``pathweave.emulate._worker._main(["worker", SPEC, RANK])`` runs :func:`_worker`:
 gloo over the identity interface, every policy's all-to-all per workload
 (warm-up calls first, then the timed calls in :func:`round_robin` order),
 every received byte checked, the call times written to ``rank{RANK}.json``.

@@ -1,7 +1,9 @@
 """Entry point of the processes the emulator starts inside namespaces.
 
-``python -m pathweave.emulate._worker worker SPEC RANK`` runs one rank
-(:mod:`pathweave.emulate._rankworker`); ``probe-recv``/``probe-send`` move plain TCP
+``worker SPEC RANK`` runs one rank (:mod:`pathweave.emulate._rankworker`; the rank
+processes are forked into their namespaces and call :func:`_main`, see
+:mod:`pathweave.emulate._forked`); ``python -m pathweave.emulate._worker
+probe-recv``/``probe-send`` move plain TCP
 bytes (:mod:`pathweave.emulate._probe`, see :func:`pathweave.emulate.run.probe_transfer`).
 The co-tenant's processes run :mod:`pathweave.emulate._cotenant` as a script instead.
 A module of its own, so that ``-m`` does not re-run a module the package already imported.

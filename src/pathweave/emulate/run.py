@@ -1,7 +1,8 @@
 """Run the data plane inside an emulated fabric and set it beside the simulator.
 
 :func:`run_emulated` starts one process per rank inside that rank's namespace
-(``ip netns exec NS python -m pathweave.emulate._worker worker ...``; gloo binds to
+(forked from a fork server that imported torch, then moved into the namespace:
+:mod:`pathweave.emulate._forked`; gloo binds to
 the identity interface through ``GLOO_SOCKET_IFNAME``, the rendezvous is on
 rank 0's identity address), runs the all-to-all of a workload ``repeat`` times
 per policy, the policies round-robin (every repetition calls each once, in
@@ -32,7 +33,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from pathweave.emulate._forked import start_in_netns
 from pathweave.emulate._ip import EmulatorError
 from pathweave.emulate._predict import (
     ADAPT_SUFFIX,
@@ -183,18 +184,14 @@ class EmulationResult:
 
 
 # -------------------------------------------------------------------- runs
-def _launch(emu: Emulator, argv_of: Callable[[int], list[str]], env_of: Callable[[int], dict],
-            log_dir: Path, timeout_s: float, ranks: Sequence[int]) -> None:
-    """Start one process per rank in its namespace; wait; kill all on any failure."""
-    procs: dict[int, subprocess.Popen] = {}
-    logs = {}
+def _launch(emu: Emulator, start: Callable[[int, Path], Any], log_dir: Path, timeout_s: float,
+            ranks: Sequence[int]) -> None:
+    """Start every rank (``start(rank, log_path)``, a ``Popen``-like handle); wait; kill
+    all on any failure."""
+    procs: dict[int, Any] = {}
     try:
         for r in ranks:
-            logs[r] = (log_dir / f"rank{r}.log").open("wb")
-            procs[r] = subprocess.Popen(
-                emu.exec_argv(r, argv_of(r)), env=env_of(r), stdout=logs[r],
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            procs[r] = start(r, log_dir / f"rank{r}.log")
             emu.record_process(procs[r].pid)  # a later cleanup kills it if we die
         deadline = time.monotonic() + timeout_s
         while True:
@@ -227,8 +224,6 @@ def _launch(emu: Emulator, argv_of: Callable[[int], list[str]], env_of: Callable
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        for f in logs.values():
-            f.close()
 
 
 def _tail(path: Path, nchars: int = 3000) -> str:
@@ -445,10 +440,9 @@ def _run_ranks(emu: Emulator, sfab: Fabric, spec: dict[str, Any], tenants: Seque
                 "out_dir": str(work)}
         (work / "spec.json").write_text(json.dumps(spec))
 
-        def argv_of(r: int) -> list[str]:
-            argv = [sys.executable, "-m", "pathweave.emulate._worker", "worker",
-                    str(work / "spec.json"), str(r)]
-            return ["nice", "-n", str(nice), *argv] if nice else argv
+        def start(r: int, log_path: Path) -> Any:
+            return start_in_netns(lay.rank_ns[r], ["worker", str(work / "spec.json"), str(r)],
+                                  log_path=log_path, env=env_of(r), nice=nice)
 
         def env_of(r: int) -> dict:
             env = dict(os.environ)
@@ -468,7 +462,7 @@ def _run_ranks(emu: Emulator, sfab: Fabric, spec: dict[str, Any], tenants: Seque
                 f"{t.spec} (ranks {t.a} <-> {t.b}, {t.rate_Bps * emu.scale / 1e6:.2f} MB/s "
                 "each way)" for t in tenants))
         with Background(emu, tenants, spec["timeout_s"]):
-            _launch(emu, argv_of, env_of, work, spec["timeout_s"], range(n))
+            _launch(emu, start, work, spec["timeout_s"], range(n))
         return [json.loads((work / f"rank{r}.json").read_text()) for r in range(n)]
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pathweave.errors import LaunchTimeoutError, RankError
 
-__all__ = ["run_local", "run_tool"]
+__all__ = ["fork_context", "run_local", "run_tool"]
 
 _HOST = "127.0.0.1"
 #: How often the parent polls its children, and a child its parent, in seconds.
@@ -118,8 +118,8 @@ def _child(
         results.put(report)
 
 
-def _context() -> Any:
-    """The multiprocessing context children start from.
+def fork_context() -> Any:
+    """The multiprocessing context children start from (also the emulator's ranks').
 
     A fork server where the platform has one: a fresh process (none of the
     caller's threads, CUDA state or locks, as with ``spawn``) that imports
@@ -232,7 +232,7 @@ def run_local(
 
     import torch.distributed as dist
 
-    ctx = _context()
+    ctx = fork_context()
     store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     results = ctx.Queue()
