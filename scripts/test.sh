@@ -20,6 +20,13 @@ if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null \
     apt-get install -y -q iproute2 procps || { apt-get update -q && apt-get install -y -q iproute2 procps; }
 fi
 
+# The kernels every fork server loads (runtime/_preload.py: one per xdist
+# worker, one for the emulator's tests), compiled into numba's cache while
+# ruff and pytest's collection run. They take turns on a lock, so in a clean
+# clone the first would compile them (~30 s of CPU) while the rest wait idle.
+.venv/bin/python -c "import pathweave.runtime._preload" >/dev/null 2>&1 &
+warm_pid=$!
+
 echo "== ruff check src tests"
 .venv/bin/ruff check src tests
 
@@ -46,13 +53,14 @@ status=0
 # links (their ranks are forked from a fork server that imported torch, so
 # they cost little CPU). Their rate checks take the best of 3 transfers,
 # timed by kernel timestamps, which a busy machine does not skew. Without
-# arguments only tests/ is collected there: the doctests under src carry no
-# marks, so `-m emulator` would deselect every one of them after importing
-# their modules (torch, and the planners' kernels by _preload).
+# arguments only the test files that carry the mark are collected there:
+# `-m emulator` deselects the rest only after importing them (and rewriting
+# their asserts, ~7 s of CPU), the doctests under src included.
 emu_log="$(mktemp)"
-(run -m emulator --durations=10 "${@:-tests}" >"$emu_log" 2>&1) &
+mapfile -t emu_files < <(grep -l "mark\.emulator" tests/test_*.py)
+(run -m emulator --durations=10 "${@:-${emu_files[@]}}" >"$emu_log" 2>&1) &
 emu_pid=$!
-trap 'kill "$emu_pid" 2>/dev/null || true; rm -f "$emu_log"' EXIT
+trap 'kill "$emu_pid" "$warm_pid" 2>/dev/null || true; rm -f "$emu_log"' EXIT
 # --durations: the log names the slowest tests of each run (the suite's time
 # budget is 5 minutes from a clean clone on 2 cores).
 run -n "${PYTEST_WORKERS:-2}" -m "not emulator" --durations=25 "$@" || status=$?
