@@ -57,8 +57,10 @@ def _child(ns: str, log_path: str, env: dict[str, str], nice: int, argv: list[st
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)  # a timed-out rank's log shows how far it got
+    # Fresh line-buffered streams over the log (the inherited ones may be None
+    # where the caller had no console): a timed-out rank's log shows how far it got.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
     # The fork server's environment is a snapshot of its caller's at start.
     os.environ.clear()
     os.environ.update(env)
