@@ -26,6 +26,7 @@ fi
 # clone the first would compile them (~30 s of CPU) while the rest wait idle.
 .venv/bin/python -c "import pathweave.runtime._preload" >/dev/null 2>&1 &
 warm_pid=$!
+trap 'kill "$warm_pid" 2>/dev/null || true' EXIT
 
 echo "== ruff check src tests"
 .venv/bin/ruff check src tests
