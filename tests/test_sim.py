@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pathweave as pw
@@ -146,6 +146,12 @@ def flow_sets(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(flow_sets())
+# Found by the search: flow 2's end (4.5 s) lies exactly on the 5 % window of the first
+# end (30/7 s); the kernel's rates and the twin's differ in the last bit, and before
+# SAME_RTOL one batched it and the other did not (ends 4.29 against 4.5 s).
+@example(([[0], [0], [0], [0], [0, 0, 0], [0], [0, 0, 0]], [5.0, 1.0, 1.0],
+          [3.0, 3.0, 1.0, 3.0, 3.0, 3.0, 3.0], [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0],
+          [0.7, INF, INF, INF, INF, 0.7, 0.7], 0.05, [1e6, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0]))
 def test_engine_matches_its_slow_twin(inst):
     flows, cap, nbytes, release, fcap, rtol, weight = inst
     end = _engine(flows, cap, nbytes, release, fcap, rtol, weight)
