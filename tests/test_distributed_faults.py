@@ -26,10 +26,6 @@ import pathweave.distributed as pwd
 from pathweave.errors import CommError, LaunchTimeoutError, RankError
 from pathweave.runtime.launch import run_local
 
-#: Half of this module's time is spent waiting for timeouts and dying processes (an idle
-#: core): scripts/test.sh runs it one test at a time beside the CPU-bound tests.
-pytestmark = pytest.mark.waits
-
 TIMEOUT_S = 3.0
 
 
