@@ -12,8 +12,9 @@ and its imports of pathweave are checked against three rules:
 - **Private names stay home.** A module of one unit does not import a private
   module (a path component starting with ``_``) or a private name of another
   unit, nor read ``module._name`` of a module of another unit it imported. The
-  bottom modules ``_check``, ``_files``, ``_spec``, ``_log``, ``_cache`` and ``_registry`` are
-  private to the distribution, not to a unit: every unit of ``pathweave`` shares them.
+  bottom modules ``_check``, ``_files``, ``_spec``, ``_log``, ``_cache``, ``_registry`` and
+  ``_sort`` are private to the distribution, not to a unit: every unit of ``pathweave``
+  shares them.
 - **No circles.** The graph of module-level imports (run when the module is
   imported) has no cycle. Imports inside functions are left out: they run
   after every module has loaded, which is how the torch layers (``runtime``,
@@ -52,7 +53,7 @@ PACKAGE = SRC / "pathweave"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "errors _check _files _spec _log _cache _registry",
+        "errors _check _files _spec _log _cache _registry _sort",
         "fabric",
         "traffic",
         "plan",
@@ -69,7 +70,7 @@ LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 #: The torch layers, loaded on first use (imports of them inside functions).
 TORCH = frozenset({"runtime", "distributed", "nn", "moe", "emulate"})
 #: Private to the distribution, shared by every unit.
-SHARED = frozenset({"_check", "_files", "_spec", "_log", "_cache", "_registry"})
+SHARED = frozenset({"_check", "_files", "_spec", "_log", "_cache", "_registry", "_sort"})
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
+from pathweave._sort import argsort_stable
+
 # Path kinds, as pathweave.fabric.PathKind codes (numba cannot see the enum).
 _DIRECT = 0
 _RAIL = 2
@@ -328,7 +330,7 @@ def size_order(demand):
             nbytes[k] = flat[i]
             k += 1
     # mergesort is stable: equal sizes keep pair order.
-    return pairs, nbytes, np.argsort(-nbytes, kind="mergesort")
+    return pairs, nbytes, argsort_stable(-nbytes)
 
 
 

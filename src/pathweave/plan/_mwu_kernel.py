@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pathweave._sort import argsort_stable
 from pathweave.plan._stripe_kernel import cut_bound
 
 #: A refinement pass re-routes the pairs that use a link loaded to at least
@@ -366,7 +367,7 @@ def link_classes(links, length, num_links):
         for i in range(ptr[e], ptr[e + 1]):
             h = (h ^ np.uint64(on[i])) * np.uint64(1099511628211)
         key[e] = h
-    order = np.argsort(key, kind="mergesort")
+    order = argsort_stable(key)
     rep = np.full(num_links, -1, dtype=np.int64)  # lowest link id of the class
     i = 0
     while i < num_links:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pathweave._sort import argsort_stable, unique
 from pathweave.sim._maxmin import (
     FlowNet,
     build_incidence,
@@ -101,7 +102,7 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
     flow_ptr, flow_links, capacity_Bps = net.flow_ptr, net.flow_links, net.capacity_Bps
     nflows = flow_bytes.shape[0]
     nrec = num_record_links
-    order = np.argsort(release_s, kind="mergesort")
+    order = argsort_stable(release_s)
     # Caps are fixed per flow: sort them once for every rate computation.
     cap_order = cap_order_of(net, np.arange(nflows))
     end_s = np.full(nflows, np.nan)
@@ -266,7 +267,8 @@ def _localise(members, flow_ptr, flow_links, loc):
                 loc[e] = 0
                 glinks[n] = e
                 n += 1
-    glinks = np.sort(glinks[:n])
+    glinks = glinks[:n]
+    glinks = glinks[argsort_stable(glinks)]
     for i in range(n):
         loc[glinks[i]] = i
     links = np.empty(ptr[m], dtype=np.int64)
@@ -287,7 +289,7 @@ def _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links, max_s
     # (bytes kept). Where an output segment lies within one of a
     # component's segments, that segment's rate is copied (fraction 1.0).
     cap = max(2, max_segments)
-    allt = np.unique(tbuf[: tptr[tptr.shape[0] - 1]])
+    allt = unique(tbuf[: tptr[tptr.shape[0] - 1]])
     seg_t = np.zeros(cap + 1, dtype=np.float64)
     no_rates = np.zeros((cap, 0), dtype=np.float64)
     nseg = 0

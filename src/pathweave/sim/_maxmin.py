@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from pathweave._check import indices as check_indices
+from pathweave._sort import argsort_stable
 
 __all__ = [
     "FlowNet",
@@ -296,7 +297,7 @@ def cap_order_of(net, subset):
             ids[n] = f
             vals[n] = flow_cap_Bps[f] / flow_weight[f]
             n += 1
-    return ids[np.argsort(vals, kind="mergesort")]
+    return ids[argsort_stable(vals)]
 
 
 @njit(cache=True)

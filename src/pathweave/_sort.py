@@ -1,0 +1,92 @@
+"""The stable argsort of the numba kernels, and its slow twin.
+
+Numba compiles its own ``np.argsort``, ``np.sort`` and ``np.unique`` for
+each sort kind and key type, 1.4-2.4 s of CPU each on a cold cache; the
+planners' and the simulator's kernels used five of them (mergesort of
+float64, int64 and uint64 keys, quicksort of int64 and float64), which was
+most of the sorting kernels' compile time, paid by every fresh checkout, CI
+run and first ``pathweave`` command. This one merge sort compiles in a
+fraction of that per key type and runs as fast at the sizes the kernels
+sort.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["argsort_stable", "argsort_stable_reference", "unique"]
+
+#: Runs this long are sorted by insertion before the merges.
+_RUN = 16
+
+
+@njit(cache=True)
+def argsort_stable(keys):  # pragma: no cover - numba
+    """Indices that sort ``keys`` (1-D, no NaN) ascending; equal keys keep their order.
+
+    ``np.argsort(keys, kind="stable")`` (:func:`argsort_stable_reference`),
+    called from a numba kernel. NOTE: plain loops, no slices (numba's slice
+    assignment alone compiles for seconds); the keys move with the indices,
+    so the merges read both in order; a pair of runs already in order is
+    copied, and input already sorted is found in one pass.
+    """
+    n = keys.shape[0]
+    idx = np.arange(n)
+    for i in range(1, n):
+        if keys[i] < keys[i - 1]:
+            break
+    else:
+        return idx
+    key = keys.copy()
+    for lo in range(0, n, _RUN):
+        for i in range(lo + 1, min(lo + _RUN, n)):
+            k = key[i]
+            j = i - 1
+            while j >= lo and key[j] > k:
+                key[j + 1] = key[j]
+                idx[j + 1] = idx[j]
+                j -= 1
+            key[j + 1] = k
+            idx[j + 1] = i
+    if n <= _RUN:
+        return idx
+    key2 = np.empty_like(key)
+    idx2 = np.empty_like(idx)
+    width = _RUN
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                # the left run wins ties (stable); j == hi: only it is left
+                if j >= hi or (i < mid and not key[j] < key[i]):
+                    key2[k] = key[i]
+                    idx2[k] = idx[i]
+                    i += 1
+                else:
+                    key2[k] = key[j]
+                    idx2[k] = idx[j]
+                    j += 1
+        key, key2 = key2, key
+        idx, idx2 = idx2, idx
+        width *= 2
+    return idx
+
+
+@njit(cache=True)
+def unique(values):  # pragma: no cover - numba
+    """``np.unique(values)`` (1-D, no NaN) from a numba kernel: each value once, ascending."""
+    out = values[argsort_stable(values)]
+    n = 0
+    for i in range(out.shape[0]):
+        if n == 0 or out[i] != out[n - 1]:
+            out[n] = out[i]
+            n += 1
+    return out[:n]
+
+
+def argsort_stable_reference(keys: np.ndarray) -> np.ndarray:
+    """Slow twin of :func:`argsort_stable`: numpy's stable argsort."""
+    return np.argsort(keys, kind="stable")
