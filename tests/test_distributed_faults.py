@@ -7,6 +7,7 @@ timeout), and that no process outlives ``run_local``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -221,6 +222,27 @@ def job_value(rank, ws, base):
 def test_run_local_returns_values_in_rank_order():
     got = run_local(job_value, 4, (10,), env={"LOCAL_WORLD_SIZE": "2"})
     assert got == [{"rank": r, "sum": 46, "env": "2"} for r in range(4)]
+
+
+def job_last_alive(rank, ws, piddir):
+    """Every rank but 0 returns at once; rank 0, later, sees which of them are still up."""
+    _record_pid(piddir, rank)
+    if rank:
+        return True
+    time.sleep(1.0)
+    alive = []
+    for r in range(1, ws):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(Path(piddir, f"{r}.pid").read_text()), 0)
+            alive.append(r)
+    return alive
+
+
+def test_no_rank_leaves_before_every_rank_is_done(tmp_path):
+    # A rank that exited early broke a slow one's gloo connections, still
+    # being set up ("Connection closed by peer"): each waits for all.
+    got = run_local(job_last_alive, 3, (str(tmp_path),), timeout_s=60)
+    assert got == [[1, 2], True, True]
 
 
 def test_a_raising_rank_is_reported_with_its_traceback(tmp_path):

@@ -104,6 +104,13 @@ def _child(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         report = (rank, True, fn(rank, world_size, *args), "", 0.0)
+        # No rank tears its group down before every rank is done: a rank
+        # that needs none of the others (outside every subgroup) would exit
+        # while a slower one still connects its gloo mesh to it ("Connection
+        # closed by peer", seen on a loaded machine). A rank that failed
+        # never arrives; its report makes the caller end the job.
+        store.set(f"pathweave/done/{rank}", b"1")
+        store.wait([f"pathweave/done/{r}" for r in range(world_size)])
     except BaseException as exc:
         # Stamp and report before the group is torn down: tearing it down
         # breaks the peers' connections, and their errors must not be taken
@@ -181,7 +188,8 @@ def run_local(
     ``torchrun`` variables set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), then ``env``, and
     joins the default process group before ``fn`` runs; the group is
-    destroyed when ``fn`` returns.
+    destroyed once ``fn`` has returned on every rank (none leaves early: its
+    exit would break a slower rank's connections still being set up).
 
     Parameters
     ----------
