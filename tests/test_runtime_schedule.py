@@ -777,8 +777,6 @@ def test_import_pathweave_does_not_import_torch():
         "assert 'torch' not in sys.modules\n"
         "orch = pw.Orchestrator(fabric='h100-2x4')\n"
         "assert 'torch' not in sys.modules\n"
-        "import pathweave.distributed\n"
-        "assert 'torch' in sys.modules and pw.distributed.all_to_all_single\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
