@@ -44,7 +44,8 @@ _pathweave_setup() (
     fi
     # pip installs uv, and says where it would take torch from: it reads
     # this machine's configuration (local wheel folders, indexes, caps),
-    # which uv does not. uv installs the rest: its downloads and unpacking
+    # which uv does not (it gets pip's sources below, not its caps: torch is
+    # pinned to pip's pick). uv installs the rest: its downloads and unpacking
     # run in parallel (~10 s for all here, against ~35 s with pip). Nothing
     # is byte-compiled now (uv's default): a process writes the bytecode of
     # what it imports (see PYTHONDONTWRITEBYTECODE below), a seventh of the
@@ -70,8 +71,10 @@ _pathweave_setup() (
             "and the emulator (and their tests) need" >&2
         return 1
     fi
+    # The sources pip is configured with (a mirror, local wheel folders), for uv.
+    mapfile -t sources < <("${pip[@]}" config list | "$venv/bin/python" "$root/scripts/pip_sources.py")
     echo "setup: installing torch 2.13.0 and pathweave (editable) with test and models extras"
-    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" \
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${sources[@]}" \
         "torch @ $torch_url" -e "$root[test,models]" pip
     torch="torch 2.13.0"
 
