@@ -8,9 +8,11 @@ several seconds for a job of 8 processes on a small machine).
 
 The kernels include the specialisations an orchestrator's decision runs (its
 plans on the frozen path set, its time model, its prediction on the fragments
-it splits): numba compiles one per argument type and read-only flag, and with
-a cold cache every rank would otherwise compile the same ones at once (8
-processes on 2 cores: about 30 s of CPU in a clean clone's test suite).
+it splits, the check of a repeated call's matrix, and the emulator ranks'
+model, which scores built fragments): numba compiles one per argument type
+and read-only flag, and with a cold cache every rank would otherwise compile
+the same ones at once (8 processes on 2 cores: about 30 s of CPU in a clean
+clone's test suite).
 
 Fork servers of several callers at once (a test suite's workers) take turns
 (a lock file beside the package): with a cold cache the first compiles and
@@ -35,6 +37,7 @@ from pathweave.plan import DEFAULT_POLICY, make
 from pathweave.runtime import _decision, _validate
 from pathweave.runtime._group import _GroupState
 from pathweave.runtime.orchestrator import Orchestrator
+from pathweave.sim import SimModel
 
 
 def _load_kernels() -> None:
@@ -43,6 +46,9 @@ def _load_kernels() -> None:
     demand[0, 5] = demand[1, 2] = 64 << 20
     for policy in ("mwu", "hscore", DEFAULT_POLICY):
         make(fab, demand, policy)
+    # The emulator's ranks, forked from this server too, decide with a model
+    # that scores the fragments a plan builds (message_fill).
+    make(fab, demand, DEFAULT_POLICY, model=SimModel.ideal(chunk_bytes=1 << 19, message_fill=True))
     # What each rank's first call runs: the decision and its prediction, as
     # the data plane makes them (no process group is needed for either).
     orch = Orchestrator(fabric=fab)
