@@ -74,8 +74,11 @@ _pathweave_setup() (
     # The sources pip is configured with (a mirror, local wheel folders), for uv.
     mapfile -t sources < <("${pip[@]}" config list | "$venv/bin/python" "$root/scripts/pip_sources.py")
     echo "setup: installing torch 2.13.0 and pathweave (editable) with test and models extras"
-    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${sources[@]}" \
-        "torch @ $torch_url" -e "$root[test,models]" pip
+    if ! "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${sources[@]}" \
+        "torch @ $torch_url" -e "$root[test,models]" pip; then
+        echo "setup: uv could not install torch and pathweave's extras (above: why)" >&2
+        return 1
+    fi
     torch="torch 2.13.0"
 
     printf '%s\n%s\n' "$want" "$torch" >"$stamp"
