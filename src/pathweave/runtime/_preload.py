@@ -8,11 +8,13 @@ several seconds for a job of 8 processes on a small machine).
 
 The kernels include the specialisations an orchestrator's decision runs (its
 plans on the frozen path set, its time model, its prediction on the fragments
-it splits, the check of a repeated call's matrix, and the emulator ranks'
-model, which scores built fragments): numba compiles one per argument type
-and read-only flag, and with a cold cache every rank would otherwise compile
-the same ones at once (8 processes on 2 cores: about 30 s of CPU in a clean
-clone's test suite).
+it splits, the check of a repeated call's matrix, the emulator ranks' model,
+which scores built fragments, and a one-node fabric's per-link time model):
+numba compiles one per argument type and read-only flag, and with a cold
+cache every rank would otherwise compile the same ones at once (8 processes
+on 2 cores: about 30 s of CPU in a clean clone's test suite). The suite's
+warm-up (scripts/test.sh) imports this module too, so the torchrun ranks of
+its tests, fresh interpreters, load what it compiled.
 
 Fork servers of several callers at once (a test suite's workers) take turns
 (a lock file beside the package): with a cold cache the first compiles and
@@ -49,6 +51,8 @@ def _load_kernels() -> None:
     # The emulator's ranks, forked from this server too, decide with a model
     # that scores the fragments a plan builds (message_fill).
     make(fab, demand, DEFAULT_POLICY, model=SimModel.ideal(chunk_bytes=1 << 19, message_fill=True))
+    # One node (the common local job): the time model scores per link there.
+    make(preset("dgx-h100", nodes=1), demand, DEFAULT_POLICY)
     # What each rank's first call runs: the decision and its prediction, as
     # the data plane makes them (no process group is needed for either).
     orch = Orchestrator(fabric=fab)
