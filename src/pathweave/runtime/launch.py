@@ -33,6 +33,8 @@ _HOST = "127.0.0.1"
 #: How often the parent polls its children, and a child its parent, in seconds.
 _POLL_S = 0.05
 _ORPHAN_POLL_S = 0.5
+#: How long a finished rank waits for the others before it leaves anyway.
+_LEAVE_WAIT_S = 20.0
 
 
 def _watch_parent(caller_pid: int) -> None:
@@ -107,10 +109,13 @@ def _child(
         # No rank tears its group down before every rank is done: a rank
         # that needs none of the others (outside every subgroup) would exit
         # while a slower one still connects its gloo mesh to it ("Connection
-        # closed by peer", seen on a loaded machine). A rank that failed
-        # never arrives; its report makes the caller end the job.
+        # closed by peer", seen on a loaded machine). The wait is bounded: a
+        # rank that failed or hangs never arrives, and must not keep the
+        # others from reporting (its own report, or its absence, decides).
         store.set(f"pathweave/done/{rank}", b"1")
-        store.wait([f"pathweave/done/{r}" for r in range(world_size)])
+        with contextlib.suppress(Exception):
+            store.wait([f"pathweave/done/{r}" for r in range(world_size)],
+                       datetime.timedelta(seconds=min(timeout_s, _LEAVE_WAIT_S)))
     except BaseException as exc:
         # Stamp and report before the group is torn down: tearing it down
         # breaks the peers' connections, and their errors must not be taken
