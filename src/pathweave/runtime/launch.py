@@ -193,8 +193,9 @@ def run_local(
     ``torchrun`` variables set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), then ``env``, and
     joins the default process group before ``fn`` runs; the group is
-    destroyed once ``fn`` has returned on every rank (none leaves early: its
-    exit would break a slower rank's connections still being set up).
+    destroyed once ``fn`` has returned on every rank, or 20 s after this
+    rank's returned (an early exit would break a slower rank's connections
+    still being set up; a rank that never returns must not hold the rest).
 
     Parameters
     ----------
