@@ -263,6 +263,10 @@ def test_timeout_kills_every_process(tmp_path):
     assert time.monotonic() - t0 < 15
     assert sorted(info.value.failures) == [0, 1, 2]
     assert "ran past 4" in str(info.value)
+    for r in range(3):  # where each rank was: its main thread in job_sleep's sleep
+        text = info.value.failures[r]
+        assert text.startswith(f"rank {r} did not finish within 4 s; where its threads were:")
+        assert "in job_sleep" in text and "_watch_parent" in text, text
     assert len(_pids(tmp_path)) == 3 and _wait_gone(_pids(tmp_path))
 
 

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import shutil
+import signal
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pathweave.errors import LaunchTimeoutError, RankError
@@ -66,8 +71,15 @@ def _child(
     args: tuple[Any, ...],
     results: Any,
     parent_pid: int,
+    stack_dir: str,
 ) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if hasattr(signal, "SIGUSR1"):
+        # The caller asks a rank that ran past the time limit where it is
+        # (every thread's Python stack) before killing it. The file stays
+        # open for the process's life.
+        stacks = open(os.path.join(stack_dir, f"{rank}.txt"), "w")
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     # The fork server's environment is a snapshot from when it started; give
     # each child the caller's environment of now, as spawn would.
     os.environ.clear()
@@ -231,7 +243,9 @@ def run_local(
         describe the first failure seen; ``failures`` holds every failed rank's
         text and ``others_failed`` says whether there was more than one.
     LaunchTimeoutError
-        The job ran past ``timeout_s``; ``failures`` names the unfinished ranks.
+        The job ran past ``timeout_s``; ``failures`` names the unfinished ranks,
+        each with its threads' Python stacks where the platform can dump them
+        (SIGUSR1 and :mod:`faulthandler`, just before the processes are killed).
 
     Examples
     --------
@@ -250,11 +264,12 @@ def run_local(
     store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     results = ctx.Queue()
+    stack_dir = tempfile.mkdtemp(prefix="pathweave-stacks-")
     procs = [
         ctx.Process(
             target=_child,
             args=(r, world_size, store.port, backend, float(timeout_s), child_env,
-                  dict(os.environ), fn, tuple(args), results, os.getpid()),
+                  dict(os.environ), fn, tuple(args), results, os.getpid(), stack_dir),
             name=f"pathweave-rank{r}",
             daemon=True,
         )
@@ -265,7 +280,8 @@ def run_local(
         for p in procs:
             p.start()
         values, failed = _collect(procs, results, timeout_s, grace_s)
-        _raise_failures(world_size, values, failed, timeout_s)
+        stacks = {} if failed else _stacks(procs, values, stack_dir)
+        _raise_failures(world_size, values, failed, timeout_s, stacks)
         out = [values[r] for r in range(world_size)]
         patience_s = 5.0
         return out
@@ -274,6 +290,7 @@ def run_local(
         _stop(procs, patience_s)
         results.close()
         results.join_thread()
+        shutil.rmtree(stack_dir, ignore_errors=True)
         del store
 
 
@@ -326,14 +343,38 @@ def _collect(procs: list[Any], results: Any, timeout_s: float, grace_s: float
     return values, failed
 
 
+def _stacks(procs: list[Any], values: dict[int, Any], stack_dir: str) -> dict[int, str]:
+    """The Python stacks of the ranks still running without a result (SIGUSR1 ->
+    faulthandler), read back within a second; empty where the platform has no SIGUSR1."""
+    late = [r for r, p in enumerate(procs) if r not in values and p.exitcode is None]
+    if not late or not hasattr(signal, "SIGUSR1"):
+        return {}
+    for r in late:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    out: dict[int, str] = {}
+    stop_at = time.time() + 1.0
+    while len(out) < len(late) and time.time() < stop_at:
+        time.sleep(_POLL_S)
+        for r in late:
+            with contextlib.suppress(OSError):
+                text = Path(stack_dir, f"{r}.txt").read_text()
+                if "most recent call first" in text:
+                    out[r] = text.strip()
+    return out
+
+
 def _raise_failures(world_size: int, values: dict[int, Any], failed: dict[int, _Failure],
-                    timeout_s: float) -> None:
-    """Raise :class:`RankError` for the root failure, or :class:`LaunchTimeoutError`."""
+                    timeout_s: float, stacks: dict[int, str] | None = None) -> None:
+    """Raise :class:`RankError` for the root failure, or :class:`LaunchTimeoutError`
+    (each unfinished rank's text with its threads' stacks from ``stacks``, where read)."""
     failures = {r: f[0] for r, f in sorted(failed.items())}
     if not failed:
         if len(values) == world_size:
             return
+        stacks = stacks or {}
         missing = {r: f"rank {r} did not finish within {timeout_s} s"
+                   + (f"; where its threads were:\n{stacks[r]}" if r in stacks else "")
                    for r in range(world_size) if r not in values}
         r0 = min(missing)
         raise LaunchTimeoutError(
