@@ -329,7 +329,7 @@ def size_order(demand):
             pairs[k] = i
             nbytes[k] = flat[i]
             k += 1
-    # mergesort is stable: equal sizes keep pair order.
+    # a stable sort: equal sizes keep pair order.
     return pairs, nbytes, argsort_stable(-nbytes)
 
 
