@@ -16,6 +16,13 @@ on 2 cores: about 30 s of CPU in a clean clone's test suite). The suite's
 warm-up (scripts/test.sh) imports this module too, so the torchrun ranks of
 its tests, fresh interpreters, load what it compiled.
 
+It also imports ``torch._dynamo``: torch imports it on the first call of a
+function it keeps out of ``torch.compile`` (every optimizer's constructor,
+the functional collectives), about 1.3 s of CPU a process with its bytecode
+cached and several seconds without. A job whose ranks train pays it once
+here instead of once per rank (the test suite forks ~25 such ranks); a job
+that never trains pays 1.3 s once per fork server.
+
 Fork servers of several callers at once (a test suite's workers) take turns
 (a lock file beside the package): with a cold cache the first compiles and
 writes numba's cache, the others load what it wrote instead of compiling the
@@ -31,6 +38,7 @@ import tempfile
 from collections.abc import Iterator
 
 import numpy as np
+import torch._dynamo
 import torch.distributed  # noqa: F401
 
 import pathweave.distributed  # noqa: F401
