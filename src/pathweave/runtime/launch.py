@@ -22,6 +22,7 @@ import os
 import queue as queue_mod
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,15 @@ from pathweave.errors import LaunchTimeoutError, RankError
 __all__ = ["fork_context", "run_local", "run_tool"]
 
 _HOST = "127.0.0.1"
+#: What the fork server imports before it forks anyone.
+_FORKSERVER_PRELOAD = ("torch", "torch.distributed", "pathweave.runtime.launch",
+                       "pathweave.runtime._preload")
+#: Test frameworks the server also imports where the caller has them loaded: a
+#: job function defined in a test module imports its module, and with it
+#: these, in every process as it is unpickled (~0.12 s of CPU each; the test
+#: suite forks ~300 such processes).
+_TEST_FRAMEWORKS = ("pytest", "hypothesis")
+
 #: How often the parent polls its children, and a child its parent, in seconds.
 _POLL_S = 0.05
 _ORPHAN_POLL_S = 0.5
@@ -157,7 +167,7 @@ def fork_context() -> Any:
     # NOTE: the preload list belongs to the process-wide fork server and only
     # matters before it starts; later calls change nothing.
     ctx.set_forkserver_preload(
-        ["torch", "torch.distributed", "pathweave.runtime.launch", "pathweave.runtime._preload"]
+        [*_FORKSERVER_PRELOAD, *(m for m in _TEST_FRAMEWORKS if m in sys.modules)]
     )
     return ctx
 
