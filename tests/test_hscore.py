@@ -407,26 +407,31 @@ def _assert_same_routing(got: tuple, want: tuple) -> None:
         np.testing.assert_array_equal(got[1][2, :hk.NUM_CODES], want[1][2, :hk.NUM_CODES])
 
 
+@pytest.mark.parametrize(("nodes", "seed"), [(1, s) for s in range(6)] + [(8, 0)])
 @pytest.mark.parametrize("spray", [None, 0.1])
-@pytest.mark.parametrize("seed", range(6))
-def test_route_below_matches_reference(seed: int, spray: float | None) -> None:
+def test_route_below_matches_reference(nodes: int, seed: int, spray: float | None) -> None:
     """The one-call limits, order and routing against the twins (numpy's limits and
-    stable sort, route_reference), at stops from far below the plan's time (routing
-    stops at once) to above it (the whole plan), on random and bench demands."""
-    from pathweave.plan.hscore import _below_tables
+    stable sort, route_reference over every pair), at stops from far below the plan's
+    time (routing stops at once) to above it (the whole plan), on random and bench
+    demands; at 64 GPUs the kernel routes a head of the largest pairs first, which
+    must stop where the whole routing does and change no plan."""
+    from pathweave.plan.hscore import HEAD_PAIRS_PER_RANK, _below_tables
 
-    fab = _fabric("h100-2x4")
+    fab = pw.fabric.preset("dgx-h100", nodes=nodes) if nodes > 1 else _fabric("h100-2x4")
     ps = pw.fabric.candidate_paths(fab)
     delta = -1.0 if spray is None else spray
     stopped = finished = 0
-    for D in _bench_demands(fab, seed):
+    head = HEAD_PAIRS_PER_RANK * fab.num_ranks
+    demands = _bench_demands(fab, seed)
+    for D in demands if nodes == 1 else [demands[i] for i in (2, 3, 6, 7)]:
         d = pw.plan.registry.as_demand(D, fab.num_ranks)
+        assert nodes == 1 or np.count_nonzero(d) > 2 * head  # the head is taken
         t = pw.plan.predict_time(pw.plan.make(fab, d, "hscore", spray_delta=spray))
-        for share in (0.1, 0.6, 0.95, 1.0 + 1e-6, 2.0):
+        for share in (0.1, 0.6, 0.95, 1.0 + 1e-6, 2.0) if nodes == 1 else (0.6, 0.999, 2.0):
             # The tables as hscore_below hands them (writable copies): numba
             # compiles a version per writability.
             kept, _ = _below_tables(ps, None)
-            tables = (d, share * t, *kept, delta)
+            tables = (d, share * t, head, *kept, delta)
             width = hk.below_width(fab.num_ranks, tables[-2], delta)
             # Garbage in the buffers: every slot read back must have been written.
             out, ref_out = (np.full((3, width), -7, dtype=np.int64) for _ in range(2))
@@ -505,6 +510,17 @@ def test_below_is_a_sound_stop_on_random_demands(seed, share, fab_name, spray) -
 
 
 FABS = {"h100-2x4": pw.fabric.preset("h100-2x4"), "dgx-h100": pw.fabric.preset("dgx-h100")}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n", [1, 2, 7, 300])
+def test_size_head_matches_reference(seed: int, n: int) -> None:
+    """The head selection (a partition, no sort of the rest) against the first ``k`` of
+    numpy's stable sort, for every ``k``, on sizes with many ties (ties go by index)."""
+    rng = np.random.default_rng(seed)
+    nbytes = rng.integers(1, 1 + [2, 5, 1 << 40, 3][seed], size=n).astype(np.int64)
+    for k in range(1, n + 1):
+        np.testing.assert_array_equal(hk.size_head(nbytes, k), hk.size_head_reference(nbytes, k))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -316,6 +316,14 @@ def size_order(demand):
 
     ``demand``: ``int64[N, N]``, C-contiguous.
     """
+    pairs, nbytes = _nonzero(demand)
+    # a stable sort: equal sizes keep pair order.
+    return pairs, nbytes, argsort_stable(-nbytes)
+
+
+@njit(cache=True)
+def _nonzero(demand):  # pragma: no cover - numba
+    # The pairs with bytes (flat, increasing) and their bytes.
     flat = demand.reshape(-1)
     n = 0
     for i in range(flat.shape[0]):
@@ -329,13 +337,38 @@ def size_order(demand):
             pairs[k] = i
             nbytes[k] = flat[i]
             k += 1
-    # a stable sort: equal sizes keep pair order.
-    return pairs, nbytes, argsort_stable(-nbytes)
+    return pairs, nbytes
+
+
+@njit(cache=True)
+def size_head(nbytes, k):
+    """Indices of the first ``k`` (``1 <= k <= nbytes.size``) of ``nbytes`` in ``"size"``
+    order (largest first, ties by index), in that order, without sorting the rest:
+    the selection of :func:`size_head_reference` in one call."""
+    v = np.partition(nbytes, nbytes.size - k)[nbytes.size - k]  # the k-th largest
+    above = 0
+    for i in range(nbytes.size):
+        above += nbytes[i] > v
+    out = np.empty(k, dtype=np.int64)
+    big = np.empty(above, dtype=np.int64)
+    j = 0
+    t = above
+    for i in range(nbytes.size):
+        if nbytes[i] > v:
+            big[j] = i
+            j += 1
+        elif nbytes[i] == v and t < k:
+            out[t] = i
+            t += 1
+    order = argsort_stable(-nbytes[big])
+    for j in range(above):
+        out[j] = big[order[j]]
+    return out
 
 
 
 @njit(cache=True)
-def route_below(demand, stop_s, setup_s, capacity, num_links, pair_ptr, vertex_node,
+def route_below(demand, stop_s, head, setup_s, capacity, num_links, pair_ptr, vertex_node,
                 rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo, core_hi,
                 df_lo, num_rails, delta, out):
     """:func:`size_order` then :func:`route_kernel` in ``"size"`` order under the link
@@ -343,24 +376,35 @@ def route_below(demand, stop_s, setup_s, capacity, num_links, pair_ptr, vertex_n
 
     Link ``e``'s limit is ``(stop_s - setup_s) * capacity[e] * (1 + 1e-9)``
     (``capacity``: effective capacities, the first ``num_links`` the real
-    links'). ``out``: ``int64[3, M]`` with ``M >= max(pairs * rails, NUM_CODES)``
-    (:func:`below_width`), written as ``out[0]`` path ids, ``out[1]`` bytes,
-    ``out[2, :NUM_CODES]`` decision counts. NOTE: one call for the wrapper's limit,
-    ordering, buffers and routing: each was a numpy or numba call of its own,
-    ~7 us of the ~11 us that ``hscore`` took in an 8-GPU default plan it loses;
-    and the outputs go into the caller's one buffer: three arrays returned
-    (boxed) cost ~1 us more than one passed in.
+    links'). With more than ``2 * head`` pairs, the first ``head`` of the
+    order (:func:`size_head`) are routed alone first, and -1 returned if they
+    pass a limit: the whole routing would, at the same pair, and the rest is
+    never sorted. ``out``: ``int64[3, M]`` with ``M >= max(pairs * rails,
+    NUM_CODES)`` (:func:`below_width`), written as ``out[0]`` path ids,
+    ``out[1]`` bytes, ``out[2, :NUM_CODES]`` decision counts. NOTE: one call
+    for the wrapper's limit, ordering, buffers and routing: each was a numpy
+    or numba call of its own, ~7 us of the ~11 us that ``hscore`` took in an
+    8-GPU default plan it loses (and ~30 of ~55 us at 64 GPUs, with the
+    head); and the outputs go into the caller's one buffer: three arrays
+    returned (boxed) cost ~1 us more than one passed in.
     """
     limit = np.empty(num_links)
     for e in range(num_links):
         limit[e] = (stop_s - setup_s) * capacity[e] * (1.0 + 1e-9)
-    pairs, nbytes, order = size_order(demand)
-    load = np.zeros(num_links)
+    pairs, nbytes = _nonzero(demand)
     counts = out[2, :NUM_CODES]
+    if pairs.size > 2 * head:
+        counts[:] = 0
+        if route_kernel(size_head(nbytes, head), pairs, nbytes, pair_ptr, vertex_node,
+                        rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo,
+                        core_hi, df_lo, num_rails, delta, limit, np.zeros(num_links), out[0],
+                        out[1], counts) < 0:
+            return -1
+    load = np.zeros(num_links)
     counts[:] = 0
-    return route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
-                        links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails,
-                        delta, limit, load, out[0], out[1], counts)
+    return route_kernel(argsort_stable(-nbytes), pairs, nbytes, pair_ptr, vertex_node,
+                        rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo,
+                        core_hi, df_lo, num_rails, delta, limit, load, out[0], out[1], counts)
 
 
 def below_width(ranks: int, num_rails: int, delta: float) -> int:
@@ -488,6 +532,11 @@ def route_reference(
     return len(flows)
 
 
+def size_head_reference(nbytes, k):
+    """:func:`size_head` with numpy: the first ``k`` of a stable sort by size."""
+    return np.argsort(-np.asarray(nbytes), kind="stable")[:k]
+
+
 def size_order_reference(demand):
     """:func:`size_order` with numpy: nonzero pairs, their bytes, a stable sort by size."""
     flat = np.asarray(demand).reshape(-1)
@@ -496,9 +545,9 @@ def size_order_reference(demand):
     return pairs.astype(np.int64), nbytes, np.argsort(-nbytes, kind="stable")
 
 
-def route_below_reference(demand, stop_s, setup_s, capacity, num_links, *tables):
+def route_below_reference(demand, stop_s, head, setup_s, capacity, num_links, *tables):
     """:func:`route_below` from the twins: numpy's limits and order, :func:`route_reference`
-    (the same arguments, ``out`` last, and the same result)."""
+    over every pair, no head (the same arguments, ``out`` last, and the same result)."""
     pairs, nbytes, order = size_order_reference(demand)
     limit = (stop_s - setup_s) * np.asarray(capacity[:num_links]) * (1.0 + 1e-9)
     *rest, num_rails, delta, out = tables

@@ -168,6 +168,9 @@ def _check_options(spray_delta: object, order: object) -> float:
 #: largest pairs decide most plans that lose (at 64 GPUs the hot column's
 #: first few), and the rest of the plan is not worth sorting.
 HEAD_PAIRS_PER_RANK = 4
+#: :func:`hscore_below` runs as one kernel call up to this many ranks (its path
+#: tables are then copied once for the kernel: small).
+BELOW_ONE_CALL_MAX_RANKS = 64
 
 #: The dtype code of ``int64`` (a demand :func:`pathweave.plan.make` checked).
 _INT64 = np.dtype(np.int64).char
@@ -201,12 +204,13 @@ def hscore_below(
     >>> int(hscore_below(fab, D, ps, t).flow_bytes.sum()) == int(D.sum())
     True
     """
-    if _one_call(paths, demand, order):
-        # The limits below, the order and the routing in one kernel call.
+    if _one_call(paths, demand, order, BELOW_ONE_CALL_MAX_RANKS):
+        # The limits below, the head, the order and the routing in one kernel call.
         delta = _check_options(spray_delta, order)
         tables, width = _below_tables(paths, model)
         out = np.empty((3, width), dtype=np.int64)
-        n = _k.route_below(demand, float(stop_s), *tables, delta, out)
+        n = _k.route_below(demand, float(stop_s), HEAD_PAIRS_PER_RANK * paths.num_ranks,
+                           *tables, delta, out)
         if n < 0:  # the usual answer inside the default policy: no views to take
             return None
         return _finish(fabric, demand, paths, spray_delta, order, n, out[0], out[1],
@@ -276,8 +280,8 @@ def _below_tables(paths: PathSet, model: Any) -> tuple[tuple, int]:
     to ``num_rails`` under ``model``, and the row length of its ``out`` (room for
     spraying: any ``delta``), in one look-up per call. The arrays are the kernel's
     own writable copies (:func:`~pathweave.plan.timemodel._kernel_args`: numba
-    types a read-only array slower; small, for the path sets of 8 GPUs and fewer
-    that take this kernel)."""
+    types a read-only array slower; small, for the path sets of
+    :data:`BELOW_ONE_CALL_MAX_RANKS` GPUs and fewer that take this kernel)."""
     def build() -> tuple[tuple, int]:
         pc = path_costs(paths, model)
         args = _kernel_args(paths, ("hscore.below", _model_key(model)), lambda: (
@@ -289,10 +293,11 @@ def _below_tables(paths: PathSet, model: Any) -> tuple[tuple, int]:
     return paths.derived(("hscore.below", _model_key(model)), build)
 
 
-def _one_call(paths: PathSet, demand: np.ndarray, order: str) -> bool:
-    """Whether pairs and their order come from one :func:`~._hscore_kernel.size_order`
-    call: too few pairs for a head (see :func:`_plan`), a checked demand."""
-    return (order == "size" and paths.num_ranks <= 2 * HEAD_PAIRS_PER_RANK
+def _one_call(paths: PathSet, demand: np.ndarray, order: str,
+              most: int = 2 * HEAD_PAIRS_PER_RANK) -> bool:
+    """Whether a kernel takes the pairs and their order itself: at most ``most`` ranks
+    (by default too few pairs for a head, see :func:`_plan`), a checked demand."""
+    return (order == "size" and paths.num_ranks <= most
             and demand.dtype.char == _INT64 and demand.flags.c_contiguous)
 
 
@@ -312,7 +317,7 @@ def _plan(
         pairs, nbytes = nonzero_pairs(demand)
         if (order == "size" and limited
                 and pairs.size > 2 * HEAD_PAIRS_PER_RANK * paths.num_ranks):
-            head = _size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
+            head = _k.size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
             if _route(fabric, paths, pairs[head], nbytes[head], np.arange(head.size), delta,
                       limit)[0] < 0:
                 return None
@@ -338,15 +343,6 @@ def _finish(
     return plan_from_flows(
         fabric, demand, paths, out_pid[:n_out], out_bytes[:n_out], "hscore", info
     )
-
-
-def _size_head(nbytes: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the first ``k`` of ``nbytes`` in ``"size"`` order (largest first,
-    ties by index), in that order, without sorting the rest."""
-    v = np.partition(nbytes, nbytes.size - k)[nbytes.size - k]  # the k-th largest
-    above = np.flatnonzero(nbytes > v)
-    ties = np.flatnonzero(nbytes == v)[: k - above.size]
-    return np.concatenate([above[np.argsort(-nbytes[above], kind="stable")], ties])
 
 
 def _route(
