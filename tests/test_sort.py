@@ -1,4 +1,5 @@
-"""The kernels' stable argsort against numpy's (its slow twin is numpy's own)."""
+"""The kernels' stable argsort and selection against numpy's (their slow twins are numpy's
+own)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathweave._sort import argsort_stable, argsort_stable_reference, unique
+from pathweave._sort import (
+    argsort_stable,
+    argsort_stable_reference,
+    select,
+    select_reference,
+    unique,
+)
 
 # Few distinct values: many ties, which only a stable sort orders one way.
 VALUES = {
@@ -38,3 +45,28 @@ def test_runs_and_merges_of_every_shape(n, order):
     before = keys.copy()
     np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(keys, before)  # the input is not touched
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64], ids=lambda d: d.__name__)
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 90))
+def test_select_is_the_kth_smallest(dtype, data, n):
+    keys = np.array(data.draw(st.lists(VALUES[dtype], min_size=n, max_size=n)), dtype=dtype)
+    before = keys.copy()
+    for k in range(n):
+        assert select(keys, k) == select_reference(keys, k) == np.sort(keys)[k]
+    np.testing.assert_array_equal(keys, before)  # the input is not touched
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 4099])
+@pytest.mark.parametrize("order", ["sorted", "reversed", "equal", "random", "organ"])
+def test_select_on_inputs_of_every_shape(n, order):
+    rng = np.random.default_rng(n)
+    half = np.arange(n // 2 + n % 2, dtype=np.int64)
+    keys = {"sorted": np.arange(n, dtype=np.int64), "reversed": np.arange(n, 0, -1),
+            "equal": np.zeros(n, dtype=np.int64),
+            "random": rng.integers(0, n // 3 + 1, n),
+            "organ": np.concatenate([half, half[::-1]])[:n]}[order]
+    want = np.sort(keys)
+    for k in sorted({0, 1 % n, n // 2, n - 2 if n > 1 else 0, n - 1}):
+        assert select(keys, k) == want[k]

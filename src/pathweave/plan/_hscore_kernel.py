@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit
 
-from pathweave._sort import argsort_stable
+from pathweave._sort import argsort_stable, select
 
 # Path kinds, as pathweave.fabric.PathKind codes (numba cannot see the enum).
 _DIRECT = 0
@@ -345,7 +345,7 @@ def size_head(nbytes, k):
     """Indices of the first ``k`` (``1 <= k <= nbytes.size``) of ``nbytes`` in ``"size"``
     order (largest first, ties by index), in that order, without sorting the rest:
     the selection of :func:`size_head_reference` in one call."""
-    v = np.partition(nbytes, nbytes.size - k)[nbytes.size - k]  # the k-th largest
+    v = select(nbytes, nbytes.size - k)  # the k-th largest
     above = 0
     for i in range(nbytes.size):
         above += nbytes[i] > v
