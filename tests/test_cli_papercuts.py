@@ -300,3 +300,28 @@ def test_docs_list_simulates_default_policies():
 
     text = (ROOT / "docs" / "cli.md").read_text()
     assert DEFAULT_POLICIES in text
+
+
+_FIRST_COMPILE = """
+import io
+import numpy as np
+from pathweave.cli._common import announce_compiles
+from pathweave._sort import select
+
+buf = io.StringIO()
+announce_compiles(buf)
+announce_compiles(buf)  # once per process and stream
+assert select(np.arange(5), 2) == 2 and select(np.arange(5.0), 4) == 4.0
+print(buf.getvalue(), end="")
+"""
+
+
+def test_the_first_compile_says_so_once_and_a_cached_run_says_nothing(tmp_path):
+    # A fresh numba cache: the two kernels compile (one notice); then the same cache
+    # again: both load, nothing compiles, nothing is said.
+    from pathweave.cli._common import COMPILE_NOTICE
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    outs = [subprocess.run([sys.executable, "-c", _FIRST_COMPILE], env=env, check=True,
+                           capture_output=True, text=True).stdout for _ in range(2)]
+    assert outs == [COMPILE_NOTICE + "\n", ""]

@@ -13,9 +13,10 @@ import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TextIO, TypeVar
 
 import typer
+from numba.core import event as numba_event
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -123,6 +124,45 @@ def wrote(out: Console, path: Path) -> None:
     """``wrote PATH`` after an output file; nothing for standard output."""
     if not is_stdout(path):
         out.print(f"wrote {path}")
+
+
+class _CompileNotice(numba_event.Listener):
+    """Writes one line to ``stream`` when the first of pathweave's kernels compiles (a
+    real compile: a kernel loaded from numba's cache sends no ``numba:compile`` event)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream, self.told = stream, False
+
+    def on_start(self, event: numba_event.Event) -> None:
+        func = getattr((event.data or {}).get("dispatcher"), "py_func", None)
+        if not self.told and getattr(func, "__module__", "").startswith("pathweave."):
+            self.told = True
+            # sys.stderr as it is now: a progress bar on screen redirects it above itself
+            out = self.stream or sys.stderr
+            out.write(COMPILE_NOTICE + "\n")
+            out.flush()
+
+    def on_end(self, event: numba_event.Event) -> None:
+        pass
+
+
+#: What :func:`announce_compiles` writes.
+COMPILE_NOTICE = ("pathweave: compiling its kernels for this machine, once (up to a minute "
+                  "on a few cores); later runs load them from numba's cache")
+
+
+@functools.cache
+def announce_compiles(stream: TextIO | None = None) -> None:
+    """Say once, on ``stream``, that this process compiles pathweave's numba kernels.
+
+    A fresh installation's first command compiles every kernel it runs (up to a
+    minute on 2 cores), which would otherwise look like a hang. Default: stderr,
+    only where it is a terminal (a pipe, a CI log or a test runner gets nothing).
+    Installed once per process and stream.
+    """
+    if stream is None and not sys.stderr.isatty():
+        return
+    numba_event.register("numba:compile", _CompileNotice(stream))
 
 
 #: Work that runs longer than this reports its steps on stderr when stderr is no terminal.

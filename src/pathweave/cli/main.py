@@ -27,6 +27,7 @@ from pathweave.cli._common import (
     JsonOut,
     OneLineErrors,
     Steps,
+    announce_compiles,
     console,
     fail,
     fmt_bytes,
@@ -98,6 +99,7 @@ def _main(
     ] = False,
 ) -> None:
     """Skew-aware multi-path planning for GPU all-to-all and send/recv."""
+    announce_compiles()
 
 
 # ------------------------------------------------------------------- topo
