@@ -16,12 +16,15 @@ on 2 cores: about 30 s of CPU in a clean clone's test suite). The suite's
 warm-up (scripts/test.sh) imports this module too, so the torchrun ranks of
 its tests, fresh interpreters, load what it compiled.
 
-It also imports ``torch._dynamo``: torch imports it on the first call of a
-function it keeps out of ``torch.compile`` (every optimizer's constructor,
-the functional collectives), about 1.3 s of CPU a process with its bytecode
-cached and several seconds without. A job whose ranks train pays it once
-here instead of once per rank (the test suite forks ~25 such ranks); a job
-that never trains pays 1.3 s once per fork server.
+On a torch built without CUDA or ROCm it also imports ``torch._dynamo``:
+torch imports it on the first call of a function it keeps out of
+``torch.compile`` (every optimizer's constructor, the functional
+collectives), about 1.3 s of CPU a process with its bytecode cached and
+several seconds without. A job whose ranks train pays it once here instead
+of once per rank (the test suite forks ~25 such ranks); a job that never
+trains pays 1.3 s once per fork server. A GPU build leaves it to the ranks,
+as before: a fork server that touched the GPU would break every rank that
+uses it, and that the import never does has not been checked on a GPU.
 
 Fork servers of several callers at once (a test suite's workers) take turns
 (a lock file beside the package): with a cold cache the first compiles and
@@ -38,8 +41,8 @@ import tempfile
 from collections.abc import Iterator
 
 import numpy as np
-import torch._dynamo
-import torch.distributed  # noqa: F401
+import torch
+import torch.distributed
 
 import pathweave.distributed  # noqa: F401
 from pathweave.fabric import candidate_paths, preset
@@ -48,6 +51,9 @@ from pathweave.runtime import _decision, _validate
 from pathweave.runtime._group import _GroupState
 from pathweave.runtime.orchestrator import Orchestrator
 from pathweave.sim import SimModel
+
+if torch.version.cuda is None and torch.version.hip is None:
+    import torch._dynamo
 
 
 def _load_kernels() -> None:
