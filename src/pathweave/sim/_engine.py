@@ -116,7 +116,7 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
     cap_seg = max(2, max_segments)
     seg_t = np.zeros(cap_seg + 1, dtype=np.float64)
     seg_rate = np.zeros((cap_seg, nrec), dtype=np.float64)
-    nseg = 0
+    nseg = np.int64(0)  # not a literal 0: see _maxmin's heap
     row = np.zeros(nrec, dtype=np.float64)
     state = np.zeros(nflows, dtype=np.int8)
     # The link -> flow incidence covers a superset of the moving flows; it is
@@ -292,7 +292,7 @@ def _merge_timelines(tbuf, tptr, rbuf, rptr, lbuf, lptr, num_record_links, max_s
     allt = unique(tbuf[: tptr[tptr.shape[0] - 1]])
     seg_t = np.zeros(cap + 1, dtype=np.float64)
     no_rates = np.zeros((cap, 0), dtype=np.float64)
-    nseg = 0
+    nseg = np.int64(0)  # not a literal 0: see _maxmin's heap
     for i in range(allt.shape[0] - 1):
         nseg = _record(seg_t, no_rates, nseg, allt[i], allt[i + 1], no_rates[0])
     seg_rate = np.zeros((nseg, num_record_links), dtype=np.float64)

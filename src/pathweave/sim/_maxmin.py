@@ -207,10 +207,13 @@ def maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate_Bps):
     hkey = np.empty(hsize_max, dtype=np.float64)
     hid = np.empty(hsize_max, dtype=np.int64)
     hver = np.empty(hsize_max, dtype=np.int64)
-    size = 0
+    # NOTE: np.int64(0), not 0: numba types a plain 0 passed to a helper as
+    # Literal[int](0) and compiles the helper once more for it (~1.5 s of CPU
+    # over the simulator's helpers on a cold cache).
+    size = np.int64(0)
     for e in range(nlinks):
         if count[e] > 0:
-            size = _heap_push(hkey, hid, hver, size, remaining[e] / weight[e], e, 0)
+            size = _heap_push(hkey, hid, hver, size, remaining[e] / weight[e], e, np.int64(0))
 
     ncap = cap_order.shape[0]
     cp = 0
@@ -236,7 +239,7 @@ def maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate_Bps):
             e0 = hid[0]
             size = _heap_pop(hkey, hid, hver, size)
             bottleneck = lflow[lptr[e0] : lptr[e0 + 1]]
-        ndirty = 0
+        ndirty = np.int64(0)
         for f in bottleneck:
             if state[f] == 1:
                 ndirty = _freeze_flow(
