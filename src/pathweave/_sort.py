@@ -1,4 +1,4 @@
-"""The stable argsort of the numba kernels, and its slow twin.
+"""The numba kernels' sorting (a stable argsort, unique) and selection, and their slow twins.
 
 Numba compiles its own ``np.argsort``, ``np.sort`` and ``np.unique`` for
 each sort kind and key type, 1.4-2.4 s of CPU each on a cold cache; the
@@ -7,8 +7,8 @@ float64, int64 and uint64 keys, quicksort of int64 and float64), which was
 most of the sorting kernels' compile time, paid by every fresh checkout, CI
 run and first ``pathweave`` command. This one merge sort compiles in a
 fraction of that per key type and runs as fast at the sizes the kernels
-sort. :func:`select` finds one order statistic (numba's ``np.partition`` compiled for
-about 7 s of CPU).
+sort. :func:`select` finds one order statistic without sorting (numba's own
+``np.partition`` compiled for about 7 s of CPU).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
 callable from Python, so tests can probe it with hand-made h-scores.
 Each kernel has a slow plain-Python twin at the end of the module
 (:func:`segments_reference`, :func:`decide_reference`, :func:`route_reference`,
-:func:`size_order_reference`, :func:`route_below_reference`) that tests/test_hscore.py
-compares it with.
+:func:`size_order_reference`, :func:`size_head_reference`,
+:func:`route_below_reference`) that tests/test_hscore.py compares it with.
 """
 
 from __future__ import annotations
