@@ -101,6 +101,40 @@ def test_json_dash_is_standard_output(tmp_path: Path, monkeypatch):
     assert not (tmp_path / "-").exists()
 
 
+# ------------------------------------------- the fabric and workload as arguments
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+@pytest.mark.parametrize("form", [("h100-2x4", "hotspot:0.9"), ("-f", "h100-2x4", "hotspot:0.9"),
+                                  ("-w", "hotspot:0.9", "h100-2x4")])
+def test_the_fabric_and_workload_may_be_arguments(command: str, form: tuple[str, ...]):
+    # what `topo show PRESET` teaches a new user to type: the same records as the options
+    named = invoke(command, "-f", "h100-2x4", "-w", "hotspot:0.9", "-p", "static",
+                   "--json", "-")
+    positional = invoke(command, *form, "-p", "static", "--json", "-")
+    assert named.exit_code == positional.exit_code == 0, positional.output
+
+    def strip(records: list[dict]) -> list[dict]:  # wall times differ run to run
+        return [{k: v for k, v in r.items() if k not in ("plan_s", "sim_s")} for r in records]
+
+    assert strip(json.loads(positional.stdout)) == strip(json.loads(named.stdout))
+
+
+@pytest.mark.parametrize("args, says", [
+    ((), "missing the fabric and the workload"),
+    (("h100-2x4",), "missing the workload"),
+    (("-w", "uniform"), "missing the fabric"),
+    (("h100-2x4", "uniform", "static"), "unexpected argument static (expected at most"),
+    (("-f", "h100-2x4", "uniform", "dgx-h100"), "unexpected argument dgx-h100 (--fabric given"),
+])
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_a_missing_or_extra_fabric_or_workload_is_one_line(command: str, args, says: str):
+    result = invoke(command, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"pathweave {command}: {says}" in result.stderr, result.stderr
+    if says.startswith("missing"):  # and how to give it
+        assert "--fabric dgx-h100:nodes=2 --workload hotspot:0.8" in result.stderr
+
+
 # ------------------------------------------------------------ demand files
 def _single_pair_demand(n: int = 8) -> np.ndarray:
     demand = np.zeros((n, n))

@@ -316,7 +316,8 @@ def repeat_option(help: str) -> Any:
 
 
 def workload_option(help: str) -> Any:
-    """The required ``--workload SPEC`` option (:func:`pathweave.traffic.parse_workload`)."""
+    """The ``--workload SPEC`` option (:func:`pathweave.traffic.parse_workload`); a command
+    that also takes it as an argument reads both through :func:`fabric_and_workload`."""
     return typer.Option("--workload", "-w", metavar="SPEC", help=help, show_default=False)
 
 
@@ -335,8 +336,37 @@ def groups_option(what: str) -> Any:
 # Options several commands share, declared once (typer reads them from the
 # annotations: ``json_out: JsonOut = None``).
 JsonOut = Annotated[Path | None, json_option()]
-FabricSpec = Annotated[str, typer.Option("--fabric", "-f", metavar="PRESET|FILE",
-                                         help="Preset spec or file.", show_default=False)]
+FabricSpec = Annotated[str | None, typer.Option("--fabric", "-f", metavar="PRESET|FILE",
+                                                help="Preset spec or file.", show_default=False)]
+#: ``pathweave plan dgx-h100 hotspot:0.8``: the fabric and the workload as arguments,
+#: the form ``topo show PRESET`` taught (:func:`fabric_and_workload` resolves them).
+FabricWorkloadArgs = Annotated[list[str] | None, typer.Argument(
+    metavar="[FABRIC [WORKLOAD]]", show_default=False,
+    help="The fabric and the workload, as --fabric and --workload give them.")]
+
+
+def fabric_and_workload(command: str, fabric: str | None, workload: str | None,
+                        args: list[str] | None) -> tuple[str, str]:
+    """``(fabric, workload)`` from ``--fabric``/``--workload`` and the arguments, which
+    fill in order what the options leave out.
+
+    Anything missing or left over is one :func:`fail` line that names it
+    and shows how ``pathweave COMMAND`` takes both.
+    """
+    got = {"fabric": fabric, "workload": workload}
+    free = [name for name, value in got.items() if value is None]
+    args = list(args or [])
+    if len(args) > len(free):
+        given = " and ".join(f"--{n}" for n in got if n not in free)
+        fail(f"pathweave {command}: unexpected argument {' '.join(args[len(free):])} ("
+             + (f"{given} given, " if given else "") + "expected at most FABRIC WORKLOAD)")
+    got.update(zip(free, args, strict=False))
+    missing = [name for name, value in got.items() if value is None]
+    if missing:
+        fail(f"pathweave {command}: missing the {' and the '.join(missing)}: e.g. pathweave "
+             f"{command} dgx-h100:nodes=2 hotspot:0.8, or --fabric dgx-h100:nodes=2 "
+             "--workload hotspot:0.8")
+    return got["fabric"], got["workload"]
 BytesPerRank = Annotated[str, typer.Option("--bytes", "-b", metavar="SIZE",
                                            help="Payload per rank (64M, 1GiB, 100MB, ...).")]
 

@@ -24,11 +24,13 @@ from pathweave.cli._common import (
     EXIT_BAD_INPUT,
     BytesPerRank,
     FabricSpec,
+    FabricWorkloadArgs,
     JsonOut,
     OneLineErrors,
     Steps,
     announce_compiles,
     console,
+    fabric_and_workload,
     fail,
     fmt_bytes,
     fmt_time,
@@ -161,13 +163,14 @@ def topo_validate(fabric: FabricArg) -> None:
 @app.command("plan")
 @handles_user_errors
 def plan_cmd(
-    fabric: FabricSpec,
+    args: FabricWorkloadArgs = None,
+    fabric: FabricSpec = None,
     workload: Annotated[
-        str, workload_option("Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
+        str | None, workload_option("Workload spec: hotspot:0.8, moe:tokens=16384,hidden=4096, "
                              "many_to_few:2, stencil:dims=2, uniform, zipf:1.2, ...; or a "
                              "demand file: .npz/.json (save_demand), .npy or .csv (one row per "
                              "sender, bytes).")
-    ],
+    ] = None,
     policy: Annotated[
         str, policy_option("Policies to compare, comma-separated, or 'all'.")
     ] = "all",
@@ -188,6 +191,7 @@ def plan_cmd(
     ] = None,
 ) -> None:
     """Plan one workload with several policies and compare them with the LP optimum."""
+    fabric, workload = fabric_and_workload("plan", fabric, workload, args)
     names = parse_policies(policy)
     size = parse_bytes(bytes_per_rank)
     fab = load_fabric(fabric, dense_paths=groups is None)

@@ -15,9 +15,11 @@ from pathweave.bench.sim import warm_up
 from pathweave.cli._common import (
     BytesPerRank,
     FabricSpec,
+    FabricWorkloadArgs,
     JsonOut,
     Steps,
     add_columns,
+    fabric_and_workload,
     fmt_time,
     groups_option,
     handles_user_errors,
@@ -61,10 +63,11 @@ def simulation_table(
 
 @handles_user_errors
 def simulate_cmd(
-    fabric: FabricSpec,
+    args: FabricWorkloadArgs = None,
+    fabric: FabricSpec = None,
     workload: Annotated[
-        str, workload_option("Workload spec: hotspot:0.8, moe:..., uniform, ...")
-    ],
+        str | None, workload_option("Workload spec: hotspot:0.8, moe:..., uniform, ...")
+    ] = None,
     policy: Annotated[
         str, policy_option("Policies to simulate, comma-separated, or 'all'.")
     ] = DEFAULT_POLICIES,
@@ -81,6 +84,7 @@ def simulate_cmd(
     ] = None,
 ) -> None:
     """Simulate each policy's plan: makespan, p99 pair finish, link utilisation."""
+    fabric, workload = fabric_and_workload("simulate", fabric, workload, args)
     names = ordered_policies(parse_policies(policy))
     size = parse_bytes(bytes_per_rank)
     fab = load_fabric(fabric, dense_paths=groups is None)
