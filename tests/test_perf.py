@@ -82,6 +82,25 @@ def test_cli_writes_rows_and_refuses_bad_input(tmp_path, capsys):
         assert len(err) == 1 and word in err[0], err
 
 
+@pytest.mark.parametrize("env, word", [
+    ({}, "not inside a torchrun job"),
+    ({"RANK": "0", "MASTER_PORT": "29500"}, "WORLD_SIZE, MASTER_ADDR are unset"),
+])
+def test_outside_torchrun_without_ranks_is_one_line_with_the_remedy(monkeypatch, capsys, env,
+                                                                    word):
+    # torch's own env:// error names RANK alone and says nothing of --ranks
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as exc:
+        perf.main(["-b", "1K", "-e", "1K"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err
+    assert ("torchrun job sets" if env else "--ranks N") in err[0]
+
+
 def test_table_has_nccl_tests_columns():
     rows = [{"size": 1024, "count": 256, "type": "float", "impl": "torch", "time_us": 10.0,
              "algbw_GBps": 0.1024, "busbw_GBps": 0.1024, "wrong": 0, "ranks": 2,

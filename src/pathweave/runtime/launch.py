@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pathweave.errors import LaunchTimeoutError, RankError
+from pathweave.errors import InputError, LaunchTimeoutError, RankError
 
 __all__ = ["fork_context", "run_local", "run_tool"]
 
@@ -409,6 +409,23 @@ def _raise_failures(world_size: int, values: dict[int, Any], failed: dict[int, _
     )
 
 
+#: What ``torchrun`` sets and ``init_process_group``'s ``env://`` reads.
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _check_torchrun_env() -> None:
+    """Refuse, with what to do instead, a tool started outside ``torchrun`` without ``--ranks``
+    (torch's own error names one variable and no remedy)."""
+    missing = [v for v in _TORCHRUN_ENV if not os.environ.get(v)]
+    if len(missing) == len(_TORCHRUN_ENV):
+        raise InputError("not inside a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR and "
+                         "MASTER_PORT are unset): pass --ranks N to start N local ranks, or "
+                         "start it with torchrun --nproc-per-node=N")
+    if missing:
+        raise InputError(f"a torchrun job sets {', '.join(_TORCHRUN_ENV)}; "
+                         f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} unset")
+
+
 def run_tool(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -434,6 +451,7 @@ def run_tool(
 
     joined = dist.is_initialized()
     if not joined:
+        _check_torchrun_env()
         if backend is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local
