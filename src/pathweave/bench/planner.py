@@ -326,13 +326,13 @@ def run(
         for name in _policy_order([*names, "optimal"]):
             if name == "optimal":
                 if name in names:
-                    step(f"{fab.name} {case.workload}: optimal")
+                    step(f"{fab.name} {workload_label(case.workload)}: optimal")
                 if case.solve_optimal:
                     results[name], optimum = _solve(fab, demand, time_limit_s)
                 else:
                     results[name] = (None, None)
                 continue
-            step(f"{fab.name} {case.workload}: {name}")
+            step(f"{fab.name} {workload_label(case.workload)}: {name}")
             results[name], plans[name] = _time_policy(fab, demand, name, reps)
         yard = _time_yardstick(fab, demand, time_limit_s) if case.solve_optimal else None
         replan_s = None
