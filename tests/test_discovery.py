@@ -192,7 +192,8 @@ def test_azure_xml_fixture() -> None:
         assert fab.has_link(f"n0.pcie{i}", f"n0.cpu{i // 4}")  # bridges 1-4 in cpu 0
         assert cap(fab, f"n1.nic{i}", f"rail{i}") == NDR400_Bps  # no speed: NDR400
         assert d["nic_Bps"][f"n0.nic{i}"] == 50e9
-    assert any("0101:00:00.0 (InfiniBand) has no speed" in n for n in d["notes"])
+    assert any("8 InfiniBand NICs without a speed attribute (0101:00:00.0, " in n
+               and "0108:00:00.0): assumed NDR400" in n for n in d["notes"])
     assert d["skipped_nics"] == []
     ps = candidate_paths(fab, ALL_KINDS)
     # GPU-GPU through switch, root complex, switch

@@ -540,6 +540,7 @@ def _smi_listed_nics(model: _NodeModel, topo: _nvsmi.SmiTopology,
                      notes: list[str]) -> list[tuple[str, str]]:
     """Attach each NIC column to the GPUs it serves; return the NICs left out."""
     skipped: list[tuple[str, str]] = []
+    served_by: list[str] = []
     order = {c: r for r, c in enumerate(_nvsmi.PCIE_CELLS)}
     for k, dev in enumerate(topo.nic_devices):
         cells = [row[k] for row in topo.gpu_nic]
@@ -552,11 +553,11 @@ def _smi_listed_nics(model: _NodeModel, topo: _nvsmi.SmiTopology,
             continue
         model.nic_attach.append(served)
         model.nic_devices.append(dev)
-        notes.append(
-            f"{topo.nic_labels[k]} ({dev}) serves "
-            + ", ".join(f"GPU{i}" for i in served)
-            + (" (PIX)" if pix else " (PXB)")
-        )
+        served_by.append(f"{topo.nic_labels[k]} ({dev}) " + "+".join(f"GPU{i}" for i in served)
+                         + ("" if pix else " (PXB)"))
+    if served_by:  # one line for all: a note per NIC was eight lines on every load
+        notes.append("NICs serve the GPUs behind their PCIe switch (PIX; PXB where none is): "
+                     + ", ".join(served_by))
     return skipped
 
 
@@ -812,6 +813,7 @@ def _xml_nics(model: _NodeModel, topo: _nccl_xml.XmlTopology, nic_Bps: float | N
             f"serves, {len(set(model.gpu_socket))} socket(s); uplinks at the GPU-NIC PCIe "
             f"rate, sockets joined by 4 UPI 2.0 links (128 GB/s) assumed"
         )
+    unrated: dict[str, list[str]] = {}
     for nic, gpus_served in attached:
         model.nic_attach.append(gpus_served)
         model.nic_devices.append(nic.device)
@@ -822,12 +824,13 @@ def _xml_nics(model: _NodeModel, topo: _nccl_xml.XmlTopology, nic_Bps: float | N
         else:
             model.nic_Bps.append(NDR400_Bps)
             kind = {_nccl_xml.IB_CLASS: "InfiniBand", _nccl_xml.ETHERNET_CLASS: "Ethernet"}.get(
-                nic.pci_class or -1, "unknown class"
+                nic.pci_class or -1, "unclassified"
             )
-            notes.append(
-                f"NIC {nic.device} ({kind}) has no speed attribute: assumed NDR400, "
-                f"{_gb(NDR400_Bps)}"
-            )
+            unrated.setdefault(kind, []).append(nic.device)
+    for kind, devices in unrated.items():  # one line per class, not one per NIC
+        notes.append(f"{len(devices)} {kind} NIC{'s' if len(devices) > 1 else ''} without a "
+                     f"speed attribute ({', '.join(devices)}): assumed NDR400, "
+                     f"{_gb(NDR400_Bps)}")
     return [
         (n.device, "shares no PCI switch with a GPU; probably a storage or management NIC")
         for n in left_out
