@@ -130,6 +130,16 @@ def test_preset_errors_name_the_value():
         cluster(nodes=2, node_kind="torus")
 
 
+@pytest.mark.parametrize("name", pw.fabric.PRESETS)
+def test_an_unknown_preset_parameter_is_named_with_the_closest(name: str):
+    # the preset's words, not its builder's (no "cluster() got an unexpected ...")
+    spec = f"{name}:nodes=1,spinez=1" if name == "cluster" else f"{name}:spinez=1"
+    with pytest.raises(FabricError) as exc:
+        preset(spec)
+    assert str(exc.value) == (f"fabric preset {name!r} has no parameter 'spinez' "
+                              "(did you mean 'spines'?)")
+
+
 def _kernel_signatures() -> set[tuple[str, object]]:
     """Every (kernel, argument types) numba holds in this process for pathweave."""
     import sys

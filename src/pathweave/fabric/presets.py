@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pathweave import _spec
-from pathweave._registry import Registry
+from pathweave._registry import Registry, did_you_mean
 from pathweave.errors import FabricError
 from pathweave.fabric import discovery, io
 from pathweave.fabric._core import Fabric
@@ -311,9 +311,20 @@ def preset(name: str, *, dense_paths: bool = True, **params: Any) -> Fabric:
         _check_shape(name, base, kw, dense_paths)
         fab = build(**kw)
     except TypeError as exc:
-        raise FabricError(f"fabric preset {base!r}: {exc}") from None
+        raise _preset_error(base, exc) from None
     check_physical(fab, name)
     return fab
+
+
+def _preset_error(base: str, exc: TypeError) -> FabricError:
+    """A builder's TypeError in the preset's words: the unknown key and the closest
+    parameter, not the builder's own name (``cluster() got an unexpected ...``)."""
+    bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if bad is None:
+        return FabricError(f"fabric preset {base!r}: {exc}")
+    keys = [*_COUNT_KEYS, *_TEXT_KEYS, *inspect.signature(cluster).parameters]
+    return FabricError(f"fabric preset {base!r} has no parameter {bad[1]!r}"
+                       f"{did_you_mean(bad[1], [k for k in keys if k != 'meta'])}")
 
 
 @dataclass(frozen=True)
