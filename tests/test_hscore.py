@@ -350,22 +350,21 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
     plan's predicted time (the routing may stop: both must say so, -1)."""
     from pathweave.plan.hscore import hscore_below
 
-    kernel = hk.route_kernel
+    kernel = hk.route_headed
     compared = []
 
     def both(*args):
-        *inputs, load, out_pid, out_bytes, counts = args
-        ref_out = [load.copy(), out_pid.copy(), out_bytes.copy(), counts.copy()]
-        ref_n = hk.route_reference(*inputs, *ref_out)
+        *inputs, out_pid, out_bytes, counts = args
+        ref_out = [out_pid.copy(), out_bytes.copy(), counts.copy()]
+        ref_n = hk.route_headed_reference(*inputs, *ref_out)
         n = kernel(*args)
         assert n == ref_n
         compared.append(n)
         if n < 0:  # stopped: what was placed so far is not a plan
             return n
-        np.testing.assert_array_equal(out_pid[:n], ref_out[1][:n])
-        np.testing.assert_array_equal(out_bytes[:n], ref_out[2][:n])
-        np.testing.assert_array_equal(counts, ref_out[3])
-        np.testing.assert_array_equal(load, ref_out[0])
+        np.testing.assert_array_equal(out_pid[:n], ref_out[0][:n])
+        np.testing.assert_array_equal(out_bytes[:n], ref_out[1][:n])
+        np.testing.assert_array_equal(counts, ref_out[2])
         return n
 
     fused = hk.route_below
@@ -383,9 +382,9 @@ def test_route_kernel_matches_reference(monkeypatch, fab_name: str, opts: dict, 
     fab = _fabric(fab_name)
     D = _random_demand(fab.num_ranks, seed)
     full = pw.plan.make(fab, D, "hscore", **opts)
-    # Numba reads route_kernel (patched below) when it compiles route_below: compile first.
+    # Numba reads route_headed (patched below) when it compiles route_below: compile first.
     hscore_below(fab, full.demand, full.paths, np.inf, **opts)
-    monkeypatch.setattr(hk, "route_kernel", both)
+    monkeypatch.setattr(hk, "route_headed", both)
     monkeypatch.setattr(hk, "route_below", below_both)
     if stop_share is None:
         pw.plan.make(fab, D, "hscore", **opts).validate()
@@ -525,15 +524,16 @@ def test_size_head_matches_reference(seed: int, n: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("n", [1, 3, 8, 16])
-def test_size_order_matches_reference(seed: int, n: int) -> None:
-    """The one-call pairs and "size" order against numpy's nonzero and stable sort, on
-    demands with many equal sizes (ties must keep pair order) and empty ones."""
+def test_nonzero_flat_matches_reference(seed: int, n: int) -> None:
+    """The one-call pairs and bytes against numpy's nonzero, on demands with many equal
+    sizes and empty ones (their order by size is route_headed's stable sort, which
+    test_sort checks)."""
     rng = np.random.default_rng(seed)
     d = rng.integers(0, 4, size=(n, n)) * (rng.random((n, n)) < 0.7) << int(rng.integers(0, 40))
     if seed == 3:
         d[:] = 0
     d = np.ascontiguousarray(d, dtype=np.int64)
     d.setflags(write=False)  # as the planner hands it: numba compiles a version per writability
-    for got, want in zip(hk.size_order(d), hk.size_order_reference(d), strict=True):
+    for got, want in zip(hk.nonzero_flat(d), hk.nonzero_flat_reference(d), strict=True):
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, want)

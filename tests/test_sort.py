@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathweave._sort import (
+    RADIX_MIN_KEYS,
+    argsort_int64,
     argsort_stable,
     argsort_stable_reference,
     select,
@@ -45,6 +47,25 @@ def test_runs_and_merges_of_every_shape(n, order):
     before = keys.copy()
     np.testing.assert_array_equal(argsort_stable(keys), np.argsort(keys, kind="stable"))
     np.testing.assert_array_equal(keys, before)  # the input is not touched
+
+
+@pytest.mark.parametrize("n", [0, 1, RADIX_MIN_KEYS - 1, RADIX_MIN_KEYS, 70_000])
+@pytest.mark.parametrize("keys", ["ties", "extremes", "one_digit", "wide", "sizes"])
+def test_the_int64_radix_sort_matches_numpys_stable_argsort(n, keys):
+    # below RADIX_MIN_KEYS it is the merge sort; above, the radix passes: ties
+    # (stability), the int64 extremes (the sign flip), keys differing in one
+    # 16-bit digit only (the skipped passes), full-width keys, and pair sizes
+    rng = np.random.default_rng(n)
+    a = {"ties": rng.integers(-3, 4, n),
+         "extremes": rng.choice([-(2**63), -1, 0, 1, 2**63 - 1], n),
+         "one_digit": (rng.integers(0, 3, n) << 32) - (7 << 48),
+         "wide": rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64),
+         "sizes": -rng.integers(1, 1 << 30, n)}[keys].astype(np.int64)
+    before = a.copy()
+    got = argsort_int64(a)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, argsort_stable_reference(a))
+    np.testing.assert_array_equal(a, before)  # the input is not touched
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int64], ids=lambda d: d.__name__)

@@ -6,8 +6,9 @@ inputs. :func:`decide` is the per-pair rule of the h-score blog and is also
 callable from Python, so tests can probe it with hand-made h-scores.
 Each kernel has a slow plain-Python twin at the end of the module
 (:func:`segments_reference`, :func:`decide_reference`, :func:`route_reference`,
-:func:`size_order_reference`, :func:`size_head_reference`,
-:func:`route_below_reference`) that tests/test_hscore.py compares it with.
+:func:`nonzero_flat_reference`, :func:`size_head_reference`,
+:func:`route_headed_reference`, :func:`route_below_reference`) that
+tests/test_hscore.py compares it with.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from pathweave._sort import argsort_stable, select
+from pathweave._sort import argsort_int64, argsort_stable, select
 
 # Path kinds, as pathweave.fabric.PathKind codes (numba cannot see the enum).
 _DIRECT = 0
@@ -309,21 +310,10 @@ def route_kernel(order, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first
 
 
 @njit(cache=True)
-def size_order(demand):
-    """The pairs with bytes (flat ``s * N + d``, increasing), their bytes, and the
-    ``"size"`` order of them (largest first, ties by pair): one call for the
-    three numpy passes of :func:`size_order_reference` (~4 us of an 8-GPU plan).
-
-    ``demand``: ``int64[N, N]``, C-contiguous.
-    """
-    pairs, nbytes = _nonzero(demand)
-    # a stable sort: equal sizes keep pair order.
-    return pairs, nbytes, argsort_stable(-nbytes)
-
-
-@njit(cache=True)
-def _nonzero(demand):  # pragma: no cover - numba
-    # The pairs with bytes (flat, increasing) and their bytes.
+def nonzero_flat(demand):  # pragma: no cover - numba
+    """The pairs with bytes (flat ``s * N + d``, increasing) and their bytes, in one
+    call (``demand``: ``int64[N, N]``, C-contiguous): numpy's three passes were ~4 us
+    of an 8-GPU plan."""
     flat = demand.reshape(-1)
     n = 0
     for i in range(flat.shape[0]):
@@ -368,18 +358,43 @@ def size_head(nbytes, k):
 
 
 @njit(cache=True)
+def route_headed(pairs, nbytes, head, by_size, pair_ptr, vertex_node, rank_vertex, first_rail,
+                 links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails, delta,
+                 limit, out_pid, out_bytes, counts):  # pragma: no cover - numba
+    """:func:`route_kernel` over every pair, largest first (``by_size``, ties by pair) or
+    in pair order, from no load; returns the flows or -1.
+
+    With ``head > 0`` and more than ``2 * head`` pairs, the first ``head`` of
+    the size order (:func:`size_head`) are routed alone first, and -1 returned
+    if they pass a limit: the whole routing would, at the same pair, and the
+    rest is never sorted (``hscore_below``'s early stop, the one place it is
+    written). ``out_pid``, ``out_bytes`` and ``counts`` as ``route_kernel``'s.
+    """
+    num_links = limit.shape[0]
+    if head > 0 and pairs.size > 2 * head:
+        counts[:] = 0
+        if route_kernel(size_head(nbytes, head), pairs, nbytes, pair_ptr, vertex_node,
+                        rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo,
+                        core_hi, df_lo, num_rails, delta, limit, np.zeros(num_links), out_pid,
+                        out_bytes, counts) < 0:
+            return -1
+    counts[:] = 0
+    seq = argsort_int64(-nbytes) if by_size else np.arange(pairs.size)
+    return route_kernel(seq, pairs, nbytes, pair_ptr, vertex_node, rank_vertex, first_rail,
+                        links, length, kind, via, sf_end, core_lo, core_hi, df_lo, num_rails,
+                        delta, limit, np.zeros(num_links), out_pid, out_bytes, counts)
+
+
+@njit(cache=True)
 def route_below(demand, stop_s, head, setup_s, capacity, num_links, pair_ptr, vertex_node,
                 rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo, core_hi,
-                df_lo, num_rails, delta, out):
-    """:func:`size_order` then :func:`route_kernel` in ``"size"`` order under the link
-    limits of ``hscore_below`` at ``stop_s``, in one call; returns the flows or -1.
+                df_lo, num_rails, delta, out):  # pragma: no cover - numba
+    """:func:`route_headed` in ``"size"`` order under the link limits of
+    ``hscore_below`` at ``stop_s``, the demand's pairs found here: one call.
 
     Link ``e``'s limit is ``(stop_s - setup_s) * capacity[e] * (1 + 1e-9)``
     (``capacity``: effective capacities, the first ``num_links`` the real
-    links'). With more than ``2 * head`` pairs, the first ``head`` of the
-    order (:func:`size_head`) are routed alone first, and -1 returned if they
-    pass a limit: the whole routing would, at the same pair, and the rest is
-    never sorted. ``out``: ``int64[3, M]`` with ``M >= max(pairs * rails,
+    links'). ``out``: ``int64[3, M]`` with ``M >= max(pairs * rails,
     NUM_CODES)`` (:func:`below_width`), written as ``out[0]`` path ids,
     ``out[1]`` bytes, ``out[2, :NUM_CODES]`` decision counts. NOTE: one call
     for the wrapper's limit, ordering, buffers and routing: each was a numpy
@@ -391,20 +406,10 @@ def route_below(demand, stop_s, head, setup_s, capacity, num_links, pair_ptr, ve
     limit = np.empty(num_links)
     for e in range(num_links):
         limit[e] = (stop_s - setup_s) * capacity[e] * (1.0 + 1e-9)
-    pairs, nbytes = _nonzero(demand)
-    counts = out[2, :NUM_CODES]
-    if pairs.size > 2 * head:
-        counts[:] = 0
-        if route_kernel(size_head(nbytes, head), pairs, nbytes, pair_ptr, vertex_node,
-                        rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo,
-                        core_hi, df_lo, num_rails, delta, limit, np.zeros(num_links), out[0],
-                        out[1], counts) < 0:
-            return -1
-    load = np.zeros(num_links)
-    counts[:] = 0
-    return route_kernel(argsort_stable(-nbytes), pairs, nbytes, pair_ptr, vertex_node,
-                        rank_vertex, first_rail, links, length, kind, via, sf_end, core_lo,
-                        core_hi, df_lo, num_rails, delta, limit, load, out[0], out[1], counts)
+    pairs, nbytes = nonzero_flat(demand)
+    return route_headed(pairs, nbytes, head, True, pair_ptr, vertex_node, rank_vertex,
+                        first_rail, links, length, kind, via, sf_end, core_lo, core_hi, df_lo,
+                        num_rails, delta, limit, out[0], out[1], out[2, :NUM_CODES])
 
 
 def below_width(ranks: int, num_rails: int, delta: float) -> int:
@@ -537,25 +542,30 @@ def size_head_reference(nbytes, k):
     return np.argsort(-np.asarray(nbytes), kind="stable")[:k]
 
 
-def size_order_reference(demand):
-    """:func:`size_order` with numpy: nonzero pairs, their bytes, a stable sort by size."""
+def nonzero_flat_reference(demand):
+    """:func:`nonzero_flat` with numpy."""
     flat = np.asarray(demand).reshape(-1)
     pairs = np.flatnonzero(flat)
-    nbytes = flat[pairs].astype(np.int64)
-    return pairs.astype(np.int64), nbytes, np.argsort(-nbytes, kind="stable")
+    return pairs.astype(np.int64), flat[pairs].astype(np.int64)
+
+
+def route_headed_reference(pairs, nbytes, head, by_size, *tables):
+    """:func:`route_headed` from the twins: numpy's stable sort and
+    :func:`route_reference` over every pair, no head (a head must change nothing: the
+    same arguments and outputs, and the same result)."""
+    *rest, limit, out_pid, out_bytes, counts = tables
+    order = np.argsort(-np.asarray(nbytes), kind="stable") if by_size else np.arange(len(pairs))
+    counts[:] = 0
+    return route_reference(order, pairs, nbytes, *rest, limit, np.zeros(len(limit)), out_pid,
+                           out_bytes, counts)
 
 
 def route_below_reference(demand, stop_s, head, setup_s, capacity, num_links, *tables):
-    """:func:`route_below` from the twins: numpy's limits and order, :func:`route_reference`
-    over every pair, no head (the same arguments, ``out`` last, and the same result)."""
-    pairs, nbytes, order = size_order_reference(demand)
+    """:func:`route_below` from the twins: numpy's limits and pairs,
+    :func:`route_headed_reference` (the same arguments, ``out`` last, and the same
+    result)."""
+    pairs, nbytes = nonzero_flat_reference(demand)
     limit = (stop_s - setup_s) * np.asarray(capacity[:num_links]) * (1.0 + 1e-9)
-    *rest, num_rails, delta, out = tables
-    rails = max(num_rails, 1) if delta >= 0 else 1
-    flows = [np.zeros(num_links), np.empty(pairs.size * rails, dtype=np.int64),
-             np.empty(pairs.size * rails, dtype=np.int64), np.zeros(NUM_CODES, dtype=np.int64)]
-    n = route_reference(order, pairs, nbytes, *rest, num_rails, delta, limit, *flows)
-    if n >= 0:
-        out[0, :n], out[1, :n] = flows[1][:n], flows[2][:n]
-        out[2, :NUM_CODES] = flows[3]
-    return n
+    *rest, out = tables
+    return route_headed_reference(pairs, nbytes, head, True, *rest, limit, out[0], out[1],
+                                  out[2, :NUM_CODES])

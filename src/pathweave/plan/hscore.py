@@ -307,24 +307,15 @@ def _plan(
 ) -> Plan | None:
     """The plan of :func:`hscore`, or None if a link passes ``limit`` (bytes per link)."""
     delta = _check_options(spray_delta, order)
-    limited = limit is not None
+    # Under a limit, in size order, the kernel routes a head of the largest pairs first.
+    head = HEAD_PAIRS_PER_RANK * paths.num_ranks if limit is not None and order == "size" else 0
     if limit is None:
         limit = paths.derived("hscore.no_limit", lambda: np.full(fabric.num_links, np.inf))
-    if _one_call(paths, demand, order):
-        # Too few pairs for a head (below): pairs and their order in one call.
-        pairs, nbytes, seq = _k.size_order(demand)
-    else:
-        pairs, nbytes = nonzero_pairs(demand)
-        if (order == "size" and limited
-                and pairs.size > 2 * HEAD_PAIRS_PER_RANK * paths.num_ranks):
-            head = _k.size_head(nbytes, HEAD_PAIRS_PER_RANK * paths.num_ranks)
-            if _route(fabric, paths, pairs[head], nbytes[head], np.arange(head.size), delta,
-                      limit)[0] < 0:
-                return None
-        # argsort of -bytes is stable, and pairs come in index order: ties by pair.
-        seq = np.argsort(-nbytes, kind="stable") if order == "size" else np.arange(pairs.size)
+    # Too few pairs for a head (``_one_call``): the pairs in one kernel call.
+    pairs, nbytes = (_k.nonzero_flat(demand) if _one_call(paths, demand, order)
+                     else nonzero_pairs(demand))
     return _finish(fabric, demand, paths, spray_delta, order,
-                   *_route(fabric, paths, pairs, nbytes, seq, delta, limit))
+                   *_route(paths, pairs, nbytes, head, order == "size", delta, limit))
 
 
 def _finish(
@@ -346,18 +337,17 @@ def _finish(
 
 
 def _route(
-    fabric: Fabric, paths: PathSet, pairs: np.ndarray, nbytes: np.ndarray, seq: np.ndarray,
+    paths: PathSet, pairs: np.ndarray, nbytes: np.ndarray, head: int, by_size: bool,
     delta: float, limit: np.ndarray,
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """Run the kernel over ``pairs`` in order ``seq``: ``(flows or -1, path ids, bytes,
-    decision counts)``."""
+    """:func:`~pathweave.plan._hscore_kernel.route_headed` over ``pairs``: ``(flows or
+    -1, path ids, bytes, decision counts)``."""
     tables = _kernel_tables(paths)
     num_rails = tables[-1]
-    load = np.zeros(fabric.num_links)
     cap = pairs.size * (max(num_rails, 1) if delta >= 0 else 1)
     out_pid = np.empty(cap, dtype=np.int64)
     out_bytes = np.empty(cap, dtype=np.int64)
     counts = np.zeros(_k.NUM_CODES, dtype=np.int64)
-    n_out = _k.route_kernel(seq, pairs, nbytes, *tables, delta, limit, load, out_pid, out_bytes,
-                            counts)
+    n_out = _k.route_headed(pairs, nbytes, head, by_size, *tables, delta, limit, out_pid,
+                            out_bytes, counts)
     return int(n_out), out_pid, out_bytes, counts
