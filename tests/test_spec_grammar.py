@@ -59,3 +59,14 @@ def test_values_parse_the_same_in_both_layers() -> None:
 def test_spec_must_be_a_string() -> None:
     with pytest.raises(TypeError, match="got int 3"):
         _spec.split(3, "spec")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", ["moe", "moe:tokens=64", "moe:hidden=32,topk=1"])
+def test_a_missing_required_key_shows_a_spec_that_works(spec: str) -> None:
+    # the example the error offers is the spec as written plus the missing keys,
+    # and it must build (a first spec to edit, not just the keys' names)
+    with pytest.raises(WorkloadError, match=r"needs .* e\.g\. ") as exc:
+        pw.traffic.parse_workload(spec, 8)
+    example = str(exc.value).rsplit("e.g. ", 1)[1]
+    assert example.startswith(spec)
+    assert pw.traffic.parse_workload(example, 8).shape == (8, 8)

@@ -208,6 +208,9 @@ class _Kind:
         return cls(func, keys, positional, aliases, sized, required)
 
 
+#: Values an error shows for a required key the spec left out (a first spec to edit).
+_EXAMPLE_VALUES = {"tokens": "16384", "hidden": "4096"}
+
 #: Every workload: its generator and how its spec keys read, in the order listed.
 _KINDS: Registry[_Kind] = Registry("workload", error=WorkloadError)
 for _kind in (
@@ -307,8 +310,10 @@ class WorkloadSpec:
                 raise _unknown(f"key for workload {name!r}:", as_written, cls._keys(name))
         missing = [k for k in kind.required if k not in params]
         if missing:
+            more = ",".join(f"{k}={_EXAMPLE_VALUES.get(k, 'N')}" for k in missing)
             raise WorkloadError(
-                f"workload {name!r} needs {', '.join(k + '=' for k in missing)} in {spec!r}"
+                f"workload {name!r} needs {', '.join(k + '=' for k in missing)} in {spec!r}, "
+                f"e.g. {spec.rstrip(':,')}{',' if rest else ':'}{more}"
             )
         return cls(name, params, size)
 
