@@ -105,7 +105,8 @@ def simulate_cmd(
         for name in names:
             steps.update(f"planning {name}")
             plans.append((name, pwplan.make(fab, demand, policy=name)))
-            steps.update(f"simulating {name}")
+            # the fragment count says why a dense 512-GPU case takes a minute
+            steps.update(f"simulating {name} ({plans[-1][1].flow_path.size:,} fragments)")
             results[name] = sim.simulate(fab, plans[-1][1])
     out.print(workload_header(fab, workload, demand) + ", simulated with the default SimModel")
     out.print(simulation_table(plans, results))
