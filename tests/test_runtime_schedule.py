@@ -768,7 +768,9 @@ def test_orchestrator_argument_errors():
         pw.Orchestrator(fabric="no-such-fabric")
 
 
-def test_import_pathweave_does_not_import_torch():
+def test_import_pathweave_imports_neither_torch_nor_the_lp_solver():
+    # each costs every process that imports pathweave (a torchrun rank, a CLI
+    # call) a few tenths of a second; scipy's LP comes with the first LP solved
     import subprocess
     import sys
 
@@ -777,6 +779,11 @@ def test_import_pathweave_does_not_import_torch():
         "assert 'torch' not in sys.modules\n"
         "orch = pw.Orchestrator(fabric='h100-2x4')\n"
         "assert 'torch' not in sys.modules\n"
+        "D = pw.traffic.hotspot(8, bytes_per_rank=1 << 20, ratio=0.5)\n"
+        "pw.plan.make('h100-2x4', D)\n"
+        "assert 'scipy.optimize' not in sys.modules\n"
+        "assert pw.plan.make('h100-2x4', D, 'optimal').info['solver_status'] == 'optimal'\n"
+        "assert 'scipy.optimize' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

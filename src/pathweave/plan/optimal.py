@@ -27,8 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.optimize
-import scipy.sparse
 
 from pathweave import _check as _args
 from pathweave.errors import PlanError, SolverError
@@ -106,6 +104,9 @@ def optimal(
     method: str = "highs",
 ) -> Plan:
     """Solve the min-congestion LP; see the module docstring."""
+    import scipy.optimize  # NOTE: here, not at the top: 0.26-0.38 s of every import pathweave
+    import scipy.sparse
+
     _check_options(time_limit_s=time_limit_s, method=method)
     pairs, nbytes = nonzero_pairs(demand)
     if pairs.size == 0:
@@ -291,6 +292,9 @@ def _time_lp(
 ) -> Plan:
     """One LP of :func:`time_optimum` over the variables ``pid``, each charged the
     fill of a fragment of ``frag`` bytes (units: MB and ms)."""
+    import scipy.optimize  # as in optimal: only where an LP is solved
+    import scipy.sparse
+
     nvar = pid.size
     rows_links = pc.links[pid]
     mask = rows_links >= 0
