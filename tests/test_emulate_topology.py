@@ -392,6 +392,30 @@ def test_pipeline_fill_by_hand():
     assert t >= plan.congestion_s - 1e-12
 
 
+def test_pipeline_fill_one_connection_is_first_in_first_out():
+    # Rank 6 sends four whole messages (one round: the largest fragment is 2
+    # chunks of 512 KiB, window 4) on its one connection to rank 2, in
+    # fragment order: to 0 (via 2), 1 (via 2), 2 and 3 (via 2). gloo sends
+    # them one after another on rail 2, so only the last (to 3) drains its
+    # NVLink hop after the rail: the earlier ones have the later ones behind.
+    from pathweave.emulate import pipeline_fill_s
+    from pathweave.sim import SimModel, simulate
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    chunk, nvlink, rail = 1 << 19, 12e6, 5e6
+    sizes = {0: 838_861, 1: 559_241, 2: 559_241, 3: 559_241}
+    D = np.zeros((8, 8), dtype=np.int64)
+    for d, b in sizes.items():
+        D[6, d] = b
+    plan = _hand_plan(fab, D, [([6, 2, d] if d != 2 else [6, 2], b) for d, b in sizes.items()])
+    before, after = pipeline_fill_s(plan, chunk, 4)
+    assert before.tolist() == [0.0] * 4
+    np.testing.assert_allclose(after, [0.0, 0.0, 0.0, sizes[3] / nvlink])
+    model = SimModel.ideal(chunk_bytes=chunk, window=4, message_fill=True)
+    t = simulate(fab, plan, model).makespan_s
+    assert t == pytest.approx(sum(sizes.values()) / rail + sizes[3] / nvlink)
+
+
 def test_simulate_refuses_bad_fill_by_value():
     from pathweave.errors import PlanError
     from pathweave.sim import SimModel, simulate

@@ -172,6 +172,39 @@ def _messages(nbytes: np.ndarray, chunk_bytes: int, window: int) -> tuple[np.nda
     return first, last
 
 
+def _own_behind(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, live: np.ndarray,
+                chunk_bytes: int, window: int) -> np.ndarray:
+    """Per live fragment, the bytes of its source's own messages posted after its last one
+    on its first connection (the source to the first rank of its route).
+
+    gloo sends a connection's messages one after another, in the order they
+    are posted, and a source posts its own messages at the start in the
+    schedule's order: by round, then fragment (:mod:`pathweave.runtime.schedule`).
+    Fragment ``j`` of ``k_j`` chunks has ``min(b_j, ceil(r k_j / R) * chunk)``
+    bytes in rounds before ``r`` (:func:`entry_round`), so behind fragment
+    ``i``'s last message (round ``r_i``) are the later fragments' bytes from
+    round ``r_i`` on and the earlier ones' from round ``r_i + 1`` on.
+    """
+    ranks = route_ranks(paths)
+    b = flow_bytes[live].astype(np.int64)
+    k = np.maximum(-(-b // int(chunk_bytes)), 1)
+    rounds, _ = pacing(k, window)
+    r_last = (k - 1) * rounds // k
+    conn = ranks[flow_path[live], :2].astype(np.int64)
+    key = conn[:, 0] * (int(conn.max(initial=0)) + 1) + conn[:, 1]
+    behind = np.zeros(live.size)
+    for c in np.unique(key):
+        on = np.flatnonzero(key == c)
+        if on.size < 2:
+            continue
+        for i in on:
+            j = on[on != i]
+            upto = r_last[i] + (j < i)  # rounds whose bytes of j went out before i's last
+            sent = np.minimum(b[j], -(-(upto * k[j]) // rounds) * int(chunk_bytes))
+            behind[i] = float((b[j] - sent).sum())
+    return behind
+
+
 def _posted_late(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, live: np.ndarray,
                  segs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each link carries as forwards, and as fed direct messages.
@@ -217,8 +250,10 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     on bytes that cross it after the fragment's last one: gloo writes a
     connection's messages in the order they are posted, each link carries
     one connection per direction in the emulator, and a rank posts its own
-    messages first, its forwards as they arrive and its fed direct messages
-    behind those (:func:`_posted_late`). Direct fragments and
+    messages first, in the schedule's order (round, then fragment: a
+    fragment's own later messages on its first connection are behind it,
+    :func:`_own_behind`), its forwards as they arrive and its fed direct
+    messages behind those (:func:`_posted_late`). Direct fragments and
     ``chunk_bytes`` 0 have none.
 
     Examples
@@ -261,6 +296,7 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         # segment of each hop: a new one after every forwarding GPU
         segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
     forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
+    own = _own_behind(ps, flow_path, flow_bytes, live, int(chunk_bytes), int(window))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
@@ -269,9 +305,10 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         neck, e = seg[hop], links[hop]
         before[f] = first[i] * (1.0 / cap[:neck]).sum()
         # What crosses the bottleneck after this fragment's last byte keeps it
-        # busy while that last message drains: behind the source's own
-        # messages the forwards and fed ones, behind a forward the fed ones.
-        behind = fed[e] + (forwarded[e] if neck == 0 else 0.0)
+        # busy while that last message drains: behind a source's own message
+        # its later own ones, the forwards and the fed ones; behind a forward
+        # the fed ones.
+        behind = fed[e] + (forwarded[e] + own[i] if neck == 0 else 0.0)
         after[f] = max(0.0, last[i] * (1.0 / cap[neck + 1:]).sum()
                        - behind / fab.capacity_Bps[e])
     return before, after
