@@ -153,8 +153,27 @@ def unpaced_direct(routes: np.ndarray, links: np.ndarray, num_ranks: int) -> np.
     return ~forwarded & ~tainted[comp[:nf]]
 
 
-def _messages(nbytes: np.ndarray, chunk_bytes: int, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes of each fragment's first and last message in the data plane's schedule.
+def _rounds_of(nbytes: np.ndarray, chunk_bytes: int, window: int
+               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """``(b, k, R, r_last)``: each fragment's bytes and chunks, the call's rounds
+    (:func:`pacing`) and the round of each fragment's last chunk."""
+    b = np.asarray(nbytes, dtype=np.int64)
+    k = np.maximum(-(-b // int(chunk_bytes)), 1)
+    rounds, _ = pacing(k, window)
+    return b, k, rounds, (k - 1) * rounds // k
+
+
+def _entered(rnd: np.ndarray | int, b: np.ndarray, k: np.ndarray, rounds: int,
+             chunk_bytes: int) -> np.ndarray:
+    """Bytes of each fragment in its first ``rnd`` rounds: chunk ``c`` enters round
+    ``floor(c R / k)`` (:func:`entry_round`), so ``min(b, ceil(rnd k / R) * chunk)``."""
+    return np.minimum(b, -(-(rnd * k) // rounds) * int(chunk_bytes))
+
+
+def _messages(b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
+              chunk_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes of each fragment's first and last message in the data plane's schedule
+    (``b, k, rounds, r_last``: :func:`_rounds_of`).
 
     The schedule (:mod:`pathweave.runtime.schedule`) cuts a fragment of ``k``
     chunks into the call's ``R`` rounds (:func:`pathweave.plan.rounds.pacing`),
@@ -163,36 +182,26 @@ def _messages(nbytes: np.ndarray, chunk_bytes: int, window: int) -> tuple[np.nda
     chunks, the last the chunks from ``ceil(r k / R)`` on, ``r`` the last
     chunk's round (the short last chunk included).
     """
-    b = np.asarray(nbytes, dtype=np.int64)
-    k = np.maximum(-(-b // int(chunk_bytes)), 1)
-    rounds, _ = pacing(k, window)
-    first = np.minimum(b, -(-k // rounds) * int(chunk_bytes))
-    r_last = (k - 1) * rounds // k
-    last = b - (-(-(r_last * k) // rounds)) * int(chunk_bytes)
-    return first, last
+    return (_entered(1, b, k, rounds, chunk_bytes),
+            b - _entered(r_last, b, k, rounds, chunk_bytes))
 
 
-def _own_behind(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, live: np.ndarray,
-                chunk_bytes: int, window: int) -> np.ndarray:
-    """Per live fragment, the bytes of its source's own messages posted after its last one
-    on its first connection (the source to the first rank of its route).
+def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int,
+                r_last: np.ndarray, chunk_bytes: int) -> np.ndarray:
+    """Per fragment, the bytes of its source's own messages posted after its last one on
+    its first connection (``first_hop[i]``: the first two ranks of its route; ``b, k,
+    rounds, r_last``: :func:`_rounds_of`).
 
     gloo sends a connection's messages one after another, in the order they
     are posted, and a source posts its own messages at the start in the
     schedule's order: by round, then fragment (:mod:`pathweave.runtime.schedule`).
-    Fragment ``j`` of ``k_j`` chunks has ``min(b_j, ceil(r k_j / R) * chunk)``
-    bytes in rounds before ``r`` (:func:`entry_round`), so behind fragment
-    ``i``'s last message (round ``r_i``) are the later fragments' bytes from
-    round ``r_i`` on and the earlier ones' from round ``r_i + 1`` on.
+    So behind fragment ``i``'s last message (round ``r_i``) are the later
+    fragments' bytes from round ``r_i`` on and the earlier ones' from round
+    ``r_i + 1`` on (:func:`_entered`).
     """
-    ranks = route_ranks(paths)
-    b = flow_bytes[live].astype(np.int64)
-    k = np.maximum(-(-b // int(chunk_bytes)), 1)
-    rounds, _ = pacing(k, window)
-    r_last = (k - 1) * rounds // k
-    conn = ranks[flow_path[live], :2].astype(np.int64)
+    conn = first_hop.astype(np.int64)
     key = conn[:, 0] * (int(conn.max(initial=0)) + 1) + conn[:, 1]
-    behind = np.zeros(live.size)
+    behind = np.zeros(b.size)
     for c in np.unique(key):
         on = np.flatnonzero(key == c)
         if on.size < 2:
@@ -200,8 +209,7 @@ def _own_behind(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, l
         for i in on:
             j = on[on != i]
             upto = r_last[i] + (j < i)  # rounds whose bytes of j went out before i's last
-            sent = np.minimum(b[j], -(-(upto * k[j]) // rounds) * int(chunk_bytes))
-            behind[i] = float((b[j] - sent).sum())
+            behind[i] = float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
     return behind
 
 
@@ -286,7 +294,8 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     live = np.flatnonzero(flow_bytes > 0)
     if chunk_bytes <= 0 or live.size == 0:
         return before, after
-    first, last = _messages(flow_bytes[live], int(chunk_bytes), int(window))
+    b, k, rounds, r_last = _rounds_of(flow_bytes[live], int(chunk_bytes), int(window))
+    first, last = _messages(b, k, rounds, r_last, int(chunk_bytes))
     busy_s = ps.link_load_bytes(flow_path, flow_bytes) / fab.capacity_Bps
     gpu = fab.vertex_kind == VertexKind.GPU
     segs = []
@@ -296,7 +305,8 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         # segment of each hop: a new one after every forwarding GPU
         segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
     forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
-    own = _own_behind(ps, flow_path, flow_bytes, live, int(chunk_bytes), int(window))
+    own = _own_behind(route_ranks(ps)[flow_path[live], :2], b, k, rounds, r_last,
+                      int(chunk_bytes))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
