@@ -934,11 +934,16 @@ FED_ROWS = np.array([[0, 0, 3000], [700, 0, 5000], [0, 0, 0]], dtype=np.int64)
 
 
 def _fed_schedule(rank):
-    from pathweave.runtime.schedule import Segments, build_schedules
+    from pathweave.runtime.schedule import Fragments, Segments, build_schedules
 
-    return build_schedules(Segments.all_to_all(FED_ROWS), [2, 3, 5], [3000, 700, 5000],
-                           [[0, 1, 2], [1, 0, -1], [1, 2, -1]], chunk_bytes=512, window=2,
-                           ranks=[rank], whole_streams=True)[0]
+    return build_schedules(
+        Segments.all_to_all(FED_ROWS),
+        Fragments([2, 3, 5], [3000, 700, 5000], [[0, 1, 2], [1, 0, -1], [1, 2, -1]]),
+        chunk_bytes=512,
+        window=2,
+        ranks=[rank],
+        whole_streams=True,
+    )[0]
 
 
 def job_fed(rank, ws):

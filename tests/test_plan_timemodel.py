@@ -691,13 +691,17 @@ def test_whole_bytes_copies_plain_bytes_and_refuses_the_rest():
 # ------------------------------------------- the executor's rounds (round_s)
 def _schedule_rounds(n, frag_pair, frag_bytes, routes, chunk_bytes, window, frag_links=None):
     """``num_rounds`` of the data plane's own schedule of these fragments (the reference)."""
-    from pathweave.runtime.schedule import Segments, build_schedule
+    from pathweave.runtime.schedule import Fragments, Segments, build_schedule
 
     pair_bytes = np.bincount(frag_pair, weights=frag_bytes, minlength=n * n)
     segs = Segments.all_to_all(pair_bytes.astype(np.int64).reshape(n, n))
-    return build_schedule(segs, frag_pair, frag_bytes, _padded(routes), rank=0,
-                          chunk_bytes=chunk_bytes, window=window,
-                          frag_links=frag_links).num_rounds
+    return build_schedule(
+        segs,
+        Fragments(frag_pair, frag_bytes, _padded(routes), frag_links),
+        rank=0,
+        chunk_bytes=chunk_bytes,
+        window=window,
+    ).num_rounds
 
 
 def _padded(routes):

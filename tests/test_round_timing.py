@@ -16,7 +16,13 @@ from pathweave.fabric import candidate_paths
 from pathweave.plan import make
 from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_direct
 from pathweave.runtime.executor import CudaRoundClock, RoundClock
-from pathweave.runtime.schedule import Segments, _global_hops, path_routes, split_fragments
+from pathweave.runtime.schedule import (
+    Fragments,
+    Segments,
+    _global_hops,
+    path_routes,
+    split_fragments,
+)
 from pathweave.runtime.telemetry import (
     Adaptation,
     encode_times,
@@ -61,8 +67,12 @@ def _fragments(policy: str, bytes_per_rank: int = 8 << 20):
 
 
 def _hops(d, fpair, fpath, fbytes):
-    return _global_hops(Segments.all_to_all(d), fpair, fbytes, path_routes(PS)[fpath], CHUNK,
-                        WINDOW, PS.links[fpath])
+    return _global_hops(
+        Segments.all_to_all(d),
+        Fragments(fpair, fbytes, path_routes(PS)[fpath], PS.links[fpath]),
+        CHUNK,
+        WINDOW,
+    )
 
 
 def _loop_round_ends(fpath, fbytes, capacity_Bps) -> dict[int, float]:

@@ -27,6 +27,7 @@ from pathweave.fabric import PathKind
 from pathweave.runtime import orchestrator as orch_mod
 from pathweave.runtime.schedule import (
     STAGING,
+    Fragments,
     Segments,
     build_schedules,
     check_schedules,
@@ -233,7 +234,9 @@ def schedule_all(rows, plan, chunk, window, min_split=0):
     seg = Segments.all_to_all(rows)
     fpair, fpath, fbytes = fragments_of(plan, rows, min_split)
     routes = path_routes(plan.paths)
-    return build_schedules(seg, fpair, fbytes, routes[fpath], chunk_bytes=chunk, window=window)
+    return build_schedules(
+        seg, Fragments(fpair, fbytes, routes[fpath]), chunk_bytes=chunk, window=window
+    )
 
 
 def random_bufs(rows, rng):
@@ -361,7 +364,9 @@ def test_direct_and_relayed_parts_are_both_chunked():
     routes = [[0, 1, -1], [0, 2, 1]]
     ins, outs = random_bufs(rows, np.random.default_rng(7))
     for chunk in (9, 999, 1000, 1 << 20):  # 9: a chunk that divides neither part
-        scheds = build_schedules(seg, [1, 1], [7000, 3000], routes, chunk_bytes=chunk, window=2)
+        scheds = build_schedules(
+            seg, Fragments([1, 1], [7000, 3000], routes), chunk_bytes=chunk, window=2
+        )
         check_schedules(scheds, 2)
         src, dst = scheds[0], scheds[1]
         to_1 = src.send_peer == 1
@@ -383,7 +388,9 @@ def test_direct_and_relayed_parts_are_both_chunked():
                     np.array([0, 0]), np.array([1, 0]), np.array([0, 0]))
     for chunk, want in ((3000, [(0, 3000), (0, 1000), (1, 2000), (1, 3000), (1, 1000)]),
                         (1 << 20, [(0, 4000), (1, 6000)])):
-        s0, s1 = build_schedules(segs, [1], [10_000], [[0, 1]], chunk_bytes=chunk, window=2)
+        s0, s1 = build_schedules(
+            segs, Fragments([1], [10_000], [[0, 1]]), chunk_bytes=chunk, window=2
+        )
         assert list(zip(s0.send_buf.tolist(), s0.send_bytes.tolist(), strict=True)) == want
         assert list(zip(s1.recv_buf.tolist(), s1.recv_bytes.tolist(), strict=True)) == [
             (1 - b, nb) for b, nb in want]
@@ -406,7 +413,7 @@ def test_every_round_carries_each_fragment_in_proportion_to_its_bytes():
     # (8 chunks) enters 2 per round, so R = 4 and every round moves 2000 direct
     # and 1000 relayed bytes (2:1, the plan's shares); the relay forwards one
     # round later and holds 2 slots (its 4 chunks are half the largest's 8).
-    sch = build_schedules(seg, [1, 1], [8000, 4000], routes, chunk_bytes=1000, window=4)
+    sch = build_schedules(seg, Fragments([1, 1], [8000, 4000], routes), chunk_bytes=1000, window=4)
     check_schedules(sch, 4)
     assert per_round(sch[0], 1) == [2000, 2000, 2000, 2000, 0]
     assert per_round(sch[0], 2) == [1000, 1000, 1000, 1000, 0]
@@ -415,7 +422,7 @@ def test_every_round_carries_each_fragment_in_proportion_to_its_bytes():
     # 7000 direct and 3000 relayed, window 2: R = 7 rounds of one direct chunk;
     # relayed chunk c enters in round floor(c * 7 / 3) = 0, 2, 4.
     rows[0, 1] = 10_000
-    sch = build_schedules(Segments.all_to_all(rows), [1, 1], [7000, 3000], routes,
+    sch = build_schedules(Segments.all_to_all(rows), Fragments([1, 1], [7000, 3000], routes),
                           chunk_bytes=1000, window=2)
     check_schedules(sch, 2)
     assert per_round(sch[0], 1) == [1000] * 7
@@ -429,7 +436,9 @@ def test_every_round_carries_each_fragment_in_proportion_to_its_bytes():
 def test_empty_and_self_only_calls():
     none = np.zeros((0, 2), dtype=np.int64)
     for rows in (np.zeros((4, 4), dtype=np.int64), np.diag([5, 0, 7, 1])):
-        scheds = build_schedules(Segments.all_to_all(rows), [], [], none, chunk_bytes=8, window=2)
+        scheds = build_schedules(
+            Segments.all_to_all(rows), Fragments([], [], none), chunk_bytes=8, window=2
+        )
         check_schedules(scheds, 2)
         assert [s.num_rounds for s in scheds] == [0] * 4
         assert [s.copy_bytes.sum() for s in scheds] == np.diag(rows).tolist()
@@ -447,8 +456,9 @@ def test_relay_stream_is_chunked_and_window_bounded():
     via = int(ps.via[relay])
     seg = Segments.all_to_all(rows)
     for chunk, window in ((64, 2), (64, 4), (100, 6), (1000, 2), (7, 3)):
-        scheds = build_schedules(seg, [1], [1000], path_routes(ps)[[relay]], chunk_bytes=chunk,
-                                 window=window)
+        scheds = build_schedules(
+            seg, Fragments([1], [1000], path_routes(ps)[[relay]]), chunk_bytes=chunk, window=window
+        )
         check_schedules(scheds, window)
         nchunks = -(-1000 // chunk)
         src, mid, dst = scheds[0], scheds[via], scheds[1]
@@ -509,7 +519,7 @@ def test_whole_streams_stage_every_chunk_and_keep_the_rounds():
     direct = next(p for p in ps.pair_paths(0, 2) if ps.kind[p] == PathKind.DIRECT)
     via = 3
     seg = Segments.all_to_all(rows)
-    args = (seg, [1, 2], [1000, 300], path_routes(ps)[[relay, direct]])
+    args = (seg, Fragments([1, 2], [1000, 300], path_routes(ps)[[relay, direct]]))
     windowed = build_schedules(*args, chunk_bytes=64, window=4)
     scheds = build_schedules(*args, chunk_bytes=64, window=4, whole_streams=True)
     check_schedules(scheds, 4)
@@ -564,8 +574,12 @@ def test_checker_and_async_model_catch_broken_schedules():
     via = int(ps.via[relay])
     rows = np.zeros((4, 4), dtype=np.int64)
     rows[0, 1] = 400
-    scheds = build_schedules(Segments.all_to_all(rows), [1], [400], path_routes(ps)[[relay]],
-                             chunk_bytes=100, window=2)
+    scheds = build_schedules(
+        Segments.all_to_all(rows),
+        Fragments([1], [400], path_routes(ps)[[relay]]),
+        chunk_bytes=100,
+        window=2,
+    )
     mid = scheds[via]
     # forward a chunk in the round it arrives: data not there yet
     early = dataclasses.replace(mid, send_round=mid.send_round - 1)
@@ -677,7 +691,9 @@ def test_multi_segment_pair_streams(seed, chunk, policy):
     else:
         plan = forced_plan(FAB8, pair_bytes, (policy,))
     fpair, fpath, fbytes = fragments_of(plan, pair_bytes)
-    scheds = build_schedules(segs, fpair, fbytes, ROUTES8[fpath], chunk_bytes=chunk, window=2)
+    scheds = build_schedules(
+        segs, Fragments(fpair, fbytes, ROUTES8[fpath]), chunk_bytes=chunk, window=2
+    )
     check_schedules(scheds, 2)
     assert run_async(scheds)
     ins = [[rng.integers(0, 256, nb, dtype=np.uint8) for nb in send_idx.get(r, [])]
@@ -854,13 +870,21 @@ def test_a_call_beyond_the_tag_range_is_refused_before_any_message(monkeypatch):
     from pathweave.runtime import schedule as S
 
     monkeypatch.setattr(S, "MAX_PAIR_MESSAGES", 4)
-    ok = S.build_schedules(S.Segments.all_to_all(np.array([[0, 8], [0, 0]])), [1], [8],
-                           [[0, 1]], chunk_bytes=2, window=2)
+    ok = S.build_schedules(
+        S.Segments.all_to_all(np.array([[0, 8], [0, 0]])),
+        S.Fragments([1], [8], [[0, 1]]),
+        chunk_bytes=2,
+        window=2,
+    )
     assert ok[0].send_bytes.tolist() == [2, 2, 2, 2]
     with pytest.raises(ValueError, match=r"rank 0 would send rank 1 5 or more messages in "
                                          r"one call at chunk_bytes=2; at most 4 fit"):
-        S.build_schedules(S.Segments.all_to_all(np.array([[0, 10], [0, 0]])), [1], [10],
-                          [[0, 1]], chunk_bytes=2, window=2)
+        S.build_schedules(
+            S.Segments.all_to_all(np.array([[0, 10], [0, 0]])),
+            S.Fragments([1], [10], [[0, 1]]),
+            chunk_bytes=2,
+            window=2,
+        )
 
 
 def _ops(s, kind):
@@ -886,8 +910,12 @@ def test_a_fragments_chunks_of_one_round_travel_as_one_message():
     # the relay), chunk 2 alone, on the first hop in rounds 0, 1 and on the
     # second in rounds 1, 2.
     rows = np.array([[0, 0, 26], [0, 0, 0], [0, 0, 0]])
-    s0, s1, s2 = build_schedules(Segments.all_to_all(rows), [2, 2], [16, 10],
-                                 [[0, 2, -1], [0, 1, 2]], chunk_bytes=4, window=4)
+    s0, s1, s2 = build_schedules(
+        Segments.all_to_all(rows),
+        Fragments([2, 2], [16, 10], [[0, 2, -1], [0, 1, 2]]),
+        chunk_bytes=4,
+        window=4,
+    )
     assert _ops(s0, "send") == [(0, 1, 8, 16), (0, 2, 8, 0), (1, 1, 2, 24), (1, 2, 8, 8)]
     assert _ops(s1, "recv") == [(0, 0, 8, 0), (1, 0, 2, 8)]
     assert _ops(s1, "send") == [(1, 2, 8, 0), (2, 2, 2, 8)]
@@ -904,7 +932,7 @@ def test_a_forwarded_rounds_chunks_split_where_the_slots_wrap():
     # messages. Step j (last chunks 1, 3, 4, 5) may be received once the step
     # holding chunk last - 5 was forwarded: only chunk 5, after step 0.
     rows = np.array([[0, 0, 24], [0, 0, 0], [0, 0, 0]])
-    s0, s1, s2 = build_schedules(Segments.all_to_all(rows), [2], [24], [[0, 1, 2]],
+    s0, s1, s2 = build_schedules(Segments.all_to_all(rows), Fragments([2], [24], [[0, 1, 2]]),
                                  chunk_bytes=4, window=5)
     assert _ops(s0, "send") == [(0, 1, 8, 0), (1, 1, 8, 8), (2, 1, 4, 16), (2, 1, 4, 20)]
     assert _ops(s1, "recv") == [(0, 0, 8, 0), (1, 0, 8, 8), (2, 0, 4, 16), (2, 0, 4, 0)]
@@ -927,9 +955,14 @@ def test_direct_fragments_no_forwarded_one_touches_go_whole_in_round_0():
     def build(dst_d, links):
         rows = np.zeros((5, 5), dtype=np.int64)
         rows[0, 1], rows[2, 4], rows[3, dst_d] = 16, 8, 8
-        sch = build_schedules(Segments.all_to_all(rows), [1, 14, 15 + dst_d], [16, 8, 8],
-                              [[0, 1, -1], [2, 3, 4], [3, dst_d, -1]], chunk_bytes=4,
-                              window=2, frag_links=links)
+        sch = build_schedules(
+            Segments.all_to_all(rows),
+            Fragments(
+                [1, 14, 15 + dst_d], [16, 8, 8], [[0, 1, -1], [2, 3, 4], [3, dst_d, -1]], links
+            ),
+            chunk_bytes=4,
+            window=2,
+        )
         check_schedules(sch, 2)
         _moves_every_byte(sch, rows)
         return sch
@@ -954,8 +987,12 @@ def test_direct_fragments_no_forwarded_one_touches_go_whole_in_round_0():
                       1000 + 10 * s_ + d_, 0)
     plan = forced_plan(FAB8, demand, ("direct", "matched"))
     fp, fpath, fb = fragments_of(plan, demand)
-    sch = build_schedules(Segments.all_to_all(demand), fp, fb, ROUTES8[fpath], chunk_bytes=64,
-                          window=2, frag_links=PS8.links[fpath])
+    sch = build_schedules(
+        Segments.all_to_all(demand),
+        Fragments(fp, fb, ROUTES8[fpath], PS8.links[fpath]),
+        chunk_bytes=64,
+        window=2,
+    )
     check_schedules(sch, 2)
     assert all(s.num_rounds == 1 and s.num_sends == s.num_recvs == 4 for s in sch)
     assert all(s.send_bytes.tolist() == demand[s.rank][demand[s.rank] > 0].tolist()

@@ -174,13 +174,13 @@ def fitted_model(fit: Fit, fabric: Any, base: Any = None, relayed: bool = True, 
 
 
 def _probe_schedule(probe: Probe, rank: int, num_ranks: int, window: int) -> Any:
-    from pathweave.runtime.schedule import Segments, build_schedules
+    from pathweave.runtime.schedule import Fragments, Segments, build_schedule
 
     D = np.zeros((num_ranks, num_ranks), dtype=np.int64)
     D[0, 1] = probe.nbytes
     route = [[0, 2, 1]] if probe.relays else [[0, 1]]
-    return build_schedules(Segments.all_to_all(D), [1], [probe.nbytes], route,
-                           chunk_bytes=probe.chunk_bytes, window=window, ranks=[rank])[0]
+    return build_schedule(Segments.all_to_all(D), Fragments([1], [probe.nbytes], route),
+                          rank=rank, chunk_bytes=probe.chunk_bytes, window=window)
 
 
 def _time_probe(tr: Any, probe: Probe, iters: int, warmup: int,

@@ -229,10 +229,7 @@ def refine_kernel(
 @njit(cache=True)
 def compact_flows(pair_lo: np.ndarray, pair_hi: np.ndarray, flow: np.ndarray):
     """``(path_ids, bytes)`` of the non-zero entries of a kernel ``flow`` array."""
-    n = 0
-    for i in range(flow.shape[0]):
-        if flow[i] != 0:
-            n += 1
+    n = np.count_nonzero(flow)
     pid = np.empty(n, dtype=np.int64)
     fb = np.empty(n, dtype=np.int64)
     i = 0
@@ -278,10 +275,7 @@ def route_pinned(
     NOTE: one entry point instead of several numpy steps around the kernel,
     because at 8 ranks the Python-side glue cost as much as the routing.
     """
-    n = 0
-    for i in range(demand_flat.shape[0]):
-        if demand_flat[i] != 0:
-            n += 1
+    n = np.count_nonzero(demand_flat)
     lo = np.empty(n, dtype=np.int64)
     hi = np.empty(n, dtype=np.int64)
     dem = np.empty(n, dtype=np.int64)

@@ -27,7 +27,13 @@ from pathweave.runtime._decision import _Decision, log_decision
 from pathweave.runtime._group import _GroupState
 from pathweave.runtime._stats import CallStats, OrchestratorStats
 from pathweave.runtime.config import Config
-from pathweave.runtime.schedule import RankSchedule, Segments, build_schedule, split_fragments
+from pathweave.runtime.schedule import (
+    Fragments,
+    RankSchedule,
+    Segments,
+    build_schedule,
+    split_fragments,
+)
 
 # The orchestrator's logger: its log lines keep the name users filter on.
 log = logging.getLogger("pathweave.runtime.orchestrator")
@@ -145,22 +151,20 @@ def schedule(
         min_split_bytes=cfg.min_split_bytes, default_path=st.default_path,
     )
     grouped = st.transport.grouped_rounds
-    sched = build_schedule(
-        segs, fpair, fbytes, st.routes[fpath], rank=st.transport.rank,
-        chunk_bytes=cfg.chunk_bytes, window=cfg.window, frag_links=st.paths.links[fpath],
-        whole_streams=not grouped,
-    )
+    frags = Fragments(fpair, fbytes, st.routes[fpath], st.paths.links[fpath])
+    sched = build_schedule(segs, frags, rank=st.transport.rank, chunk_bytes=cfg.chunk_bytes,
+                           window=cfg.window, whole_streams=not grouped)
     link_bytes = st.paths.link_load_bytes(fpath, fbytes)
     roles = np.bincount(st.paths.role_code[fpath], weights=fbytes, minlength=len(ROLES))
     kinds = {ROLES[i]: int(v) for i, v in enumerate(roles) if v}
     ends = None
     if grouped and st.adapt is not None:
-        ends = _round_ends(st, segs, fpair, fpath, fbytes, cfg)
+        ends = _round_ends(st, segs, frags, fpath, cfg)
     return sched, link_bytes, kinds, fpath, ends
 
 
-def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.ndarray,
-                fbytes: np.ndarray, cfg: Config) -> Callable[[], dict[int, float]]:
+def _round_ends(st: _GroupState, segs: Segments, frags: Fragments, fpath: np.ndarray,
+                cfg: Config) -> Callable[[], dict[int, float]]:
     """When each stream's last round should end on the nominal fabric (rounds are timed:
     :func:`~pathweave.runtime.telemetry.round_ends`), worked out on the first sampled call
     of the schedule, then kept: every rank's messages again, about the schedule's own cost
@@ -170,7 +174,7 @@ def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.nd
     # Not the group state itself: the schedule cache holding this would hold it.
     # st.fabric is the nominal fabric (the adaptation's own nominal; plans on
     # learned capacities use st.plan_fabric).
-    paths, routes, rank = st.paths, st.routes[fpath], st.transport.rank
+    paths, rank = st.paths, st.transport.rank
     nominal = st.fabric.capacity_Bps
 
     def ends() -> dict[int, float]:
@@ -178,9 +182,8 @@ def _round_ends(st: _GroupState, segs: Segments, fpair: np.ndarray, fpath: np.nd
             from pathweave.runtime.schedule import _global_hops
             from pathweave.runtime.telemetry import round_ends
 
-            hops = _global_hops(segs, fpair, fbytes, routes, cfg.chunk_bytes, cfg.window,
-                                paths.links[fpath])
-            kept.append(round_ends(hops, fpath[np.asarray(fbytes) > 0], paths, nominal, rank))
+            hops = _global_hops(segs, frags, cfg.chunk_bytes, cfg.window)
+            kept.append(round_ends(hops, fpath[frags.nbytes > 0], paths, nominal, rank))
         return kept[0]
 
     return ends

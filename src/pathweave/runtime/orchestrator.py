@@ -60,6 +60,7 @@ rank makes the same decisions without talking about them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import weakref
@@ -109,7 +110,7 @@ class _Setting:
     """An :class:`Orchestrator` setting: reads its :class:`Config` field; setting it replaces
     the config with one that has the new value (checked as any config)."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
@@ -119,6 +120,15 @@ class _Setting:
         obj.config = obj.config.replace(**{self.name: value})
 
 
+def _with_settings(cls: type) -> type:
+    """``cls`` with a :class:`_Setting` for every :class:`Config` field: the list of
+    settings is Config's, written once."""
+    for f in dataclasses.fields(Config):
+        setattr(cls, f.name, _Setting(f.name))
+    return cls
+
+
+@_with_settings
 class Orchestrator:
     """Runs skewed exchanges over many paths on ``torch.distributed``.
 
@@ -195,20 +205,6 @@ class Orchestrator:
     ...
     ValueError: chunk_bytes must be >= 4096, got 3
     """
-
-    fabric = _Setting()
-    policy = _Setting()
-    policy_options = _Setting()
-    min_split_bytes = _Setting()
-    chunk_bytes = _Setting()
-    window = _Setting()
-    hysteresis = _Setting()
-    enabled = _Setting()
-    timeout_s = _Setting()
-    min_gain = _Setting()
-    cache_size = _Setting()
-    adapt = _Setting()
-    model = _Setting()
 
     def __init__(
         self,

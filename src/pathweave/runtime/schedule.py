@@ -73,6 +73,7 @@ from pathweave.plan.rounds import entry_round, pacing, route_ranks, unpaced_dire
 
 __all__ = [
     "Dataflow",
+    "Fragments",
     "RankSchedule",
     "Segments",
     "build_schedule",
@@ -87,6 +88,40 @@ STAGING = -1
 #: Messages one directed rank pair may carry in one call: the executor's tag
 #: range per call (a message's tag is the call's base plus its order on the pair).
 MAX_PAIR_MESSAGES = 1 << 21
+
+
+@dataclass(frozen=True, eq=False)
+class Fragments:
+    """The pieces of one call's pair streams, sorted by pair (int64 arrays, made so).
+
+    Attributes
+    ----------
+    pair : int64[F]
+        ``s * N + d`` of each fragment. Per pair, the fragments' bytes add up to
+        the pair stream and take consecutive runs of it in the given order;
+        pairs ``s == d`` have none (their segments are local copies).
+    nbytes : int64[F]
+        Bytes of each fragment (``0``: dropped).
+    route : int64[F, K]
+        Ranks each fragment crosses, padded with -1: ``route[i, 0] = s``, the
+        last entry ``d``.
+    links : int64[F, K] or None
+        Each fragment's fabric links (its path's, padded with -1). Given, a
+        direct fragment that rounds do not pace goes whole in round 0
+        (:func:`pathweave.plan.rounds.unpaced_direct`); ``None``: every
+        fragment is paced.
+    """
+
+    pair: np.ndarray
+    nbytes: np.ndarray
+    route: np.ndarray
+    links: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("pair", "nbytes", "route", "links"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, np.asarray(v, dtype=np.int64))
 
 
 @dataclass(frozen=True, eq=False)
@@ -505,26 +540,20 @@ def split_fragments(
 # ------------------------------------------------------------------- building
 def _global_hops(
     segments: Segments,
-    frag_pair: np.ndarray,
-    frag_bytes: np.ndarray,
-    frag_route: np.ndarray,
+    frags: Fragments,
     chunk_bytes: int,
     window: int,
-    frag_links: np.ndarray | None = None,
     whole_streams: bool = False,
 ) -> dict[str, np.ndarray]:
     """The table of every message of the call: one row per (piece, hop)."""
     n = segments.num_ranks
-    frag_pair = np.asarray(frag_pair, dtype=np.int64)
-    frag_bytes = np.asarray(frag_bytes, dtype=np.int64)
-    route = np.asarray(frag_route, dtype=np.int64)
-    keep = frag_bytes > 0
-    frag_pair, frag_bytes, route = frag_pair[keep], frag_bytes[keep], route[keep]
+    keep = frags.nbytes > 0
+    frag_pair, frag_bytes, route = frags.pair[keep], frags.nbytes[keep], frags.route[keep]
     nf = frag_pair.size
     hops = (route >= 0).sum(axis=1) - 1 if nf else np.zeros(0, dtype=np.int64)
     whole = None
-    if frag_links is not None:
-        whole = unpaced_direct(route, np.asarray(frag_links, dtype=np.int64)[keep], n)
+    if frags.links is not None:
+        whole = unpaced_direct(route, frags.links[keep], n)
     # Fragment start inside its pair stream: running sum within each pair.
     csum = np.cumsum(frag_bytes) - frag_bytes
     first = np.r_[True, frag_pair[1:] != frag_pair[:-1]] if nf else np.zeros(0, bool)
@@ -669,7 +698,7 @@ def _empty() -> np.ndarray:
 def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, window: int,
                    chunk_bytes: int) -> RankSchedule:
     n = int(g["n"])
-    sender, receiver, order = g["sender"], g["receiver"], g["order"]
+    sender, receiver = g["sender"], g["receiver"]
     # Staging layout of this rank: the streams it forwards, in fragment order.
     routes = g["routes"]
     cols = np.arange(routes.shape[1])
@@ -685,35 +714,19 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
     # slot_size < chunk_bytes but only slot 0, so offsets stay inside it.
     stage_off = base[g["frag"]] + g["slot_off"]
 
-    s_rows = np.flatnonzero(sender == rank)
-    r_rows = np.flatnonzero(receiver == rank)
-    s_rows = s_rows[np.lexsort((order[s_rows], receiver[s_rows], g["round"][s_rows]))]
-    r_rows = r_rows[np.lexsort((order[r_rows], sender[r_rows], g["round"][r_rows]))]
     nr = int(g["round"].max()) + 1 if g["round"].size else 0
-    s_round = g["round"][s_rows]
-    r_round = g["round"][r_rows]
-    send_off = np.where(g["first"][s_rows], g["send_off_user"][s_rows], stage_off[s_rows])
-    recv_off = np.where(g["last"][r_rows], g["recv_off_user"][r_rows], stage_off[r_rows])
+    # Sends leave the user's buffer on a fragment's first hop, receives land in it on
+    # its last; every other hop is a staging slot.
+    send, s_rows = _side(g, sender == rank, receiver, "first", "send", stage_off, nr)
+    recv, _ = _side(g, receiver == rank, sender, "last", "recv", stage_off, nr)
     # Self traffic: segments of the diagonal pair become local copies.
     p = rank * n + rank
     lo, hi = int(segments.pair_ptr[p]), int(segments.pair_ptr[p + 1])
     return RankSchedule(
         rank=rank,
         num_rounds=nr,
-        send_round=s_round,
-        send_peer=receiver[s_rows],
-        send_order=order[s_rows],
-        send_buf=g["send_buf"][s_rows],
-        send_off=send_off,
-        send_bytes=g["bytes"][s_rows],
-        recv_round=r_round,
-        recv_peer=sender[r_rows],
-        recv_order=order[r_rows],
-        recv_buf=g["recv_buf"][r_rows],
-        recv_off=recv_off,
-        recv_bytes=g["bytes"][r_rows],
-        send_ptr=np.searchsorted(s_round, np.arange(nr + 1)),
-        recv_ptr=np.searchsorted(r_round, np.arange(nr + 1)),
+        **{f"send_{k}": v for k, v in send.items()},
+        **{f"recv_{k}": v for k, v in recv.items()},
         copy_send_buf=segments.send_buf[lo:hi],
         copy_send_off=segments.send_off[lo:hi],
         copy_recv_buf=segments.recv_buf[lo:hi],
@@ -723,12 +736,29 @@ def _rank_schedule(g: dict[str, np.ndarray], segments: Segments, rank: int, wind
         forwards=bool(g["frag_fwd"].any()),
         window=window,
         stream_window=g["stream_window"],
-        send_stream=np.where(g["first"][s_rows], -1, g["frag"][s_rows]),
-        send_chunk=np.where(g["first"][s_rows], -1, g["chunk"][s_rows]),
-        recv_stream=np.where(g["last"][r_rows], -1, g["frag"][r_rows]),
-        recv_chunk=np.where(g["last"][r_rows], -1, g["chunk"][r_rows]),
         send_final=g["last"][s_rows],
     )
+
+
+def _side(g: dict[str, np.ndarray], mine: np.ndarray, peer: np.ndarray, user_hop: str,
+          name: str, stage_off: np.ndarray,
+          num_rounds: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One side (``name``: ``"send"`` or ``"recv"``) of a rank's schedule: the message rows
+    ``mine`` in round, peer, pair order, and :class:`RankSchedule`'s columns of that side
+    from them; ``user_hop`` (``"first"`` or ``"last"``) marks the rows at the user's
+    buffer."""
+    rows = np.flatnonzero(mine)
+    rows = rows[np.lexsort((g["order"][rows], peer[rows], g["round"][rows]))]
+    rnd = g["round"][rows]
+    user = g[user_hop][rows]
+    return {
+        "round": rnd, "peer": peer[rows], "order": g["order"][rows],
+        "buf": g[f"{name}_buf"][rows],
+        "off": np.where(user, g[f"{name}_off_user"][rows], stage_off[rows]),
+        "bytes": g["bytes"][rows], "ptr": np.searchsorted(rnd, np.arange(num_rounds + 1)),
+        "stream": np.where(user, -1, g["frag"][rows]),
+        "chunk": np.where(user, -1, g["chunk"][rows]),
+    }, rows
 
 
 def _check_args(segments: Segments, chunk_bytes: int, window: int) -> None:
@@ -751,14 +781,11 @@ def _check_messages(g: dict[str, np.ndarray], chunk_bytes: int) -> None:
 
 def build_schedules(
     segments: Segments,
-    frag_pair: np.ndarray,
-    frag_bytes: np.ndarray,
-    frag_route: np.ndarray,
+    frags: Fragments,
     *,
     chunk_bytes: int,
     window: int,
     ranks: list[int] | None = None,
-    frag_links: np.ndarray | None = None,
     whole_streams: bool = False,
 ) -> list[RankSchedule]:
     """Schedules of ``ranks`` (default all) for one call.
@@ -767,22 +794,14 @@ def build_schedules(
     ----------
     segments
         Where each pair stream's bytes live (:class:`Segments`).
-    frag_pair, frag_bytes, frag_route
-        The fragments, sorted by pair: ``frag_pair[i] = s * N + d``, its bytes,
-        and its route as ranks (``int[F, K]`` padded with -1, ``route[0] = s``,
-        last entry ``d``). Per pair, the fragments' bytes add up to the pair
-        stream and take consecutive runs of it in the given order. Pairs
-        ``s == d`` have no fragments: their segments become local copies.
+    frags
+        The pieces of the pair streams and their routes (:class:`Fragments`).
     chunk_bytes
         Chunk size of every fragment.
     window
         Staging slots of the largest forwarded stream at each forwarding rank
         (>= 2); the call's largest fragment enters ``window // 2`` chunks per
         round, and smaller ones in proportion (module docstring).
-    frag_links
-        ``int[F, K]``: each fragment's fabric links (its path's, padded with
-        -1). Given, a direct fragment that rounds do not pace goes whole in
-        round 0 (:func:`pathweave.plan.rounds.unpaced_direct`); ``None``: every fragment is paced.
     whole_streams
         Every forwarded stream gets a staging slot per chunk (its window is
         all its chunks; the rounds stay ``window``'s): a forwarding rank can
@@ -795,13 +814,12 @@ def build_schedules(
     --------
     >>> import numpy as np
     >>> seg = Segments.all_to_all(np.array([[0, 10], [0, 0]]))
-    >>> s0, s1 = build_schedules(seg, [1], [10], [[0, 1]], chunk_bytes=4, window=2)
+    >>> s0, s1 = build_schedules(seg, Fragments([1], [10], [[0, 1]]), chunk_bytes=4, window=2)
     >>> s0.send_bytes.tolist(), s1.recv_bytes.tolist(), s0.num_rounds
     ([4, 4, 2], [4, 4, 2], 3)
     """
     _check_args(segments, chunk_bytes, window)
-    g = _global_hops(segments, frag_pair, frag_bytes, frag_route, chunk_bytes, window,
-                     frag_links, whole_streams)
+    g = _global_hops(segments, frags, chunk_bytes, window, whole_streams)
     _check_messages(g, chunk_bytes)
     todo = range(segments.num_ranks) if ranks is None else ranks
     return [_rank_schedule(g, segments, int(r), window, chunk_bytes) for r in todo]
@@ -809,28 +827,16 @@ def build_schedules(
 
 def build_schedule(
     segments: Segments,
-    frag_pair: np.ndarray,
-    frag_bytes: np.ndarray,
-    frag_route: np.ndarray,
+    frags: Fragments,
     *,
     rank: int,
     chunk_bytes: int,
     window: int,
-    frag_links: np.ndarray | None = None,
     whole_streams: bool = False,
 ) -> RankSchedule:
     """The schedule of one rank (see :func:`build_schedules`)."""
-    return build_schedules(
-        segments,
-        frag_pair,
-        frag_bytes,
-        frag_route,
-        chunk_bytes=chunk_bytes,
-        window=window,
-        ranks=[rank],
-        frag_links=frag_links,
-        whole_streams=whole_streams,
-    )[0]
+    return build_schedules(segments, frags, chunk_bytes=chunk_bytes, window=window,
+                           ranks=[rank], whole_streams=whole_streams)[0]
 
 
 # ------------------------------------------------------------------ checking

@@ -592,7 +592,7 @@ def round_ends(
 
     >>> import pathweave as pw
     >>> from pathweave.fabric import candidate_paths
-    >>> from pathweave.runtime.schedule import Segments, _global_hops, path_routes
+    >>> from pathweave.runtime.schedule import Fragments, Segments, _global_hops, path_routes
     >>> fab = pw.fabric.preset("h100-2x4")
     >>> ps = candidate_paths(fab)
     >>> p = np.array([ps.pair_paths(0, 5)[1]])
@@ -600,8 +600,8 @@ def round_ends(
     [0, 1, 5]
     >>> d = np.zeros((8, 8), dtype=np.int64)
     >>> d[0, 5] = 4 << 20
-    >>> hops = _global_hops(Segments.all_to_all(d), np.array([5]), np.array([4 << 20]),
-    ...                     path_routes(ps)[p], 1 << 20, 4, ps.links[p])
+    >>> frags = Fragments([5], [4 << 20], path_routes(ps)[p], ps.links[p])
+    >>> hops = _global_hops(Segments.all_to_all(d), frags, 1 << 20, 4)
     >>> hops["round"].tolist(), hops["sender"].tolist()
     ([0, 1, 1, 2], [0, 1, 0, 1])
     >>> {k: round(t * 1e6, 1) for k, t in round_ends(hops, p, ps, fab.capacity_Bps).items()}

@@ -330,26 +330,10 @@ class WorkloadSpec:
         gpus_per_node: int | None = None,
         seed: int | None = None,
     ) -> np.ndarray:
-        """Generate the demand matrix for ``num_ranks`` ranks.
+        """The demand matrix for ``num_ranks`` ranks.
 
-        Parameters
-        ----------
-        num_ranks : int
-            Number of ranks.
-        bytes_per_rank : float, default 256 MiB
-            Payload per rank, unless the spec set ``bytes=`` (ignored by
-            ``moe``).
-        gpus_per_node : int, optional
-            If given, checked to divide ``num_ranks`` so that a spec meant
-            for one cluster shape is not silently built for another.
-        seed : int, optional
-            Seed for random workloads, unless the spec set ``seed=``; ignored
-            by deterministic ones.
-
-        Returns
-        -------
-        numpy.ndarray
-            The demand matrix.
+        The arguments and the result are those of :func:`parse_workload`,
+        which calls this for every spec that is not a demand file.
         """
         kind = _KINDS[self.name]
         if gpus_per_node is not None:
@@ -429,11 +413,14 @@ def parse_workload(
     num_ranks : int
         Number of ranks.
     bytes_per_rank : float, default 256 MiB
-        Payload per rank unless the spec sets ``bytes=``.
+        Payload per rank, unless the spec sets ``bytes=`` (ignored by
+        ``moe``).
     gpus_per_node : int, optional
-        Checked to divide ``num_ranks``.
+        If given, checked to divide ``num_ranks`` so that a spec meant for
+        one cluster shape is not silently built for another.
     seed : int, optional
-        Seed for random workloads unless the spec sets ``seed=``.
+        Seed for random workloads, unless the spec sets ``seed=``; ignored
+        by deterministic ones.
 
     Returns
     -------
