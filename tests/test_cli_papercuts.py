@@ -314,6 +314,13 @@ def _commands(group, path=()):
         yield from _commands(cmd, (*path, name))
 
 
+@pytest.mark.parametrize("group", [(), ("topo",), ("bench",), ("emulate",)])
+def test_a_group_without_a_command_prints_its_help_once(group: tuple[str, ...]):
+    result = invoke(*group)
+    assert result.output.count("Usage:") == 1, result.output
+    assert "Commands" in result.output
+
+
 def test_help_mentions_topology_files_and_no_internal_issue_numbers():
     assert "nvidia-smi" in invoke("topo", "show", "--help").stdout
     assert "NCCL" in invoke("topo", "show", "--help").stdout

@@ -101,6 +101,23 @@ def test_outside_torchrun_without_ranks_is_one_line_with_the_remedy(monkeypatch,
     assert ("torchrun job sets" if env else "--ranks N") in err[0]
 
 
+@pytest.mark.parametrize("tool", ["perf", "calibrate"])
+@pytest.mark.parametrize("argv, word", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["-n", "x"], "invalid int value: 'x'"),
+])
+def test_a_malformed_tool_command_line_is_one_line(capsys, tool, argv, word):
+    # argparse's own error prints the usage first: two to seven lines
+    from pathweave import calibrate
+
+    main = {"perf": perf.main, "calibrate": calibrate.main}[tool]
+    with pytest.raises(SystemExit) as exc:
+        main(["-o", "x.json", *argv] if tool == "calibrate" else argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0] and f"pathweave {tool} --help" in err[0], err
+
+
 def test_table_has_nccl_tests_columns():
     rows = [{"size": 1024, "count": 256, "type": "float", "impl": "torch", "time_us": 10.0,
              "algbw_GBps": 0.1024, "busbw_GBps": 0.1024, "wrong": 0, "ranks": 2,

@@ -36,7 +36,6 @@ With fewer than 3 ranks there is no relay: ``relay_s`` and
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from pathweave.errors import PathweaveError
+from pathweave.runtime.launch import ToolParser
 
 __all__ = ["FEATURES", "Fit", "Probe", "features", "fit_costs", "fitted_model", "main",
            "measure", "probes"]
@@ -264,8 +264,8 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pathweave calibrate", description=__doc__.splitlines()[0])
+def _parser() -> ToolParser:
+    p = ToolParser(prog="pathweave calibrate", description=__doc__.splitlines()[0])
     p.add_argument("-o", "--output", required=True, help="model file to write (.json)")
     p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per probe")
     p.add_argument("-W", "--warmup-iters", type=int, default=2, help="warm-up calls per probe")
@@ -303,8 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report(res), flush=True)
             print(f"wrote {save_model(res['model'], args.output, _finite(calib))}")
     except (PathweaveError, ValueError, OSError) as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        parser.exit(2, f"pathweave calibrate: error: {text}\n")
+        parser.fail(exc)
     return 0
 
 

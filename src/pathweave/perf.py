@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from pathweave.errors import PathweaveError, WorkloadError
+from pathweave.runtime.launch import ToolParser
 from pathweave.traffic import WorkloadSpec, load_demand, parse_size, validate_demand
 from pathweave.traffic.pattern import pattern_bytes
 
@@ -280,8 +281,8 @@ def format_table(rows: Sequence[dict[str, Any]], options: PerfOptions) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> ToolParser:
+    p = ToolParser(
         prog="pathweave perf", description=__doc__.splitlines()[0],
         epilog="Sizes take units (1K, 4M, 1G: powers of 1024; 1KB: 1000).")
     p.add_argument("-b", "--minbytes", default="1K", help="smallest size (default 1K)")
@@ -354,8 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rank, rows = run_tool(run, (options,), ranks=args.ranks, backend=options.backend)
     except (PathweaveError, ValueError, OSError) as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        parser.exit(2, f"pathweave perf: error: {text}\n")
+        parser.fail(exc)
     if rank != 0:
         return 0
     used = _write(rows, args.csv, as_json=False)

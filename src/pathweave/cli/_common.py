@@ -252,7 +252,10 @@ class OneLineErrors(TyperGroup):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except NoArgsIsHelpError as exc:
-            console().print(exc.ctx.get_help())
+            # Making the error made the help: typer's rich help printed itself then
+            # (the message is empty); plain help is the message, printed here.
+            if exc.format_message().strip():
+                console().print(exc.format_message())
             rv = exc.exit_code
         except ClickException as exc:
             ctx = getattr(exc, "ctx", None)

@@ -14,6 +14,7 @@ the port between choosing it and binding it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import faulthandler
@@ -29,11 +30,11 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pathweave.errors import InputError, LaunchTimeoutError, RankError
 
-__all__ = ["fork_context", "run_local", "run_tool"]
+__all__ = ["ToolParser", "fork_context", "run_local", "run_tool"]
 
 _HOST = "127.0.0.1"
 #: What the fork server imports before it forks anyone.
@@ -424,6 +425,30 @@ def _check_torchrun_env() -> None:
     if missing:
         raise InputError(f"a torchrun job sets {', '.join(_TORCHRUN_ENV)}; "
                          f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} unset")
+
+
+class ToolParser(argparse.ArgumentParser):
+    """The flags of a tool :func:`run_tool` starts (``pathweave perf``, ``pathweave
+    calibrate``), in the style of nccl-tests: every error is one line,
+    ``PROG: error: ...``, exit code 2, as with the rest of pathweave's command line.
+
+    >>> p = ToolParser(prog="tool")
+    >>> _ = p.add_argument("-n", type=int)
+    >>> p.parse_args(["-n", "x"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: 2
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """A bad command line: one line that points at ``--help`` (argparse prints the
+        usage first, several lines)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        """A run refused or failed with ``exc``: its first line."""
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self.exit(2, f"{self.prog}: error: {text}\n")
 
 
 def run_tool(
