@@ -421,6 +421,13 @@ def test_unknown_policy_and_option():
 
 
 @pytest.mark.parametrize("policy", pw.plan.policies())
+def test_a_policy_given_as_the_fabric_names_the_argument_order(policy):
+    # make(fabric, demand, policy): a policy first read as a fabric that is no preset
+    with pytest.raises(PlanError, match=rf"{policy!r} is a policy, given as the fabric"):
+        pw.plan.make(policy, H100, pw.traffic.uniform(8, 8 * MB))
+
+
+@pytest.mark.parametrize("policy", pw.plan.policies())
 def test_orchestrator_checks_policy_options_at_construction(policy):
     # Defaults pass (for planning; for the data plane where it can run the
     # policy); an unknown option fails where it is set, before any call.

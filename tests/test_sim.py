@@ -198,6 +198,9 @@ def test_single_nvlink_transfer(h100):
     m = SimModel()
     res = simulate(h100, plan, m)
     assert res.makespan_s == pytest.approx(1e-3 + m.setup_s + 1e-6, rel=1e-12)
+    # A plan alone runs on its own fabric, with or without a model.
+    assert simulate(plan, IDEAL).makespan_s == pytest.approx(1e-3, rel=1e-12)
+    assert simulate(plan).makespan_s == pytest.approx(1e-3 + m.setup_s + 1e-6, rel=1e-12)
     assert res.pair_finish_s[0, 1] == res.makespan_s
     assert np.isnan(res.pair_finish_s[1, 0]) and np.isnan(res.pair_finish_s[0, 0])
     assert res.p50_s == res.p99_s == res.makespan_s
@@ -378,6 +381,8 @@ def test_bad_arguments(h100):
         simulate(h100, "static")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="model must be"):
         simulate(h100, plan, {"setup_s": 0})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got a Plan and then a str; pass simulate\(plan"):
+        simulate(plan, "static")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -367,6 +367,9 @@ def make(
     ...
     pathweave.errors.PlanError: policy 'mwu' got unknown option 'lam'; valid options: ...
     """
+    if isinstance(fabric, str) and fabric in POLICIES:
+        raise PlanError(f"make(fabric, demand, policy): {fabric!r} is a policy, given as the "
+                        f"fabric; e.g. make('h100-2x4', demand, {fabric!r})")
     fab = resolve(fabric)
     if policy is None:
         policy = DEFAULT_POLICY

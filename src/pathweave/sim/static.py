@@ -218,7 +218,7 @@ def _fill_of_flows(plan: Plan, fs: FlowSet,
 
 
 def simulate(
-    fabric: Fabric | str, plan: Plan, model: SimModel | None = None, *,
+    fabric: Fabric | str | Plan, plan: Plan | None = None, model: SimModel | None = None, *,
     start_s: np.ndarray | None = None,
     fill_s: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> SimResult:
@@ -230,6 +230,8 @@ def simulate(
         The fabric to run on: the plan's own, or a copy with other
         capacities or latencies (e.g. ``fabric.with_links({...: 0.5})``, a
         degraded link the plan did not know about). A preset spec works too.
+        A plan in its place, ``simulate(plan[, model])``, runs on its own
+        fabric.
     plan
         Any policy's :class:`~pathweave.plan.Plan`.
     model
@@ -267,9 +269,17 @@ def simulate(
     >>> res = pw.sim.simulate(fab, plan, pw.sim.SimModel.ideal())
     >>> round(res.makespan_s * 1e3, 9)
     1.0
-    >>> round(pw.sim.simulate(fab, plan).makespan_s * 1e6, 1)   # + 20 us set-up + 1 us
+    >>> round(pw.sim.simulate(plan).makespan_s * 1e6, 1)   # + 20 us set-up + 1 us
     1021.0
     """
+    if isinstance(fabric, Plan):  # simulate(plan[, model]): on the plan's own fabric
+        if isinstance(plan, SimModel) and model is None:
+            plan, model = None, plan
+        if plan is not None:
+            raise TypeError(f"simulate(fabric, plan, model) got a Plan and then a "
+                            f"{type(plan).__name__}; pass simulate(plan[, model]) or "
+                            f"simulate(fabric, plan[, model])")
+        fabric, plan = fabric.fabric, fabric
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a pathweave.plan.Plan, got {type(plan).__name__}")
     fab = resolve(fabric)
