@@ -169,6 +169,23 @@ def test_engine_matches_its_slow_twin(inst):
         assert end[f] >= release[f] + alone * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_rates_kept_below_the_ended_level_match_the_twin(seed):
+    # Many flows of many sizes on shared links, all from 0 or released in a few waves:
+    # most events are ends only, where the kernel keeps the rates of flows below the
+    # ended flows' level and recomputes the rest (module docstring, "Ends only").
+    rng = np.random.default_rng(seed)
+    n, nlinks = 80, 12
+    flows = [sorted(set(rng.integers(0, nlinks, rng.integers(1, 4)).tolist())) for _ in range(n)]
+    cap = rng.choice([1.0, 2.0, 5.0, 9.0], nlinks)
+    nbytes = rng.uniform(0.5, 20.0, n).round(2)
+    release = np.zeros(n) if seed % 2 == 0 else rng.choice([0.0, 0.0, 1.0, 3.0], n)
+    fcap = rng.choice([INF, INF, INF, 0.8], n)
+    weight = rng.choice([1.0, 1.0, 0.5, 4.0], n)
+    end = _engine(flows, cap, nbytes, release, fcap, 0.0, weight)
+    assert len(set(end.round(9).tolist())) > n // 4  # ends spread over many events
+
+
 def test_segment_merging_keeps_bytes():
     # 40 staggered flows, room for 4 segments: merged rows still carry every byte.
     rng = np.random.default_rng(3)
