@@ -146,6 +146,10 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
     ended_level = 0.0
     resid = np.empty(capacity_Bps.shape[0], dtype=np.float64)
     redo = np.empty(nflows, dtype=np.int64)
+    # Each link's summed rate over the moving flows, kept up to date from the flows
+    # whose rates change, start or end (summed afresh at every full computation).
+    lsum = np.zeros(capacity_Bps.shape[0], dtype=np.float64)
+    old = np.empty(nflows, dtype=np.float64)
     while nxt < nflows or nact > 0:
         if nact == 0:
             t_rel = release_s[order[nxt]]
@@ -172,12 +176,20 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
             inc_stale = False
         if ended_level > 0.0:
             nredo = _rates_after_ends(net, members, cap_order, lptr, lflow, state, rate, level,
-                                      ended_level, resid, redo)
+                                      ended_level, resid, redo, lsum, old)
+            for i in range(nredo):
+                f = redo[i]
+                for j in range(flow_ptr[f], flow_ptr[f + 1]):
+                    lsum[flow_links[j]] += rate[f] - old[i]
         else:
             maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate)
             nredo = nact
+            lsum[:] = 0.0
             for i in range(nact):
-                redo[i] = members[i]
+                f = members[i]
+                redo[i] = f
+                for j in range(flow_ptr[f], flow_ptr[f + 1]):
+                    lsum[flow_links[j]] += rate[f]
         for i in range(nredo):
             f = redo[i]
             level[f] = rate[f] / net.flow_weight[f]
@@ -210,26 +222,27 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
                     t_new = te
         dt = t_new - t
 
-        row[:] = 0.0
+        # Every moving flow carries its rate over [t, t_new) but those that end, which
+        # carry what they had left.
+        row[:] = lsum[:nrec]
         k = 0
         for i in range(nact):
             f = active[i]
             r = rate[f]
             if t + remaining[f] / r <= t_new + SAME_RTOL * t_new:
-                moved = remaining[f]
+                short = remaining[f] / dt - r if dt > 0.0 else 0.0
                 remaining[f] = 0.0
                 end_s[f] = t_new
                 ended_level = min(ended_level, level[f])
-            else:
-                moved = r * dt
-                remaining[f] -= moved
-                active[k] = f
-                k += 1
-            if dt > 0.0:
                 for j in range(flow_ptr[f], flow_ptr[f + 1]):
                     e = flow_links[j]
+                    lsum[e] -= r
                     if e < nrec:
-                        row[e] += moved / dt
+                        row[e] += short
+            else:
+                remaining[f] -= r * dt
+                active[k] = f
+                k += 1
         if dt > 0.0:
             nseg = _record(seg_t, seg_rate, nseg, t, t_new, row)
         nact = k
@@ -239,23 +252,25 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
 
 @njit(cache=True)
 def _rates_after_ends(net, members, cap_order, lptr, lflow, state, rate, level, ended_level,
-                      resid, redo):
+                      resid, redo, lsum, old):
     # Max-min rates of the moving ``members`` after flows of lowest level ``ended_level``
     # ended and none started: flows below that level keep their rates, the others are
-    # recomputed on what the kept ones leave of each link. Fills redo[:n] with the
-    # recomputed flows; returns n.
+    # recomputed on what the kept ones leave of each link (its capacity less ``lsum``, the
+    # moving flows' rates, plus the recomputed ones'). Fills redo[:n] with the recomputed
+    # flows and old[:n] with their rates before; returns n.
     flow_ptr, flow_links, capacity_Bps, flow_cap_Bps, flow_weight = net
     cut = ended_level * (1.0 - KEEP_RTOL)
-    resid[:] = capacity_Bps
+    for e in range(resid.shape[0]):
+        resid[e] = capacity_Bps[e] - lsum[e]
     n = 0
     for i in range(members.shape[0]):
         f = members[i]
-        if level[f] < cut:
-            for k in range(flow_ptr[f], flow_ptr[f + 1]):
-                resid[flow_links[k]] -= rate[f]
-        else:
+        if level[f] >= cut:
             redo[n] = f
+            old[n] = rate[f]
             n += 1
+            for k in range(flow_ptr[f], flow_ptr[f + 1]):
+                resid[flow_links[k]] += rate[f]
     for e in range(resid.shape[0]):
         resid[e] = max(resid[e], 0.0)
     maxmin_on_incidence(FlowNet(flow_ptr, flow_links, resid, flow_cap_Bps, flow_weight),
