@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pathweave import plan as pw_plan
 from pathweave.errors import PlanError
 from pathweave.fabric import candidate_paths, preset
 from pathweave.fabric.builders import leaf_spine
@@ -89,6 +90,12 @@ def test_registry_and_option_errors():
         make("flowbender", ctx, gain=1)
     with pytest.raises(PlanError, match=r"option min_gain must be in \[0.0, 1.0\], got 2"):
         make("nimble-online", ctx, min_gain=2)
+    # its re-plans' options are mwu's: mwu's defaults and mwu's checks
+    assert {k: v for k, v in policy_info("nimble-online").options.items()
+            if k in pw_plan.policy_info("mwu").options} == pw_plan.policy_info("mwu").options
+    with pytest.raises(PlanError, match=r"nimble-online \(its mwu re-plans\): mwu option "
+                                        r"fraction must be in \(0.0, 1.0\], got 1.5"):
+        make("nimble-online", ctx, fraction=1.5)
     with pytest.raises(TypeError, match="policy must be a name"):
         make(3, ctx)
 

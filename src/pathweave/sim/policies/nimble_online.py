@@ -31,7 +31,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pathweave.errors import PlanError
 from pathweave.plan.mwu import route_flows
+from pathweave.plan.registry import check_options, policy_info
 from pathweave.sim._queue import link_in_bytes
 from pathweave.sim.policies import (
     DynamicPolicy,
@@ -43,6 +45,8 @@ from pathweave.sim.policies import (
 
 #: A link never counts as having less than this share of its capacity left.
 MIN_AVAILABLE_SHARE = 0.02
+#: The ``mwu`` planner's options with its defaults, as its registry entry reads them.
+_MWU_OPTIONS: dict[str, Any] = dict(policy_info("mwu").options)
 
 
 @register
@@ -63,15 +67,9 @@ class NimbleOnline(DynamicPolicy):
 
     name = "nimble-online"
     summary = "mwu re-plans from measured link loads, kept unless a new plan is clearly better"
+    # mwu's options and defaults are mwu's (its signature), checked by mwu's own rules.
     options: ClassVar[dict[str, Any]] = {
-        "replan_epochs": 4,
-        "min_gain": 0.1,
-        "min_shift": 0.05,
-        "fraction": 0.5,
-        "chunk_bytes": 1 << 20,
-        "min_split_bytes": 1 << 20,
-        "hop_penalty_s": 2e-6,
-        "refine": 1,
+        "replan_epochs": 4, "min_gain": 0.1, "min_shift": 0.05, **_MWU_OPTIONS,
     }
     counters = ("replans", "adopted", "kept", "resplits")
 
@@ -80,11 +78,16 @@ class NimbleOnline(DynamicPolicy):
         self.replan_epochs = int(self.check("replan_epochs", 1, 1e9))
         self.min_gain = self.check("min_gain", 0.0, 1.0)
         self.min_shift = self.check("min_shift", 0.0, 1.0)
-        self.fraction = self.check("fraction", 0.0, 1.0, lo_open=True)
-        self.chunk_bytes = int(self.check("chunk_bytes", 1, 2**62))
-        self.min_split_bytes = int(self.check("min_split_bytes", 0, 2**62))
-        self.refine = int(self.check("refine", 0, 1000))
-        self.hop_penalty_s = self.check("hop_penalty_s", 0.0, 1.0)
+        mwu = {k: self.opts[k] for k in _MWU_OPTIONS}
+        try:
+            check_options("mwu", mwu, execute=False)
+        except (PlanError, TypeError) as exc:
+            raise type(exc)(f"{self.name} (its mwu re-plans): {exc}") from None
+        self.fraction = float(mwu["fraction"])
+        self.chunk_bytes = int(mwu["chunk_bytes"])
+        self.min_split_bytes = int(mwu["min_split_bytes"])
+        self.refine = int(mwu["refine"])
+        self.hop_penalty_s = float(mwu["hop_penalty_s"])
 
     # ---------------------------------------------------------------- helpers
     def _inv_available(self, obs: Observation) -> np.ndarray:
