@@ -75,6 +75,8 @@ def no_progress(done: int, total: int, what: str) -> None:
 
 #: What users run that each baseline policy stands for (plot and table labels).
 PEER_NAMES = {"static": "NCCL", "multirail": "MPI/UCX", "deepep": "DeepEP", "hscore": "h-score"}
+#: The paper's names: the peers', and NIMBLE for ``mwu`` (its Algorithm 1).
+PAPER_NAMES = {**PEER_NAMES, "mwu": "NIMBLE"}
 
 
 def peer_lines(times: Mapping[Any, Mapping[str, float]], *, tie_rtol: float) -> list[str]:
@@ -117,3 +119,31 @@ def time_target_lines(fabric: str, ranks: int, rows: Iterable[Mapping[str, Any]]
     recs = [{**r, "fabric": fabric, "ranks": ranks, "plan_s_median": None} for r in rows]
     return [f"{'PASS' if c.passed else 'MISS'}: {c.text}" for c in time_checks(recs)
             if c.passed is not None]
+
+
+def default_lines(
+    rows: Iterable[Mapping[str, Any]], fabric: str, ranks: int, *,
+    case: Callable[[Mapping[str, Any]], str], seconds: Callable[[Mapping[str, Any]], float],
+    workload: Callable[[Mapping[str, Any]], str], predicted: str, optimum: str,
+) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """The default policy's PASS/MISS lines over a figure's rows, and its times.
+
+    Each row is one policy's (``row["policy"]``) on one case (``case(row)``,
+    its workload spec ``workload(row)``) that took ``seconds(row)`` simulated,
+    with the predicted and the time-yardstick seconds under the keys
+    ``predicted`` and ``optimum``. The lines are the time targets'
+    (:func:`time_target_lines`) then the peers' (:func:`peer_lines`); the
+    times are ``times[case][policy]``, for a figure's own lines.
+    """
+    from pathweave.bench.planner import SIM_TIE_RTOL
+
+    rows = list(rows)
+    times: dict[str, dict[str, float]] = {}
+    for r in rows:
+        times.setdefault(case(r), {})[r["policy"]] = seconds(r)
+    lines = time_target_lines(fabric, ranks, (
+        {"workload": workload(r), "policy": r["policy"], "sim_s": seconds(r),
+         "predicted_s": r.get(predicted), "time_optimum_s": r.get(optimum)}
+        for r in rows
+    ))
+    return [*lines, *peer_lines(times, tie_rtol=SIM_TIE_RTOL)], times

@@ -48,16 +48,14 @@ from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic
 from pathweave.bench.paper._common import (
-    PEER_NAMES,
+    PAPER_NAMES,
     Comparison,
     FigureResult,
     Progress,
+    default_lines,
     no_progress,
-    peer_lines,
-    time_target_lines,
     write_result,
 )
-from pathweave.bench.planner import SIM_TIE_RTOL
 from pathweave.plan.optimal import time_optimum
 
 NAME = "fig7"
@@ -69,8 +67,6 @@ HOT_RANK = 0
 RATIOS = tuple(round(0.1 * i, 1) for i in range(10))
 QUICK_RATIOS = (0.0, 0.5, 0.9)
 POLICIES = (*pwplan.baselines(), "mwu", pwplan.DEFAULT_POLICY, "optimal")
-#: What each policy stands for in the paper's figure.
-PAPER_NAMES = {**PEER_NAMES, "mwu": "NIMBLE"}
 #: The default over UCX (``multirail``) at every ratio >= 0.7, and over NCCL
 #: (``static``) at 0.9: simulated makespan ratios, at least.
 UCX_TARGET = 1.5
@@ -168,8 +164,7 @@ def summarize(rows: list[dict]) -> tuple[list[Comparison], list[str]]:
         f"(worst {worst:.3f}x at {worst_at:.1f})",
         f"{'PASS' if at0 >= NO_SLOWDOWN_TARGET else 'MISS'}: no slowdown vs static at ratio "
         f"{ratios[0]:.1f} ({at0:.3f}x, target >= {NO_SLOWDOWN_TARGET})",
-        *time_notes(rows),
-        *peer_notes(rows),
+        *_default_notes(rows),
         f"The paper's up-to-{PAPER_MAX_SPEEDUP}x over NCCL exceeds what our fabric model "
         f"allows: even the LP optimum is only {bound:.2f}x faster than static by the "
         f"congestion bound at ratio {top:.1f}; see docs/simulator.md.",
@@ -177,13 +172,13 @@ def summarize(rows: list[dict]) -> tuple[list[Comparison], list[str]]:
     return comps, notes
 
 
-def peer_notes(rows: list[dict]) -> list[str]:
-    """PASS/MISS lines of the default against each peer (NCCL, UCX, DeepEP, ...)."""
+def _default_notes(rows: list[dict]) -> list[str]:
+    """The default's time-target and peer lines, and its targets against MPI/UCX and NCCL."""
     default = pwplan.DEFAULT_POLICY
-    times: dict[str, dict[str, float]] = {}
-    for r in rows:
-        times.setdefault(f"ratio {r['hotspot_ratio']:.1f}", {})[r["policy"]] = r["makespan_s"]
-    out = peer_lines(times, tie_rtol=SIM_TIE_RTOL)
+    out, times = default_lines(
+        rows, FABRIC, 8, case=lambda r: f"ratio {r['hotspot_ratio']:.1f}",
+        seconds=lambda r: r["makespan_s"], workload=lambda r: f"hotspot:{r['hotspot_ratio']}",
+        predicted="predicted_s", optimum="time_optimum_s")
 
     def over(peer: str, case: str) -> float:
         return times[case][peer] / times[case][default]
@@ -200,16 +195,6 @@ def peer_notes(rows: list[dict]) -> list[str]:
         out.append(f"{'PASS' if v >= NCCL_TARGET else 'MISS'}: {default} >= {NCCL_TARGET}x "
                    f"faster than static (NCCL) at {top}: {v:.2f}x")
     return out
-
-
-def time_notes(rows: list[dict]) -> list[str]:
-    """PASS/MISS lines of the default policy's time targets over the ratios."""
-    return time_target_lines(FABRIC, 8, (
-        {"workload": f"hotspot:{r['hotspot_ratio']}", "policy": r["policy"],
-         "sim_s": r["makespan_s"], "predicted_s": r.get("predicted_s"),
-         "time_optimum_s": r.get("time_optimum_s")}
-        for r in rows
-    ))
 
 
 def plot(rows: list[dict], path: Path, *, bound_ratio: float | None = None) -> Path:

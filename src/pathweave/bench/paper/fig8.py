@@ -47,16 +47,14 @@ from pathweave import fabric as pwfabric
 from pathweave import plan as pwplan
 from pathweave import sim, traffic
 from pathweave.bench.paper._common import (
-    PEER_NAMES,
+    PAPER_NAMES,
     Comparison,
     FigureResult,
     Progress,
+    default_lines,
     no_progress,
-    peer_lines,
-    time_target_lines,
     write_result,
 )
-from pathweave.bench.planner import SIM_TIE_RTOL
 from pathweave.plan.optimal import time_optimum
 
 NAME = "fig8"
@@ -68,7 +66,6 @@ QUICK_TOKENS = (2048, 16384)
 HOTSPOTS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 QUICK_HOTSPOTS = (0.4, 0.9)
 POLICIES = (*pwplan.baselines(), "mwu", pwplan.DEFAULT_POLICY)
-PAPER_NAMES = {**PEER_NAMES, "mwu": "NIMBLE"}
 
 HIDDEN = 4096
 BYTES_PER_ELEM = 2  # bf16
@@ -219,32 +216,16 @@ def summarize(rows: list[dict]) -> tuple[list[Comparison], list[str]]:
         comps.append(Comparison(f"compute share of static's step ({tok} tokens, hotspot "
                                 f"{hot:.1f})", st["compute_s"] / st["step_s"] * 100, None, "%"))
     notes = [
-        *time_notes(rows),
-        *peer_notes(rows),
+        *default_lines(
+            rows, FABRIC, 8, case=lambda r: f"hotspot {r['hotspot']:.1f}, {r['tokens']} tokens",
+            seconds=lambda r: r["dispatch_s"] + r["combine_s"],
+            workload=lambda r: f"moe:hot={r['hotspot']},tokens={r['tokens']}",
+            predicted="comm_predicted_s", optimum="comm_time_optimum_s")[0],
         f"compute: {ffn_flops_per_copy() / 1e6:.0f} MFLOP per token copy at "
         f"{ACHIEVED_FRACTION:.0%} of {H100_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s (H100 dense "
         f"bf16), busiest expert; top_k = {TOP_K} (the paper does not say)",
     ]
     return comps, notes
-
-
-def peer_notes(rows: list[dict]) -> list[str]:
-    """PASS/MISS lines of the default's dispatch + combine against each peer."""
-    times: dict[str, dict[str, float]] = {}
-    for r in rows:
-        case = f"hotspot {r['hotspot']:.1f}, {r['tokens']} tokens"
-        times.setdefault(case, {})[r["policy"]] = r["dispatch_s"] + r["combine_s"]
-    return peer_lines(times, tie_rtol=SIM_TIE_RTOL)
-
-
-def time_notes(rows: list[dict]) -> list[str]:
-    """PASS/MISS lines of the default policy's time targets on dispatch + combine."""
-    return time_target_lines(FABRIC, 8, (
-        {"workload": f"moe:hot={r['hotspot']},tokens={r['tokens']}", "policy": r["policy"],
-         "sim_s": r["dispatch_s"] + r["combine_s"], "predicted_s": r.get("comm_predicted_s"),
-         "time_optimum_s": r.get("comm_time_optimum_s")}
-        for r in rows
-    ))
 
 
 _PHASE_COLOURS = {  # the paper's colours: NCCL blues, NIMBLE orange/red, compute green
