@@ -801,6 +801,84 @@ def _hand_schedule():
         recv_stream=a(0, 0), recv_chunk=a(0, 1))
 
 
+def test_a_ranks_forwards_to_one_peer_go_out_those_that_go_on_first():
+    # Rank 6 forwards 4 -> 6 -> 2 (ends at 2, the lower fragment) and 5 -> 6 -> 2 -> 1
+    # (goes on to 1) to rank 2 in the same round: the second is posted first, whichever
+    # stream's data arrives first (the order pathweave.plan.rounds.pipeline_fill_s charges).
+    from pathweave.runtime.executor import _program
+    from pathweave.runtime.schedule import Fragments, Segments, build_schedules, path_routes
+
+    fab = pw.fabric.preset("h100-2x4")
+    ps = pw.fabric.candidate_paths(fab)
+    routes = path_routes(ps)
+
+    def path(r):
+        return next(p for p in ps.pair_paths(r[0], r[-1])
+                    if routes[p][routes[p] >= 0].tolist() == r)
+
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[4, 2], D[5, 1] = 4096, 4096
+    paths = [path([4, 6, 2]), path([5, 6, 2, 1])]
+    frags = Fragments([4 * 8 + 2, 5 * 8 + 1], [4096, 4096], routes[paths], ps.links[paths])
+    sched = build_schedules(Segments.all_to_all(D), frags, chunk_bytes=4096, window=2,
+                            whole_streams=True)[6]
+    prog = _program(sched)
+    fwd = sorted((prog.fwd_seq[j], bool(sched.send_final[j]))
+                 for j in range(len(prog.sends)) if prog.fwd_seq[j] >= 0)
+    assert fwd == [(0, False), (1, True)]
+    assert prog.sends[0][0] == prog.sends[1][0] == 2
+
+
+#: 0 -> 2 -> 3 (ends at 3) and 1 -> 2 -> 3 -> 4 (goes on to 4), 2048 bytes each.
+TURN_ROWS = np.zeros((5, 5), dtype=np.int64)
+TURN_ROWS[0, 3] = TURN_ROWS[1, 4] = 2048
+
+
+def job_turn(rank, ws):
+    import time
+
+    from pathweave.runtime.executor import Transport
+    from pathweave.runtime.schedule import Fragments, Segments, build_schedules
+    from pathweave.traffic.pattern import pattern_bytes
+
+    frags = Fragments([0 * 5 + 3, 1 * 5 + 4], [2048, 2048], [[0, 2, 3, -1], [1, 2, 3, 4]])
+    sched = build_schedules(Segments.all_to_all(TURN_ROWS), frags, chunk_bytes=4096, window=2,
+                            ranks=[rank], whole_streams=True)[0]
+    inp = torch.from_numpy(np.concatenate(
+        [pattern_bytes(rank, d, int(TURN_ROWS[rank, d])) for d in range(ws)]))
+    out = torch.zeros(int(TURN_ROWS[:, rank].sum()), dtype=torch.uint8)
+    from pathweave.runtime import executor
+
+    executor._TURN_WAIT_S = 30.0  # rank 1 is half a second late: wait for it
+    transport = Transport()
+    pg, posted = transport.process_group, []
+
+    class Recorder:  # the group's send, logged
+        def send(self, tensors, peer, tag):
+            posted.append((peer, tag))
+            return pg.send(tensors, peer, tag)
+
+        def recv(self, tensors, peer, tag):
+            return pg.recv(tensors, peer, tag)
+
+    transport.process_group = Recorder()
+    if rank == 1:
+        time.sleep(0.5)  # its stream reaches rank 2 well after rank 0's
+    transport.run(sched, [inp], [out], deadline=time.monotonic() + 60, wait=True).wait()
+    want = np.concatenate([pattern_bytes(s, rank, int(TURN_ROWS[s, rank])) for s in range(ws)])
+    return bool(np.array_equal(out.numpy(), want)), [t for p, t in posted if p == 3]
+
+
+def test_a_forward_that_goes_on_waits_for_its_turn_not_for_the_first_data():
+    # Rank 2 forwards both streams to rank 3 in the same round. 1 -> 2 -> 3 -> 4 goes on
+    # after 3, so it goes out first although rank 1 starts half a second late and
+    # 0 -> 2 -> 3 (the lower message order on the pair) is there long before.
+    results = run_local(job_turn, 5, timeout_s=120)
+    assert all(ok for ok, _ in results)
+    tags = results[2][1]
+    assert len(tags) == 2 and tags[0] > tags[1], tags
+
+
 def test_a_programs_views_are_the_schedules_byte_ranges():
     """Each operation's view is exactly its (buffer, offset, bytes) of the schedule.
 

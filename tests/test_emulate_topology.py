@@ -416,6 +416,24 @@ def test_pipeline_fill_one_connection_is_first_in_first_out():
     assert t == pytest.approx(sum(sizes.values()) / rail + sizes[3] / nvlink)
 
 
+def test_pipeline_fill_forwards_that_go_on_are_posted_first():
+    # Rank 6 forwards two streams to rank 2 in the same round: 4 -> 6 -> 2 (100 kB,
+    # ends at 2) and 5 -> 6 -> 2 -> 1 (419,431 B, one message, goes on to 1). Rank 6
+    # posts the one that goes on first (executor._forward_sequence), though its
+    # fragment comes second: the 100 kB behind it on the 5 MB/s rail (20 ms) hide
+    # 20 ms of its 35 ms on the 12 MB/s NVLink from 2 to 1.
+    from pathweave.emulate import pipeline_fill_s
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    chunk, nvlink, rail = 1 << 19, 12e6, 5e6
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[4, 2], D[5, 1] = 100_000, 419_431
+    plan = _hand_plan(fab, D, [([4, 6, 2], 100_000), ([5, 6, 2, 1], 419_431)])
+    before, after = pipeline_fill_s(plan, chunk, 4)
+    np.testing.assert_allclose(before, [100_000 / nvlink, 419_431 / nvlink])
+    np.testing.assert_allclose(after, [0.0, 419_431 / nvlink - 100_000 / rail])
+
+
 def test_simulate_refuses_bad_fill_by_value():
     from pathweave.errors import PlanError
     from pathweave.sim import SimModel, simulate

@@ -213,13 +213,47 @@ def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int
     return behind
 
 
+def _forwards_behind(routes: np.ndarray, neck: np.ndarray, b: np.ndarray, k: np.ndarray,
+                     rounds: int, r_last: np.ndarray, chunk_bytes: int) -> np.ndarray:
+    """Per fragment ``i`` forwarded into its bottleneck (``neck[i] >= 1``, the segment
+    from route position ``neck[i]``), the bytes of the other forwards on that connection
+    posted after its last message there (``b, k, rounds, r_last``: :func:`_rounds_of`).
+
+    A rank posts a peer's forwards in one order, whichever stream's data came
+    first (``executor._forward_sequence``): by round (a hop ``h`` of chunks that
+    entered in round ``r`` is posted in ``r + h``), then those that go on after
+    the peer before those it keeps, then by fragment.
+    """
+    hops = (routes >= 0).sum(axis=1) - 1
+    width = int(routes.max(initial=0)) + 1
+    # Every forward hop (fragment j, hop h >= 1) by its connection.
+    on: dict[int, list[tuple[int, int]]] = {}
+    for j in range(routes.shape[0]):
+        for h in range(1, int(hops[j])):
+            on.setdefault(int(routes[j, h]) * width + int(routes[j, h + 1]), []).append((j, h))
+    out = np.zeros(b.size)
+    for i in np.flatnonzero(neck >= 1):
+        h_i = int(neck[i])
+        others = [(j, h) for j, h in on.get(int(routes[i, h_i]) * width
+                                          + int(routes[i, h_i + 1]), []) if j != i]
+        if not others:
+            continue
+        j = np.array([o[0] for o in others])
+        h_j = np.array([o[1] for o in others])
+        fin_i, fin_j = h_i == hops[i] - 1, h_j == hops[j] - 1
+        ahead = (fin_j < fin_i) | ((fin_j == fin_i) & (j < i))  # same round, posted first
+        upto = np.maximum(r_last[i] + h_i - h_j + ahead, 0)
+        out[i] = float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
+    return out
+
+
 def _posted_late(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarray, live: np.ndarray,
                  segs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each link carries as forwards, and as fed direct messages.
 
-    A rank posts its own messages at the start; its forwards as they arrive;
-    its direct messages to a peer it also forwards to one at a time behind
-    the forwards (``executor._fed_sends``).
+    A rank posts its own messages at the start; its forwards to a peer in one
+    order (:func:`_forwards_behind`); its direct messages to a peer it also
+    forwards to one at a time behind the forwards (``executor._fed_sends``).
     """
     fab, ranks = paths.fabric, route_ranks(paths)
     forwarded, fed = np.zeros(fab.num_links), np.zeros(fab.num_links)
@@ -260,8 +294,9 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     one connection per direction in the emulator, and a rank posts its own
     messages first, in the schedule's order (round, then fragment: a
     fragment's own later messages on its first connection are behind it,
-    :func:`_own_behind`), its forwards as they arrive and its fed direct
-    messages behind those (:func:`_posted_late`). Direct fragments and
+    :func:`_own_behind`), its forwards to a peer in one order (round, those
+    that go on after the peer first, then fragment: :func:`_forwards_behind`)
+    and its fed direct messages behind those (:func:`_posted_late`). Direct fragments and
     ``chunk_bytes`` 0 have none.
 
     Examples
@@ -305,8 +340,10 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         # segment of each hop: a new one after every forwarding GPU
         segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
     forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
-    own = _own_behind(route_ranks(ps)[flow_path[live], :2], b, k, rounds, r_last,
-                      int(chunk_bytes))
+    routes = route_ranks(ps)[flow_path[live]]
+    own = _own_behind(routes[:, :2], b, k, rounds, r_last, int(chunk_bytes))
+    necks = np.array([seg[int(np.argmax(busy_s[links]))] for links, seg in segs])
+    late = _forwards_behind(routes, necks, b, k, rounds, r_last, int(chunk_bytes))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
@@ -317,8 +354,8 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         # What crosses the bottleneck after this fragment's last byte keeps it
         # busy while that last message drains: behind a source's own message
         # its later own ones, the forwards and the fed ones; behind a forward
-        # the fed ones.
-        behind = fed[e] + (forwarded[e] + own[i] if neck == 0 else 0.0)
+        # the forwards posted after it on its connection, and the fed ones.
+        behind = fed[e] + (forwarded[e] + own[i] if neck == 0 else late[i])
         after[f] = max(0.0, last[i] * (1.0 / cap[neck + 1:]).sum()
                        - behind / fab.capacity_Bps[e])
     return before, after

@@ -39,7 +39,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,13 @@ _TAG_CALLS = 1 << (30 - _TAG_CALL_BITS - 1)
 _MAX_STREAMS = 4096
 #: Fed sends (:func:`_fed_sends`) a pair's feeder keeps posted and not yet written out.
 _FEED_DEPTH = 1
+#: How often a stream waiting for its forward's turn looks at the deadline and at the
+#: other streams' failures (a turn taken wakes it at once).
+_TURN_POLL_S = 0.05
+#: Longest a forward waits for its turn (:func:`_forward_sequence`): then it goes out
+#: ahead of a forward whose data is that late, so a straggler holds up no other stream
+#: for longer, and no wait can last.
+_TURN_WAIT_S = 0.1
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -144,6 +151,9 @@ class _Program:
     streams: list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
     after: list[list[int]]
     fed: list[list[int]]
+    #: Per send, its place among this rank's forwards to the same peer in the schedule's
+    #: order (-1: not a forward): the streams post a peer's forwards in that order.
+    fwd_seq: list[int] = field(default_factory=list)
 
     def views(self, staging: Any, send_bufs: Sequence[torch.Tensor],
               recv_bufs: Sequence[torch.Tensor], memo: dict[int, Any] | None = None,
@@ -287,7 +297,28 @@ def _compile(sched: RankSchedule, coalesced: bool) -> _Program:
     user = [i for i, op in enumerate(df.recvs) if op[2] != STAGING]
     first_sends, fed = _fed_sends(sched, df)
     return _Program(slots, recvs, sends, user, rounds, coalesced_rounds, pack_bytes, copies,
-                    df.first_recvs, first_sends, df.streams, df.after, fed)
+                    df.first_recvs, first_sends, df.streams, df.after, fed,
+                    _forward_sequence(sched, df))
+
+
+def _forward_sequence(sched: RankSchedule, df: Any) -> list[int]:
+    """Each send's place among this rank's forwards to its peer (-1: no forward;
+    :attr:`_Program.fwd_seq`): by round, then those that go on after the peer before
+    those the peer keeps (the next hops of the first overlap what follows them), then
+    the schedule's message order."""
+    seq = [-1] * len(df.sends)
+    rnd = sched.send_round.tolist()
+    final = [True] * len(rnd) if sched.send_final is None else sched.send_final.tolist()
+    by_peer: dict[int, list[tuple[int, bool, int, int]]] = {}
+    for steps in df.streams:
+        for _, sends_c in steps:
+            for j in sends_c:
+                peer, order = df.sends[j][:2]
+                by_peer.setdefault(peer, []).append((rnd[j], final[j], order, j))
+    for ops in by_peer.values():
+        for place, op in enumerate(sorted(ops)):
+            seq[op[3]] = place
+    return seq
 
 
 _Group = tuple[bool, int, int, list[int], Any, list[Any]]
@@ -1057,6 +1088,38 @@ class Transport:
             peer, order, v = sends[j]
             return pg.send([views[v]], peer, tag_base + order)
 
+        # A peer's forwards go out in the schedule's order, whichever stream's data came
+        # first: the order the time model charges (pathweave.plan.rounds.pipeline_fill_s).
+        turn: dict[int, int] = {}  # per peer, the first place not yet posted
+        early: dict[int, set[int]] = {}  # per peer, places posted before their turn
+        turned = threading.Condition()
+
+        def forward(j: int) -> Any:
+            if not prog.fwd_seq:  # a program made by hand: in its own order
+                return send(j)
+            peer, place = sends[j][0], prog.fwd_seq[j]
+            give_up = time.monotonic() + _TURN_WAIT_S
+            with turned:
+                while turn.get(peer, 0) != place:
+                    if failed.is_set():
+                        raise CommError(f"rank {rank}: another stream failed")
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise CommError(f"rank {rank}: forwarding ran past the timeout")
+                    if now >= give_up:
+                        break
+                    turned.wait(min(_TURN_POLL_S, give_up - now))
+                work = send(j)
+                done = early.setdefault(peer, set())
+                done.add(place)
+                t = turn.get(peer, 0)
+                while t in done:
+                    done.discard(t)
+                    t += 1
+                turn[peer] = t
+                turned.notify_all()
+            return work
+
         try:
             posted = {i: recv(i) for i in prog.first_recvs}
             final = [posted[i] for i in prog.user_recvs]
@@ -1103,7 +1166,7 @@ class Transport:
                 if c >= nxt:
                     free(after[c])
                 _wait_all(rwork.pop(c), deadline, rank, "forwarding")
-                fwd[c] = [send(j) for j in sends_c]
+                fwd[c] = [forward(j) for j in sends_c]
                 if c >= 1:
                     free(c - 1)
             free(n - 1)
