@@ -174,25 +174,8 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
             lptr, lflow = build_incidence(flow_ptr, flow_links, capacity_Bps.shape[0], members)
             inc_size = nact
             inc_stale = False
-        if ended_level > 0.0:
-            nredo = _rates_after_ends(net, members, cap_order, lptr, lflow, state, rate, level,
-                                      ended_level, resid, redo, lsum, old)
-            for i in range(nredo):
-                f = redo[i]
-                for j in range(flow_ptr[f], flow_ptr[f + 1]):
-                    lsum[flow_links[j]] += rate[f] - old[i]
-        else:
-            maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate)
-            nredo = nact
-            lsum[:] = 0.0
-            for i in range(nact):
-                f = members[i]
-                redo[i] = f
-                for j in range(flow_ptr[f], flow_ptr[f + 1]):
-                    lsum[flow_links[j]] += rate[f]
-        for i in range(nredo):
-            f = redo[i]
-            level[f] = rate[f] / net.flow_weight[f]
+        _rates(net, members, cap_order, lptr, lflow, state, rate, level, ended_level, resid,
+               redo, lsum, old)
         ended_level = np.inf
         events += 1
         t_rel = release_s[order[nxt]] if nxt < nflows else np.inf
@@ -248,6 +231,34 @@ def _run_component(net, flow_bytes, release_s, batch_rtol, num_record_links, max
         nact = k
         t = t_new
     return end_s, seg_t[: nseg + 1].copy(), seg_rate[:nseg].copy(), events
+
+
+@njit(cache=True)
+def _rates(net, members, cap_order, lptr, lflow, state, rate, level, ended_level, resid, redo,
+           lsum, old):
+    # The moving ``members``' max-min rates and levels, and each link's summed rate
+    # (``lsum``): after ends only (``ended_level`` > 0) those of the flows at or above
+    # the lowest ended level, else every flow's afresh.
+    flow_ptr, flow_links = net.flow_ptr, net.flow_links
+    if ended_level > 0.0:
+        nredo = _rates_after_ends(net, members, cap_order, lptr, lflow, state, rate, level,
+                                  ended_level, resid, redo, lsum, old)
+        for i in range(nredo):
+            f = redo[i]
+            for j in range(flow_ptr[f], flow_ptr[f + 1]):
+                lsum[flow_links[j]] += rate[f] - old[i]
+    else:
+        maxmin_on_incidence(net, members, cap_order, lptr, lflow, state, rate)
+        nredo = members.shape[0]
+        lsum[:] = 0.0
+        for i in range(nredo):
+            f = members[i]
+            redo[i] = f
+            for j in range(flow_ptr[f], flow_ptr[f + 1]):
+                lsum[flow_links[j]] += rate[f]
+    for i in range(nredo):
+        f = redo[i]
+        level[f] = rate[f] / net.flow_weight[f]
 
 
 @njit(cache=True)
