@@ -186,6 +186,17 @@ def _messages(b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
             b - _entered(r_last, b, k, rounds, chunk_bytes))
 
 
+def _after_last(i: int, shift_i: int, j: np.ndarray, shift_j: np.ndarray, ahead: np.ndarray,
+                b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
+                chunk_bytes: int) -> float:
+    """Bytes of fragments ``j`` posted on one connection after fragment ``i``'s last
+    message there, messages going out by round, then ``ahead`` (those of ``j`` posted
+    before ``i``'s in a round they share). A hop ``shift`` of chunks that entered in
+    round ``r`` is posted in ``r + shift``."""
+    upto = np.maximum(r_last[i] + shift_i - shift_j + ahead, 0)  # j's rounds before i's last
+    return float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
+
+
 def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int,
                 r_last: np.ndarray, chunk_bytes: int) -> np.ndarray:
     """Per fragment, the bytes of its source's own messages posted after its last one on
@@ -208,8 +219,7 @@ def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int
             continue
         for i in on:
             j = on[on != i]
-            upto = r_last[i] + (j < i)  # rounds whose bytes of j went out before i's last
-            behind[i] = float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
+            behind[i] = _after_last(i, 0, j, 0, j < i, b, k, rounds, r_last, chunk_bytes)
     return behind
 
 
@@ -241,9 +251,8 @@ def _forwards_behind(routes: np.ndarray, neck: np.ndarray, b: np.ndarray, k: np.
         j = np.array([o[0] for o in others])
         h_j = np.array([o[1] for o in others])
         fin_i, fin_j = h_i == hops[i] - 1, h_j == hops[j] - 1
-        ahead = (fin_j < fin_i) | ((fin_j == fin_i) & (j < i))  # same round, posted first
-        upto = np.maximum(r_last[i] + h_i - h_j + ahead, 0)
-        out[i] = float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
+        ahead = (fin_j < fin_i) | ((fin_j == fin_i) & (j < i))
+        out[i] = _after_last(i, h_i, j, h_j, ahead, b, k, rounds, r_last, chunk_bytes)
     return out
 
 
@@ -342,14 +351,15 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
     routes = route_ranks(ps)[flow_path[live]]
     own = _own_behind(routes[:, :2], b, k, rounds, r_last, int(chunk_bytes))
-    necks = np.array([seg[int(np.argmax(busy_s[links]))] for links, seg in segs])
+    # Each fragment's bottleneck hop: its most loaded link's (load over capacity).
+    hops = [int(np.argmax(busy_s[links])) for links, _ in segs]
+    necks = np.array([seg[h] for (_, seg), h in zip(segs, hops, strict=True)])
     late = _forwards_behind(routes, necks, b, k, rounds, r_last, int(chunk_bytes))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
         cap = np.array([fab.capacity_Bps[links[seg == j]].min() for j in range(seg[-1] + 1)])
-        hop = int(np.argmax(busy_s[links]))
-        neck, e = seg[hop], links[hop]
+        neck, e = necks[i], links[hops[i]]
         before[f] = first[i] * (1.0 / cap[:neck]).sum()
         # What crosses the bottleneck after this fragment's last byte keeps it
         # busy while that last message drains: behind a source's own message
