@@ -24,7 +24,7 @@ import pathweave as pw
 from pathweave import viz
 from pathweave.bench import paper
 from pathweave.bench.paper import fig7, fig8, table1
-from pathweave.bench.paper._common import FigureResult, write_csv
+from pathweave.bench.paper._common import FigureResult
 from pathweave.cli.main import app
 from pathweave.fabric.builders import NDR400_Bps
 
@@ -69,17 +69,20 @@ def test_unknown_figure_is_a_value_error_naming_it(bad, tmp_path):
 def _fake_figure(name: str, *, fails: bool) -> str:
     """Register a throw-away figure module; returns its module path."""
     module = types.ModuleType(f"_pathweave_test_{name}")
-    module.NAME = name
+    module.NAME, module.TITLE, module.QUICK = name, f"fake {name}", {"quick": True}
 
-    def run(out_dir, *, quick=False, progress=None):
+    def measure(*, quick=False, progress):
         progress(0, 1, f"{name}: start")
         if fails:
             raise RuntimeError(f"{name} broke on purpose")
-        rows = [{"x": 1, "makespan_s": 0.5, "quick": quick}]
-        out = write_csv(Path(out_dir) / f"{name}.csv", rows)
-        return FigureResult(name, f"fake {name}", rows, out)
+        return [{"x": 1, "makespan_s": 0.5, "quick": quick}]
 
-    module.run = run
+    def plot(rows, path):
+        path.write_text(str(len(rows)))
+        return path
+
+    module.measure, module.plot = measure, plot
+    module.summarize = lambda rows: ([], [])
     sys.modules[module.__name__] = module
     return module.__name__
 

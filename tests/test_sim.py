@@ -10,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pathweave as pw
+from pathweave.bench import paper
 from pathweave.bench.paper import fig6
 from pathweave.errors import PlanError
 from pathweave.plan import Plan
@@ -438,7 +439,7 @@ def test_fig6_fit_within_five_percent():
 
 
 def test_fig6_run_writes_files(tmp_path, assert_drawn):
-    res = fig6.run(tmp_path, quick=True)
+    res = paper.run_figure("fig6", tmp_path, quick=True)
     assert res.csv_path.exists()
     assert_drawn(res.png_path)
     bw_rows = [r for r in res.rows if not r["config"].startswith("send/recv")]

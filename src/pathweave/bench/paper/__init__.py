@@ -1,8 +1,10 @@
 """Reproductions of the NIMBLE paper's evaluation: one module per figure or table.
 
-Every figure module has a ``NAME``, a ``TITLE`` and
-``run(out_dir, *, quick=False, progress=None) -> FigureResult`` (see
-:mod:`pathweave.bench.paper._common`). :data:`FIGURES` names them in the
+Every figure module has a ``NAME``, a ``TITLE``, ``measure(..., progress=)``
+returning rows (its defaults are the full run; ``QUICK`` holds the arguments
+of a quick one), ``summarize(rows) -> (comparisons, notes)`` and
+``plot(rows, path) -> path``; :func:`run_figure` runs those steps and writes
+the files (see :mod:`pathweave.bench.paper._common`). :data:`FIGURES` names them in the
 paper's order; a module is imported only when its figure runs, so one that
 is missing or broken fails on its own and leaves the others runnable.
 
@@ -85,7 +87,11 @@ def run_figure(
     module = figure_module(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return module.run(out, quick=bool(quick), progress=progress or no_progress)
+    rows = module.measure(**(module.QUICK if quick else {}), progress=progress or no_progress)
+    comparisons, notes = module.summarize(rows)
+    csv_path = write_csv(out / f"{module.NAME}.csv", rows)
+    png_path = module.plot(rows, out / f"{module.NAME}.png")
+    return FigureResult(module.NAME, module.TITLE, rows, csv_path, png_path, comparisons, notes)
 
 
 @dataclass(frozen=True)

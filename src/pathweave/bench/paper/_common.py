@@ -1,9 +1,10 @@
 """What every paper reproduction returns, and how it writes its CSV.
 
 Each figure is one module of :mod:`pathweave.bench.paper` with a ``NAME``, a
-``TITLE`` and ``run(out_dir, *, quick=False, progress=None) -> FigureResult``.
-``run`` writes ``<NAME>.csv`` and ``<NAME>.png`` into ``out_dir``; the CLI
-renders the result, so figure modules never print.
+``TITLE``, ``QUICK``, ``measure``, ``summarize`` and ``plot``;
+:func:`pathweave.bench.paper.run_figure` writes ``<NAME>.csv`` and
+``<NAME>.png`` into the output folder; the CLI renders the result, so figure
+modules never print.
 """
 
 from __future__ import annotations
@@ -45,28 +46,6 @@ class FigureResult:
     png_path: Path | None = None
     comparisons: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def write_result(
-    name: str,
-    title: str,
-    rows: list[dict[str, Any]],
-    summary: tuple[list[Comparison], list[str]],
-    out_dir: Path,
-    plot: Callable[..., Path],
-    **plot_options: Any,
-) -> FigureResult:
-    """The end of every figure's ``run``: write ``<name>.csv`` and ``<name>.png``.
-
-    ``summary`` is the figure's ``(comparisons, notes)``; ``plot(rows, path,
-    **plot_options)`` draws the image.
-    """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = write_csv(out_dir / f"{name}.csv", rows)
-    png_path = plot(rows, out_dir / f"{name}.png", **plot_options)
-    comps, notes = summary
-    return FigureResult(name, title, rows, csv_path, png_path, comps, notes)
 
 
 def no_progress(done: int, total: int, what: str) -> None:

@@ -42,10 +42,8 @@ from pathweave import fabric as pwfabric
 from pathweave import sim
 from pathweave.bench.paper._common import (
     Comparison,
-    FigureResult,
     Progress,
     no_progress,
-    write_result,
 )
 from pathweave.plan import Plan
 
@@ -56,6 +54,8 @@ FABRIC = "h100-2x4"
 #: 1 KiB .. 1 GiB in powers of 4.
 SIZES = tuple(1 << (10 + 2 * i) for i in range(11))
 QUICK_SIZES = (1 << 20, 16 << 20, 256 << 20)
+#: ``measure``'s arguments in a quick run; a full run uses its defaults.
+QUICK = {"sizes": QUICK_SIZES}
 COMPARE_BYTES = 256 << 20
 
 #: (label, scope, destination rank, number of paths); source rank 0.
@@ -267,21 +267,15 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
-    """Measure, write ``fig6.csv`` and ``fig6.png``, and return the result."""
-    rows = measure(QUICK_SIZES if quick else SIZES, progress=progress or no_progress)
-    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
-
-
 __all__ = [
     "CONFIGS",
     "NAME",
     "PAPER_GBPS",
+    "QUICK",
     "SIZES",
     "TITLE",
     "measure",
     "p2p_plan",
     "plot",
-    "run",
     "summarize",
 ]

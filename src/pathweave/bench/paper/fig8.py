@@ -49,11 +49,9 @@ from pathweave import sim, traffic
 from pathweave.bench.paper._common import (
     PAPER_NAMES,
     Comparison,
-    FigureResult,
     Progress,
     default_lines,
     no_progress,
-    write_result,
 )
 from pathweave.plan.optimal import time_optimum
 
@@ -65,6 +63,8 @@ TOKENS = (2048, 4096, 8192, 16384, 32768, 65536)
 QUICK_TOKENS = (2048, 16384)
 HOTSPOTS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 QUICK_HOTSPOTS = (0.4, 0.9)
+#: ``measure``'s arguments in a quick run; a full run uses its defaults.
+QUICK = {"tokens": QUICK_TOKENS, "hotspots": QUICK_HOTSPOTS}
 POLICIES = (*pwplan.baselines(), "mwu", pwplan.DEFAULT_POLICY)
 
 HIDDEN = 4096
@@ -289,23 +289,16 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
-    """Measure, write ``fig8.csv`` and ``fig8.png``, and return the result."""
-    rows = measure(QUICK_TOKENS if quick else TOKENS, QUICK_HOTSPOTS if quick else HOTSPOTS,
-                   progress=progress or no_progress)
-    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
-
-
 __all__ = [
     "ACHIEVED_FRACTION",
     "H100_BF16_DENSE_FLOPS",
     "NAME",
+    "QUICK",
     "TITLE",
     "compute_s",
     "expert_copies",
     "ffn_flops_per_copy",
     "measure",
     "plot",
-    "run",
     "summarize",
 ]

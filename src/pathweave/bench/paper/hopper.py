@@ -34,10 +34,8 @@ import numpy as np
 from pathweave import sim
 from pathweave.bench.paper._common import (
     Comparison,
-    FigureResult,
     Progress,
     no_progress,
-    write_result,
 )
 from pathweave.fabric import Fabric
 from pathweave.fabric.builders import leaf_spine
@@ -56,6 +54,8 @@ HOST_Bps = 100e9 / 8
 LOADS = (0.3, 0.5, 0.8)
 FLOWS = 6000
 QUICK_FLOWS = 800
+#: ``measure``'s arguments in a quick run; a full run uses its defaults.
+QUICK = {"hosts_per_leaf": QUICK_HOSTS_PER_LEAF, "num_flows": QUICK_FLOWS}
 POLICIES = ("ecmp", "spray", "flowbender", "hopper", "nimble-online")
 SEED = 1
 #: Bar colours: the static baselines warm, the adaptive ones cool, nimble as mwu.
@@ -229,15 +229,4 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
-    """Measure, write ``hopper.csv`` and ``hopper.png``, and return the result."""
-    rows = measure(
-        LOADS,
-        hosts_per_leaf=QUICK_HOSTS_PER_LEAF if quick else HOSTS_PER_LEAF,
-        num_flows=QUICK_FLOWS if quick else FLOWS,
-        progress=progress or no_progress,
-    )
-    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
-
-
-__all__ = ["NAME", "TITLE", "fabric", "measure", "plot", "run", "summarize"]
+__all__ = ["NAME", "QUICK", "TITLE", "fabric", "measure", "plot", "summarize"]

@@ -32,10 +32,8 @@ from pathweave import plan as pwplan
 from pathweave import sim, traffic
 from pathweave.bench.paper._common import (
     Comparison,
-    FigureResult,
     Progress,
     no_progress,
-    write_result,
 )
 
 NAME = "table1"
@@ -46,6 +44,8 @@ SIZES_MIB = (16, 32, 64, 128, 256)
 QUICK_SIZES_MIB = (16, 256)
 REPEATS = 101
 QUICK_REPEATS = 5
+#: ``measure``'s arguments in a quick run; a full run uses its defaults.
+QUICK = {"sizes_mib": QUICK_SIZES_MIB, "repeats": QUICK_REPEATS}
 CASES = ("intra-node", "inter-node")
 BOUNDARY_FACTOR = 1.0
 #: Line order of the inter-node case: neighbours alternate between the nodes.
@@ -179,13 +179,5 @@ def plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run(out_dir: Path, *, quick: bool = False, progress: Progress | None = None) -> FigureResult:
-    """Measure, write ``table1.csv`` and ``table1.png``, and return the result."""
-    rows = measure(QUICK_SIZES_MIB if quick else SIZES_MIB,
-                   repeats=QUICK_REPEATS if quick else REPEATS,
-                   progress=progress or no_progress)
-    return write_result(NAME, TITLE, rows, summarize(rows), out_dir, plot)
-
-
-__all__ = ["CASES", "NAME", "PAPER_MS", "TITLE", "measure", "plot", "run", "stencil_demand",
+__all__ = ["CASES", "NAME", "PAPER_MS", "QUICK", "TITLE", "measure", "plot", "stencil_demand",
            "summarize"]
