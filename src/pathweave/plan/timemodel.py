@@ -68,6 +68,7 @@ One 120 MB transfer over a 120 GB/s NVLink: 1 ms, plus 20 us of set-up and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,26 +105,18 @@ _GPU = int(VertexKind.GPU)
 _NIC = int(VertexKind.NIC)
 
 
-_DEFAULT: list[SimModel] = []
-
-
+@functools.cache  # built once: planning asks for it on every call
 def default_model() -> SimModel:
     """The default :class:`~pathweave.sim.SimModel` (fitted to the NIMBLE testbed)."""
-    if not _DEFAULT:  # built once: planning asks for it on every call
-        _DEFAULT.append(SimModel())
-    return _DEFAULT[0]
+    return SimModel()
 
 
-_IDEAL: list[SimModel] = []
-
-
+@functools.cache
 def ideal_model() -> SimModel:
     """:meth:`SimModel.ideal() <pathweave.sim.SimModel.ideal>`, built once: its
     prediction is the congestion bound, its :func:`lower_bound_s` a lower bound of
     every plan's congestion (``mwu``'s certified gap)."""
-    if not _IDEAL:
-        _IDEAL.append(SimModel.ideal())
-    return _IDEAL[0]
+    return SimModel.ideal()
 
 
 @dataclass(frozen=True)
@@ -604,9 +597,9 @@ def _link_tail_max(
 def _model_key(model: SimModel | None) -> object:
     """Cache key of a model: the default one by name (hashing a SimModel's fields
     costs about a microsecond, several times per 8-GPU plan)."""
-    if model is None or (_DEFAULT and model is _DEFAULT[0]):
+    if model is None or model is default_model():
         return "default"
-    return "ideal" if _IDEAL and model is _IDEAL[0] else model
+    return "ideal" if model is ideal_model() else model
 
 
 def factored(
