@@ -392,6 +392,30 @@ def test_pipeline_fill_by_hand():
     assert t >= plan.congestion_s - 1e-12
 
 
+def test_pipeline_fill_a_short_last_message_waits_for_the_one_before():
+    # DeepEP's way, 5 -> rail 1 -> 1 -> NVLink -> 0, 3 355 444 bytes in 512 KiB
+    # chunks: 7 chunks in 4 rounds (window 4), messages of 2, 2, 2 chunks and the
+    # 209 716-byte remainder. The remainder crosses the 5 MB/s rail in 42 ms, less
+    # than the 87 ms rank 1 takes to pass the 1 MiB before it on over the 12 MB/s
+    # NVLink, so the drain after the rail is both messages less those 42 ms (the
+    # emulator measured 60 ms there on hotspot 0.8), not the remainder's 17 ms.
+    from pathweave.emulate import pipeline_fill_s
+    from pathweave.sim import SimModel, simulate
+
+    fab = scale_fabric(pw.fabric.preset("h100-2x4"), 1e-4)
+    chunk, nvlink, rail = 1 << 19, 12e6, 5e6
+    size, last = 3_355_444, 3_355_444 - 6 * (1 << 19)
+    D = np.zeros((8, 8), dtype=np.int64)
+    D[5, 0] = size
+    plan = _hand_plan(fab, D, [([5, 1, 0], size)])
+    before, after = pipeline_fill_s(plan, chunk, 4)
+    drain = (2 * chunk + last) / nvlink - last / rail
+    assert before.tolist() == [0.0] and drain > last / nvlink
+    assert after[0] == pytest.approx(drain)
+    model = SimModel.ideal(chunk_bytes=chunk, window=4, message_fill=True)
+    assert simulate(fab, plan, model).makespan_s == pytest.approx(size / rail + drain)
+
+
 def test_pipeline_fill_one_connection_is_first_in_first_out():
     # Rank 6 sends four whole messages (one round: the largest fragment is 2
     # chunks of 512 KiB, window 4) on its one connection to rank 2, in

@@ -171,19 +171,25 @@ def _entered(rnd: np.ndarray | int, b: np.ndarray, k: np.ndarray, rounds: int,
 
 
 def _messages(b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
-              chunk_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes of each fragment's first and last message in the data plane's schedule
+              chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(first, prev, last, r_prev)``: bytes of each fragment's first, next-to-last and
+    last message in the data plane's schedule, and the next-to-last one's round
     (``b, k, rounds, r_last``: :func:`_rounds_of`).
 
     The schedule (:mod:`pathweave.runtime.schedule`) cuts a fragment of ``k``
     chunks into the call's ``R`` rounds (:func:`pathweave.plan.rounds.pacing`),
     chunk ``c`` in round ``floor(c R / k)``, and one message carries a
     fragment's chunks of one round: the first message holds ``ceil(k / R)``
-    chunks, the last the chunks from ``ceil(r k / R)`` on, ``r`` the last
-    chunk's round (the short last chunk included).
+    chunks, the last the chunks from ``c_r = ceil(r k / R)`` on, ``r`` the last
+    chunk's round (the short last chunk included), the one before it those of
+    chunk ``c_r - 1``'s round. A fragment of one message has ``prev`` 0.
     """
+    c_r = -(-(r_last * k) // rounds)
+    r_prev = np.where(c_r > 0, (c_r - 1) * rounds // k, r_last)
+    before_last = _entered(r_last, b, k, rounds, chunk_bytes)
     return (_entered(1, b, k, rounds, chunk_bytes),
-            b - _entered(r_last, b, k, rounds, chunk_bytes))
+            before_last - _entered(r_prev, b, k, rounds, chunk_bytes),
+            b - before_last, r_prev)
 
 
 def _after_last(i: int, shift_i: int, j: np.ndarray, shift_j: np.ndarray, ahead: np.ndarray,
@@ -297,7 +303,10 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     fragments keep the bottleneck busy meanwhile), the last message over
     each segment after it once its last byte has crossed (``after_s``: the
     forwarding rank behind a rail can send the stream's last message on
-    only after the rail delivered it), less the time the bottleneck spends
+    only after the rail delivered it; when that message is a short
+    remainder that arrives while the one before it is still being passed
+    on, the two, less the bottleneck's time between their arrivals), less
+    the time the bottleneck spends
     on bytes that cross it after the fragment's last one: gloo writes a
     connection's messages in the order they are posted, each link carries
     one connection per direction in the emulator, and a rank posts its own
@@ -339,7 +348,7 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     if chunk_bytes <= 0 or live.size == 0:
         return before, after
     b, k, rounds, r_last = _rounds_of(flow_bytes[live], int(chunk_bytes), int(window))
-    first, last = _messages(b, k, rounds, r_last, int(chunk_bytes))
+    first, prev, last, r_prev = _messages(b, k, rounds, r_last, int(chunk_bytes))
     busy_s = ps.link_load_bytes(flow_path, flow_bytes) / fab.capacity_Bps
     gpu = fab.vertex_kind == VertexKind.GPU
     segs = []
@@ -350,22 +359,33 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
         segs.append((links, np.cumsum(np.r_[0, gpu[fab.link_src[links[1:]]]])))
     forwarded, fed = _posted_late(ps, flow_path, flow_bytes, live, segs)
     routes = route_ranks(ps)[flow_path[live]]
-    own = _own_behind(routes[:, :2], b, k, rounds, r_last, int(chunk_bytes))
     # Each fragment's bottleneck hop: its most loaded link's (load over capacity).
     hops = [int(np.argmax(busy_s[links])) for links, _ in segs]
     necks = np.array([seg[h] for (_, seg), h in zip(segs, hops, strict=True)])
-    late = _forwards_behind(routes, necks, b, k, rounds, r_last, int(chunk_bytes))
+    # Bytes posted on the bottleneck's connection after the fragment's last and
+    # next-to-last messages: a source's own messages (neck 0) or a peer's forwards.
+    own, own_prev = (_own_behind(routes[:, :2], b, k, rounds, r, int(chunk_bytes))
+                     for r in (r_last, r_prev))
+    late, late_prev = (_forwards_behind(routes, necks, b, k, rounds, r, int(chunk_bytes))
+                       for r in (r_last, r_prev))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
         cap = np.array([fab.capacity_Bps[links[seg == j]].min() for j in range(seg[-1] + 1)])
         neck, e = necks[i], links[hops[i]]
         before[f] = first[i] * (1.0 / cap[:neck]).sum()
+        # The drain after the bottleneck delivered the last message: that
+        # message, or the next-to-last one still going on when the last (a
+        # short remainder) arrived, the bottleneck's bytes between the two
+        # apart (``gap``).
+        per_byte_s = (1.0 / cap[neck + 1:]).sum()
+        gap = last[i] + (own_prev[i] - own[i] if neck == 0 else late_prev[i] - late[i])
+        drain_s = max(last[i] * per_byte_s,
+                      (prev[i] + last[i]) * per_byte_s - gap / fab.capacity_Bps[e])
         # What crosses the bottleneck after this fragment's last byte keeps it
-        # busy while that last message drains: behind a source's own message
-        # its later own ones, the forwards and the fed ones; behind a forward
-        # the forwards posted after it on its connection, and the fed ones.
+        # busy while the drain goes on: behind a source's own message its later
+        # own ones, the forwards and the fed ones; behind a forward the
+        # forwards posted after it on its connection, and the fed ones.
         behind = fed[e] + (forwarded[e] + own[i] if neck == 0 else late[i])
-        after[f] = max(0.0, last[i] * (1.0 / cap[neck + 1:]).sum()
-                       - behind / fab.capacity_Bps[e])
+        after[f] = max(0.0, drain_s - behind / fab.capacity_Bps[e])
     return before, after
