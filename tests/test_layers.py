@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -377,3 +378,19 @@ def test_long_function_fires(monkeypatch, tmp_path):
     fake.write_text(f"class C:\n    @staticmethod\n    def f():\n{body}")
     monkeypatch.setitem(MODULES, "pathweave.plan.zz_long", fake)
     assert long_functions() == ["pathweave.plan.zz_long:3 f (152 lines)"]
+
+
+def unnamed_modules(doc: str) -> list[str]:
+    """Modules of the package whose name (file stem) docs/architecture.md never writes."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        stem = path.stem
+        if stem != "__init__" and not re.search(rf"(?<![\w.]){re.escape(stem)}(?!\w)", doc):
+            out.append(str(path.relative_to(PACKAGE)))
+    return out
+
+
+def test_the_architecture_names_every_module():
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    assert unnamed_modules(doc) == []
+    assert unnamed_modules(doc.replace("_limits", "")) == ["fabric/_limits.py"]
