@@ -318,7 +318,17 @@ def _commands(group, path=()):
 def test_a_group_without_a_command_prints_its_help_once(group: tuple[str, ...]):
     result = invoke(*group)
     assert result.output.count("Usage:") == 1, result.output
-    assert "Commands" in result.output
+    names = [path[-1] for path, _ in _commands(None) if path[:-1] == group]
+    assert names and all(re.search(rf"\b{n}\b", result.output) for n in names), result.output
+
+
+def test_top_level_help_lists_first_look_commands_first():
+    out = invoke("--help").output
+    first_look = ["demo", "plan", "simulate", "policies", "topo", "perf", "calibrate", "bench",
+                  "emulate"]
+    assert sorted(path[0] for path, _ in _commands(None) if len(path) == 1) == sorted(first_look)
+    at = [re.search(rf"│ {n}\s", out).start() for n in first_look]
+    assert at == sorted(at), out
 
 
 def test_help_mentions_topology_files_and_no_internal_issue_numbers():

@@ -68,12 +68,17 @@ app = typer.Typer(
 topo_app = typer.Typer(help="Inspect and check fabrics: presets, fabric YAML/JSON files, "
                        "`nvidia-smi topo -m` text or NCCL topology XML.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks of pathweave's own parts.", no_args_is_help=True)
-app.add_typer(topo_app, name="topo")
-app.add_typer(bench_app, name="bench")
-app.add_typer(emulate_app, name="emulate")
-app.command("simulate")(simulate_cmd)
-app.command("perf", context_settings=PERF_SETTINGS, add_help_option=False)(perf_cmd)
-app.command("calibrate", context_settings=PERF_SETTINGS, add_help_option=False)(calibrate_cmd)
+#: `pathweave --help` in three panels, first-look commands first.
+PLAN_PANEL, RUN_PANEL, MEASURE_PANEL = ("Plan and predict", "Run on torch.distributed",
+                                        "Measure pathweave")
+app.add_typer(topo_app, name="topo", rich_help_panel=PLAN_PANEL)
+app.add_typer(bench_app, name="bench", rich_help_panel=MEASURE_PANEL)
+app.add_typer(emulate_app, name="emulate", rich_help_panel=MEASURE_PANEL)
+app.command("simulate", rich_help_panel=PLAN_PANEL)(simulate_cmd)
+app.command("perf", context_settings=PERF_SETTINGS, add_help_option=False,
+            rich_help_panel=RUN_PANEL)(perf_cmd)
+app.command("calibrate", context_settings=PERF_SETTINGS, add_help_option=False,
+            rich_help_panel=RUN_PANEL)(calibrate_cmd)
 
 FabricArg = Annotated[
     str,
@@ -160,7 +165,7 @@ def topo_validate(fabric: FabricArg) -> None:
 
 
 # ------------------------------------------------------------------- plan
-@app.command("plan")
+@app.command("plan", rich_help_panel=PLAN_PANEL)
 @handles_user_errors
 def plan_cmd(
     args: FabricWorkloadArgs = None,
@@ -236,7 +241,7 @@ for _name, _bench in BENCHES.items():  # cli/bench.py (planner, sim), cli/paper.
 
 
 # ------------------------------------------------------------------- demo
-@app.command("demo")
+@app.command("demo", rich_help_panel=PLAN_PANEL)
 @handles_user_errors
 def demo(
     out_dir: Annotated[Path, out_dir_option("Where to write the plots.")] = Path("pathweave-demo"),
@@ -258,7 +263,7 @@ def demo(
 
 
 # --------------------------------------------------------------- policies
-@app.command("policies")
+@app.command("policies", rich_help_panel=PLAN_PANEL)
 def policies_cmd() -> None:
     """List the registered planning policies."""
     table = Table(title="policies", title_justify="left")
@@ -272,5 +277,10 @@ def policies_cmd() -> None:
         table.add_row(name, info.summary + model, opts)
     console().print(table)
 
+
+#: The order of the commands in `pathweave --help` (their panels' order follows).
+COMMAND_ORDER = ("demo", "plan", "simulate", "policies", "perf", "calibrate")
+app.registered_commands.sort(
+    key=lambda c: COMMAND_ORDER.index(c.name) if c.name in COMMAND_ORDER else len(COMMAND_ORDER))
 
 __all__ = ["EXIT_BAD_INPUT", "app"]
