@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 
 import pytest
 
@@ -89,3 +90,21 @@ def test_fabric_keeps_its_path_sets_once_per_rule_set() -> None:
     b = pw.fabric.candidate_paths(fab, kinds=("direct", "rail"))
     assert b is not a and b.num_paths < a.num_paths
     assert len(fabric_paths.fabric_path_cache(fab)) == 2
+
+
+class _Racing(OrderedDict):
+    """Entries whose every move finds its key gone: another thread evicted it between the
+    cache's read of the key and the move to most recently used that follows."""
+
+    def move_to_end(self, key: object, last: bool = True) -> None:
+        self.pop(key)
+        super().move_to_end(key, last)
+
+
+@pytest.mark.parametrize("read", ["get", "get_or_build"])
+def test_a_key_evicted_between_read_and_move_still_returns_its_value(read: str) -> None:
+    cache: Cache[int] = Cache(4)
+    cache.put("k", 5)
+    cache._entries = _Racing(cache._entries)
+    got = cache.get("k") if read == "get" else cache.get_or_build("k", lambda: 7)
+    assert got == 5 and "k" not in cache

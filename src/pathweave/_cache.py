@@ -58,29 +58,41 @@ class Cache(Generic[V]):
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of ``key`` (now the most recently used), or ``default``."""
-        if key not in self._entries:
+        try:
+            value = self._entries[key]
+        except KeyError:
             return default
-        self._entries.move_to_end(key)
-        return self._entries[key]
+        self._use(key)
+        return value
+
+    def _use(self, key: Hashable) -> None:
+        # Threads share some caches (the executor's streams, a process's
+        # groups); one may evict the key between another's read and its move.
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:
+            pass
 
     def put(self, key: Hashable, value: V) -> None:
         """Keep ``value`` under ``key``, dropping the least recently used entry when full."""
         self._entries[key] = value
-        self._entries.move_to_end(key)
+        self._use(key)
         while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+            try:
+                self._entries.popitem(last=False)
+            except KeyError:  # another thread emptied it meanwhile
+                break
 
     def get_or_build(self, key: Hashable, build: Callable[[], V]) -> V:
         """The value of ``key``; on a miss ``build()``'s, kept (nothing is kept if it raises)."""
         # NOTE: one look-up and the move on a hit, not three hash passes: an
         # 8-GPU default plan reads four kept tables (tuple keys hash anew each time).
-        entries = self._entries
         try:
-            value = entries[key]
+            value = self._entries[key]
         except KeyError:
             pass
         else:
-            entries.move_to_end(key)
+            self._use(key)
             return value
         value = build()
         self.put(key, value)

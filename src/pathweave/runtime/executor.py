@@ -47,7 +47,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pathweave._cache import Cache
 from pathweave.errors import CommError
 from pathweave.runtime.schedule import MAX_PAIR_MESSAGES, STAGING, RankSchedule
 
@@ -672,7 +671,12 @@ def _waiters() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=64, thread_name_prefix="pathweave-wait")
 
 
-_TIMEOUTS: Cache[datetime.timedelta] = Cache(64)
+# NOTE: functools.cache, not a Cache: stream threads call this at once, and a
+# Cache's eviction between another thread's hit and its move would raise. The
+# keys are whole seconds up to the call's timeout, so the table stays small.
+@functools.cache
+def _seconds(n: int) -> datetime.timedelta:
+    return datetime.timedelta(seconds=n)
 
 
 def _timeout(left_s: float) -> datetime.timedelta:
@@ -681,8 +685,7 @@ def _timeout(left_s: float) -> datetime.timedelta:
     A call waits once per round (NCCL's posting) and at its end; a
     ``timedelta`` made for each wait cost 6-14 us, a lookup a tenth of that.
     """
-    key = int(left_s) + 1
-    return _TIMEOUTS.get_or_build(key, lambda: datetime.timedelta(seconds=key))
+    return _seconds(int(left_s) + 1)
 
 
 #: :func:`_wait_all` reads the clock before every this many works.
