@@ -41,7 +41,7 @@ are held against it, and, in lines of their own, against the same calls with
 a no-op transport (``pathweave_noop_s``: the fake group's ``send``/``recv``,
 about 10 us each in torch's Python meta registrations, replaced by a stub
 that posts nothing): pathweave's own host work, the transport's cost per
-operation taken out, as item 4 of issue 27 asks.
+operation taken out.
 
 Targets: median host work <= 100 us at 8 ranks, <= 1 ms at 256
 (<= 4 ms at 1024), and never above torch's own call on the same group from
