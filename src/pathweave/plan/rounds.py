@@ -192,22 +192,23 @@ def _messages(b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
             b - before_last, r_prev)
 
 
-def _after_last(i: int, shift_i: int, j: np.ndarray, shift_j: np.ndarray, ahead: np.ndarray,
-                b: np.ndarray, k: np.ndarray, rounds: int, r_last: np.ndarray,
-                chunk_bytes: int) -> float:
-    """Bytes of fragments ``j`` posted on one connection after fragment ``i``'s last
-    message there, messages going out by round, then ``ahead`` (those of ``j`` posted
-    before ``i``'s in a round they share). A hop ``shift`` of chunks that entered in
+def _after_last(r_i: int, shift_i: int, j: np.ndarray, shift_j: np.ndarray, ahead: np.ndarray,
+                b: np.ndarray, k: np.ndarray, rounds: int, chunk_bytes: int) -> float:
+    """Bytes of fragments ``j`` posted on one connection after a fragment's message of
+    round ``r_i`` there, messages going out by round, then ``ahead`` (those of ``j``
+    posted before it in a round they share). A hop ``shift`` of chunks that entered in
     round ``r`` is posted in ``r + shift``."""
-    upto = np.maximum(r_last[i] + shift_i - shift_j + ahead, 0)  # j's rounds before i's last
+    upto = np.maximum(r_i + shift_i - shift_j + ahead, 0)  # j's rounds before that message
     return float((b[j] - _entered(upto, b[j], k[j], rounds, chunk_bytes)).sum())
 
 
 def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int,
-                r_last: np.ndarray, chunk_bytes: int) -> np.ndarray:
-    """Per fragment, the bytes of its source's own messages posted after its last one on
-    its first connection (``first_hop[i]``: the first two ranks of its route; ``b, k,
-    rounds, r_last``: :func:`_rounds_of`).
+                r_msgs: tuple[np.ndarray, ...], chunk_bytes: int) -> list[np.ndarray]:
+    """Per array of message rounds in ``r_msgs`` (``r_msgs[m][i]``: the round of one
+    message of fragment ``i``, its last or next-to-last), per fragment, the bytes of its
+    source's own messages posted after that message on its first connection
+    (``first_hop[i]``: the first two ranks of its route; ``b, k, rounds``:
+    :func:`_rounds_of`).
 
     gloo sends a connection's messages one after another, in the order they
     are posted, and a source posts its own messages at the start in the
@@ -218,22 +219,25 @@ def _own_behind(first_hop: np.ndarray, b: np.ndarray, k: np.ndarray, rounds: int
     """
     conn = first_hop.astype(np.int64)
     key = conn[:, 0] * (int(conn.max(initial=0)) + 1) + conn[:, 1]
-    behind = np.zeros(b.size)
+    behind = [np.zeros(b.size) for _ in r_msgs]
     for c in np.unique(key):
         on = np.flatnonzero(key == c)
         if on.size < 2:
             continue
         for i in on:
             j = on[on != i]
-            behind[i] = _after_last(i, 0, j, 0, j < i, b, k, rounds, r_last, chunk_bytes)
+            for out, r in zip(behind, r_msgs, strict=True):
+                out[i] = _after_last(int(r[i]), 0, j, 0, j < i, b, k, rounds, chunk_bytes)
     return behind
 
 
 def _forwards_behind(routes: np.ndarray, neck: np.ndarray, b: np.ndarray, k: np.ndarray,
-                     rounds: int, r_last: np.ndarray, chunk_bytes: int) -> np.ndarray:
-    """Per fragment ``i`` forwarded into its bottleneck (``neck[i] >= 1``, the segment
-    from route position ``neck[i]``), the bytes of the other forwards on that connection
-    posted after its last message there (``b, k, rounds, r_last``: :func:`_rounds_of`).
+                     rounds: int, r_msgs: tuple[np.ndarray, ...], chunk_bytes: int
+                     ) -> list[np.ndarray]:
+    """Per array of message rounds in ``r_msgs`` (as :func:`_own_behind`'s), per fragment
+    ``i`` forwarded into its bottleneck (``neck[i] >= 1``, the segment from route position
+    ``neck[i]``), the bytes of the other forwards on that connection posted after that
+    message of ``i`` there (``b, k, rounds``: :func:`_rounds_of`).
 
     A rank posts a peer's forwards in one order, whichever stream's data came
     first (``executor._forward_sequence``): by round (a hop ``h`` of chunks that
@@ -247,7 +251,7 @@ def _forwards_behind(routes: np.ndarray, neck: np.ndarray, b: np.ndarray, k: np.
     for j in range(routes.shape[0]):
         for h in range(1, int(hops[j])):
             on.setdefault(int(routes[j, h]) * width + int(routes[j, h + 1]), []).append((j, h))
-    out = np.zeros(b.size)
+    out = [np.zeros(b.size) for _ in r_msgs]
     for i in np.flatnonzero(neck >= 1):
         h_i = int(neck[i])
         others = [(j, h) for j, h in on.get(int(routes[i, h_i]) * width
@@ -258,7 +262,8 @@ def _forwards_behind(routes: np.ndarray, neck: np.ndarray, b: np.ndarray, k: np.
         h_j = np.array([o[1] for o in others])
         fin_i, fin_j = h_i == hops[i] - 1, h_j == hops[j] - 1
         ahead = (fin_j < fin_i) | ((fin_j == fin_i) & (j < i))
-        out[i] = _after_last(i, h_i, j, h_j, ahead, b, k, rounds, r_last, chunk_bytes)
+        for behind, r in zip(out, r_msgs, strict=True):
+            behind[i] = _after_last(int(r[i]), h_i, j, h_j, ahead, b, k, rounds, chunk_bytes)
     return out
 
 
@@ -364,10 +369,9 @@ def pipeline_fill_s(paths: PathSet, flow_path: np.ndarray, flow_bytes: np.ndarra
     necks = np.array([seg[h] for (_, seg), h in zip(segs, hops, strict=True)])
     # Bytes posted on the bottleneck's connection after the fragment's last and
     # next-to-last messages: a source's own messages (neck 0) or a peer's forwards.
-    own, own_prev = (_own_behind(routes[:, :2], b, k, rounds, r, int(chunk_bytes))
-                     for r in (r_last, r_prev))
-    late, late_prev = (_forwards_behind(routes, necks, b, k, rounds, r, int(chunk_bytes))
-                       for r in (r_last, r_prev))
+    own, own_prev = _own_behind(routes[:, :2], b, k, rounds, (r_last, r_prev), int(chunk_bytes))
+    late, late_prev = _forwards_behind(routes, necks, b, k, rounds, (r_last, r_prev),
+                                       int(chunk_bytes))
     for i, (f, (links, seg)) in enumerate(zip(live, segs, strict=True)):
         if seg[-1] == 0:
             continue
