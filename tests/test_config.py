@@ -114,6 +114,21 @@ def test_fingerprint_moves_with_every_setting():
         base.replace(policy="mwu").fingerprint()
 
 
+def test_every_config_field_is_an_orchestrator_setting_and_none_replaces_a_method():
+    from pathweave.runtime.orchestrator import _with_settings
+
+    orch = Orchestrator(config=Config(fabric="h100-2x4", window=8))
+    for f in dataclasses.fields(Config):
+        assert getattr(orch, f.name) == getattr(orch.config, f.name), f.name
+
+    class Clash:
+        def window(self) -> int:
+            return 0
+
+    with pytest.raises(TypeError, match=r"Clash\.window is defined"):
+        _with_settings(Clash)
+
+
 def test_orchestrator_takes_a_config_whole_or_its_settings_not_both():
     cfg = Config(fabric="h100-2x4", chunk_bytes=1 << 19, window=8, enabled=True, adapt=False)
     orch = Orchestrator(config=cfg)

@@ -124,6 +124,9 @@ def _with_settings(cls: type) -> type:
     """``cls`` with a :class:`_Setting` for every :class:`Config` field: the list of
     settings is Config's, written once."""
     for f in dataclasses.fields(Config):
+        if f.name in vars(cls):  # a new Config field must not replace a method silently
+            raise TypeError(f"{cls.__name__}.{f.name} is defined; the Config field of that "
+                            "name would replace it")
         setattr(cls, f.name, _Setting(f.name))
     return cls
 
